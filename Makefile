@@ -1,0 +1,37 @@
+# The two commands: `make demo` and `make test`. Both set everything up first, and the
+# set-up is idempotent and quick when already done.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# What pip must redo when these change.
+INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py)
+
+.PHONY: setup sysdeps demo test lint clean
+
+setup: sysdeps $(STAMP)
+
+sysdeps:
+	@.ci/sysdeps
+
+$(STAMP): $(INSTALL_INPUTS)
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m kvstored.demo
+
+# pytest exits 5 when it collects nothing: that is a failure here, not a pass.
+test: setup
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info native/*.so

@@ -1,0 +1,600 @@
+"""``file-per-key``: one file per object, for debugging and as the SDK's worked example.
+
+Layout under the backend directory::
+
+    KVSTORED-BACKEND.json          the stamp (backend name, layout version)
+    objects/ab/cd/<hash>.kvr       one record per object (see backends/record.py)
+    tmp/                           writes in flight; emptied at open
+    quarantine/                    records that check(repair=True) moved aside
+
+``<hash>`` is the hex BLAKE2b-256 of the key's UTF-8 bytes; ``ab`` and ``cd`` are its
+first two bytes. The key itself is only stored inside the record, so no key can name a
+path. A file holds exactly one record: the 4 KiB header block, then the value, with no
+tail padding. docs/format.md has the byte layout.
+
+Writes go to ``tmp/``, are fsync'd, renamed into place, and the shard directory is
+fsync'd before the object becomes visible. Deletes unlink and fsync the directory before
+they return, so a deleted key cannot come back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvstored.backends.record import (
+    VALUE_OFFSET,
+    align_up,
+    decode_header,
+    encode_header,
+    value_checksum,
+)
+from kvstored.backends.stamp import claim_directory, fsync_dir
+from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.errors import (
+    BackendError,
+    CapacityError,
+    CorruptionError,
+    InvalidRequestError,
+    from_oserror,
+)
+from kvstored.sdk.types import (
+    DEFAULT_MAX_VALUE_SIZE,
+    Buffer,
+    Capabilities,
+    CheckReport,
+    EvictionGranularity,
+    Location,
+    ObjectRecord,
+    Problem,
+    ProblemKind,
+    ReadStatus,
+    Usage,
+    WriteOutcome,
+    WriteResult,
+    encode_key,
+)
+
+log = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 1
+SUFFIX = ".kvr"
+
+
+@dataclass(slots=True)
+class _Entry:
+    path: str
+    size: int
+    checksum: int
+    seq: int
+    write_ns: int
+    physical: int
+
+
+def object_name(key_bytes: bytes) -> tuple[str, str, str]:
+    """(shard, subshard, file name) of a key: the path never contains the key."""
+    digest = hashlib.blake2b(key_bytes, digest_size=32).hexdigest()
+    return digest[:2], digest[2:4], digest + SUFFIX
+
+
+class FilePerKeyBackend(StorageBackend):
+    """One file per object in a two-level hash-sharded tree.
+
+    Options: ``policy`` is ``"fifo"`` (default: oldest write first) or ``"lru"`` (least
+    recently read or written first); ``auto_evict`` (default True) lets a write that
+    does not fit evict older objects instead of failing.
+    """
+
+    name = "file-per-key"
+
+    def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
+                 max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+                 on_evict: EvictionCallback | None = None,
+                 policy: str = "fifo", auto_evict: bool = True) -> None:
+        super().__init__(path, capacity=capacity, max_value_size=max_value_size,
+                         on_evict=on_evict)
+        if policy not in ("fifo", "lru"):
+            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
+        self.policy = policy
+        self.auto_evict = auto_evict
+        self.root = Path(self.path)
+        self.objects_dir = self.root / "objects"
+        self.tmp_dir = self.root / "tmp"
+        self.quarantine_dir = self.root / "quarantine"
+        #: Reads that failed their checksum since open (exported as a metric).
+        self.corrupt_reads = 0
+
+        self._lock = threading.Lock()
+        self._index: dict[str, _Entry] = {}
+        # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
+        # key to the end on every read.
+        self._order: OrderedDict[str, None] = OrderedDict()
+        # Keys being written, so that two threads writing one key do not race.
+        self._pending: dict[str, threading.Event] = {}
+        self._physical = 0
+        self._logical = 0
+        self._reserved = 0
+        self._seq = 0
+
+        try:
+            claim_directory(self.root, self.name, LAYOUT_VERSION)
+            for folder in (self.objects_dir, self.tmp_dir, self.quarantine_dir):
+                folder.mkdir(exist_ok=True)
+            self._recover()
+        except OSError as exc:
+            raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+
+    # -- open-time recovery ------------------------------------------------------------
+
+    def _recover(self) -> None:
+        dropped = 0
+        for leftover in self.tmp_dir.iterdir():
+            # A write in flight when the process died: never acknowledged, so dropping
+            # it is the correct outcome, not a loss.
+            leftover.unlink()
+            dropped += 1
+        if dropped:
+            fsync_dir(self.tmp_dir)
+            log.info("%s: removed %d unfinished write(s) from %s", self.name, dropped,
+                     self.tmp_dir)
+        loaded: list[tuple[str, _Entry]] = []
+        for path in self._record_files():
+            try:
+                key, entry = self._read_entry(path)
+            except (CorruptionError, OSError) as exc:
+                log.warning("%s: leaving out %s: %s (run check to repair)", self.name, path, exc)
+                continue
+            loaded.append((key, entry))
+        loaded.sort(key=lambda item: item[1].seq)
+        for key, entry in loaded:
+            self._index[key] = entry
+            self._order[key] = None
+            self._physical += entry.physical
+            self._logical += entry.size
+            self._seq = max(self._seq, entry.seq)
+
+    def _record_files(self) -> Iterator[Path]:
+        for shard in sorted(os.scandir(self.objects_dir), key=lambda e: e.name):
+            if not shard.is_dir():
+                yield Path(shard.path)
+                continue
+            for sub in sorted(os.scandir(shard.path), key=lambda e: e.name):
+                if not sub.is_dir():
+                    yield Path(sub.path)
+                    continue
+                for item in os.scandir(sub.path):
+                    yield Path(item.path)
+
+    def _read_entry(self, path: Path) -> tuple[str, _Entry]:
+        """Parse one record file's header and check that it belongs where it is."""
+        with open(path, "rb", buffering=0) as f:
+            st = os.fstat(f.fileno())
+            head = f.read(VALUE_OFFSET)
+        header = decode_header(head, path=str(path))
+        expected = object_name(header.key.encode())
+        if path.name != expected[2] or path.parent.name != expected[1]:
+            raise CorruptionError("record is in the wrong file for its key", key=header.key,
+                                  path=path)
+        if st.st_size != VALUE_OFFSET + header.value_len:
+            raise CorruptionError(
+                f"file is {st.st_size} bytes, the record says {VALUE_OFFSET + header.value_len}",
+                key=header.key, path=path)
+        return header.key, _Entry(str(path), header.value_len, header.value_crc, header.seq,
+                                  header.write_ns, st.st_blocks * 512)
+
+    # -- lifecycle and capabilities ----------------------------------------------------
+
+    def _close(self) -> None:
+        with self._lock:
+            self._index.clear()
+            self._order.clear()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
+                            aligned_values=True, persistent=True,
+                            max_value_size=self.max_value_size)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
+        self._check_open()
+        encoded = self._check_value_sizes(items)
+        results: list[WriteResult | None] = [None] * len(items)
+        staged: list[tuple[int, str, bytes, str, int, int, _Entry]] = []
+        mine: dict[str, threading.Event] = {}
+        try:
+            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+                if key in mine:
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                    continue
+                outcome = self._claim(key, memoryview(value).nbytes)
+                if isinstance(outcome, WriteResult):
+                    results[i] = outcome
+                    continue
+                mine[key] = outcome
+                estimate = self._footprint(memoryview(value).nbytes)
+                try:
+                    tmp, entry = self._write_tmp(key, key_bytes, value)
+                except BackendError as exc:
+                    self._unreserve(estimate)
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
+                    continue
+                staged.append((i, key, key_bytes, tmp, estimate, entry.physical, entry))
+            self._publish(staged, results)
+        finally:
+            with self._lock:
+                for key, event in mine.items():
+                    del self._pending[key]
+                    event.set()
+        return results  # type: ignore[return-value]
+
+    def _footprint(self, size: int) -> int:
+        return align_up(VALUE_OFFSET + size)
+
+    def _claim(self, key: str, size: int) -> threading.Event | WriteResult:
+        """Reserve room for ``key`` and mark it pending, or say why not."""
+        need = self._footprint(size)
+        while True:
+            with self._lock:
+                if key in self._index:
+                    return WriteResult(key, WriteOutcome.EXISTS)
+                other = self._pending.get(key)
+                if other is None:
+                    problem = self._reserve_locked(key, need)
+                    if problem is not None:
+                        return WriteResult(key, WriteOutcome.FAILED, problem)
+                    event = self._pending[key] = threading.Event()
+                    return event
+            other.wait()  # another thread is writing this key: see how it ends
+
+    def _reserve_locked(self, key: str, need: int) -> CapacityError | None:
+        if self.capacity is None:
+            self._reserved += need
+            return None
+        if need > self.capacity:
+            return CapacityError(f"the object needs {need} bytes, more than the whole "
+                                 f"capacity of {self.capacity}", key=key, path=self.root)
+        shortfall = self._physical + self._reserved + need - self.capacity
+        if shortfall > 0 and self.auto_evict:
+            self._evict_locked(shortfall, self.on_evict)
+            shortfall = self._physical + self._reserved + need - self.capacity
+        if shortfall > 0:
+            return CapacityError(
+                f"no room: {self._physical + self._reserved} of {self.capacity} bytes in use "
+                "and nothing evictable; delete objects or raise the capacity",
+                key=key, path=self.root)
+        self._reserved += need
+        return None
+
+    def _unreserve(self, amount: int) -> None:
+        with self._lock:
+            self._reserved -= amount
+
+    def _write_tmp(self, key: str, key_bytes: bytes, value: Buffer) -> tuple[str, _Entry]:
+        view = memoryview(value).cast("B")
+        checksum = value_checksum(view)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        write_ns = time.time_ns()
+        header = encode_header(key_bytes, view.nbytes, seq, checksum, write_ns=write_ns)
+        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise from_oserror(exc, key=key, action="creating the object file") from exc
+        try:
+            buffers = [header, view] if view.nbytes else [header]
+            total = VALUE_OFFSET + view.nbytes
+            done = 0
+            while done < total:
+                done += os.pwritev(fd, _tail(buffers, done), done)
+            os.fsync(fd)
+            physical = os.fstat(fd).st_blocks * 512
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(tmp)
+            raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
+        os.close(fd)
+        return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+
+    def _publish(self, staged, results: list) -> None:
+        """Rename staged files into place, fsync their directories, then index them."""
+        dirs: set[str] = set()
+        placed = []
+        for i, key, key_bytes, tmp, estimate, _physical, entry in staged:
+            shard, sub, name = object_name(key_bytes)
+            folder = self.objects_dir / shard / sub
+            try:
+                if not folder.is_dir():
+                    folder.mkdir(parents=True, exist_ok=True)
+                    fsync_dir(folder.parent)
+                    fsync_dir(self.objects_dir)
+                entry.path = str(folder / name)
+                os.rename(tmp, entry.path)
+            except OSError as exc:
+                self._unreserve(estimate)
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                results[i] = WriteResult(key, WriteOutcome.FAILED,
+                                         from_oserror(exc, key=key, action="placing the object"))
+                continue
+            dirs.add(str(folder))
+            placed.append((i, key, estimate, entry))
+        try:
+            for folder in dirs:
+                fsync_dir(folder)
+        except OSError as exc:
+            failure = from_oserror(exc, action="syncing the object directory")
+            for i, key, estimate, entry in placed:
+                os.unlink(entry.path)
+                self._unreserve(estimate)
+                results[i] = WriteResult(key, WriteOutcome.FAILED, failure)
+            return
+        with self._lock:
+            for i, key, estimate, entry in placed:
+                self._reserved -= estimate
+                self._index[key] = entry
+                self._order[key] = None
+                self._physical += entry.physical
+                self._logical += entry.size
+                results[i] = WriteResult(key, WriteOutcome.WRITTEN)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
+        self._check_open()
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        results: list[int] = []
+        for key, buf in zip(keys, buffers):
+            with self._lock:
+                entry = self._index.get(key)
+                if entry is None:
+                    results.append(ReadStatus.MISSING)
+                    continue
+                if len(buf) < entry.size:
+                    results.append(ReadStatus.BUFFER_TOO_SMALL)
+                    continue
+                if self.policy == "lru":
+                    self._order.move_to_end(key)
+                self._pins.acquire([key])
+            try:
+                results.append(self._read_one(key, entry, buf))
+            finally:
+                self._pins.release([key])
+        return results
+
+    def _read_one(self, key: str, entry: _Entry, buf: memoryview) -> int:
+        head = bytearray(VALUE_OFFSET)
+        target = memoryview(buf).cast("B")[:entry.size]
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return ReadStatus.MISSING  # deleted by another thread since the lookup
+        except OSError:
+            return ReadStatus.IO_ERROR
+        try:
+            got = os.preadv(fd, [head, target], 0)
+            while VALUE_OFFSET <= got < VALUE_OFFSET + entry.size:
+                more = os.preadv(fd, [target[got - VALUE_OFFSET:]], got)
+                if more == 0:
+                    break
+                got += more
+        except OSError:
+            return ReadStatus.IO_ERROR
+        finally:
+            os.close(fd)
+        try:
+            header = decode_header(head, path=entry.path)
+        except CorruptionError:
+            return self._corrupt(key, entry, "header")
+        if (header.key != key or header.value_len != entry.size
+                or got != VALUE_OFFSET + entry.size
+                or value_checksum(target) != header.value_crc):
+            return self._corrupt(key, entry, "value")
+        return entry.size
+
+    def _corrupt(self, key: str, entry: _Entry, part: str) -> int:
+        self.corrupt_reads += 1
+        log.warning("%s: %s of key %r in %s failed its check; reported as a miss "
+                    "(run check(repair=True) to quarantine it)", self.name, part, key, entry.path)
+        return ReadStatus.CORRUPT
+
+    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        with self._lock:
+            return [key in self._index for key in keys]
+
+    def stat(self, key: str) -> ObjectRecord | None:
+        self._check_open()
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._record(key, entry)
+
+    def _record(self, key: str, entry: _Entry) -> ObjectRecord:
+        return ObjectRecord(key, entry.size, entry.checksum, self._location(entry),
+                            entry.write_ns / 1e9, entry.seq)
+
+    def _location(self, entry: _Entry) -> Location:
+        return Location(entry.path, VALUE_OFFSET, entry.size, 0, VALUE_OFFSET + entry.size)
+
+    def locate(self, key: str) -> Location | None:
+        self._check_open()
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._location(entry)
+
+    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
+        self._check_open()
+        with self._lock:
+            snapshot = list(self._index.items())
+        for key, entry in snapshot:
+            if verify:
+                buf = bytearray(entry.size)
+                if self.batch_read([key], [memoryview(buf)])[0] != entry.size:
+                    continue
+            yield self._record(key, entry)
+
+    def usage(self) -> Usage:
+        self._check_open()
+        with self._lock:
+            return Usage(self._logical, self._physical, len(self._index), self.capacity)
+
+    # -- deletes and eviction -------------------------------------------------------------
+
+    def batch_delete(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        for key in keys:
+            encode_key(key)
+        with self._lock:
+            removed = [self._forget_locked(key) for key in keys]
+        self._unlink([entry for entry in removed if entry is not None])
+        return [entry is not None for entry in removed]
+
+    def _forget_locked(self, key: str) -> _Entry | None:
+        entry = self._index.pop(key, None)
+        if entry is not None:
+            del self._order[key]
+            self._physical -= entry.physical
+            self._logical -= entry.size
+        return entry
+
+    def _unlink(self, entries: list[_Entry]) -> None:
+        dirs = set()
+        for entry in entries:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+            dirs.add(os.path.dirname(entry.path))
+        for folder in dirs:
+            fsync_dir(folder)
+
+    def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
+        self._check_open()
+        with self._lock:
+            return self._evict_locked(nbytes, on_evict)
+
+    def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
+        victims: list[str] = []
+        freed = 0
+        for key in self._order:
+            if freed >= nbytes:
+                break
+            if self._pins.is_pinned(key):
+                continue
+            victims.append(key)
+            freed += self._index[key].physical
+        entries = [self._forget_locked(key) for key in victims]
+        if victims and on_evict is not None:
+            on_evict(list(victims))  # before the files go: their space is not reused yet
+        self._unlink([e for e in entries if e is not None])
+        return victims
+
+    # -- check and repair -------------------------------------------------------------
+
+    def check(self, repair: bool = False) -> CheckReport:
+        self._check_open()
+        report = CheckReport(repaired=repair)
+        with self._lock:
+            index = dict(self._index)
+        seen: set[str] = set()
+        for leftover in sorted(self.tmp_dir.iterdir()):
+            self._problem(report, repair, ProblemKind.TORN_WRITE, "unfinished write", None,
+                          leftover)
+        for path in self._record_files():
+            report.records_checked += 1
+            try:
+                key, entry = self._read_entry(path)
+                if value_checksum(_read_value(path, entry.size)) != entry.checksum:
+                    raise CorruptionError("value fails its checksum", key=key, path=path)
+            except CorruptionError as exc:
+                with self._lock:
+                    owner = next((k for k, e in self._index.items() if e.path == str(path)), None)
+                    if repair and owner is not None:
+                        self._forget_locked(owner)
+                self._problem(report, repair, ProblemKind.CORRUPT_RECORD, exc.message,
+                              exc.key or owner, path)
+                continue
+            except OSError as exc:
+                self._problem(report, repair, ProblemKind.CORRUPT_RECORD, str(exc), None, path)
+                continue
+            seen.add(key)
+            known = index.get(key)
+            if known is None:
+                action = None
+                if repair:
+                    with self._lock:
+                        self._adopt_locked(key, entry)
+                    action = "added to the index"
+                report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from "
+                                               "the index", key, str(path), action))
+        with self._lock:
+            still_indexed = {k: e for k, e in self._index.items() if k in index}
+        for key, entry in still_indexed.items():
+            if key not in seen and not os.path.exists(entry.path):
+                action = None
+                if repair:
+                    with self._lock:
+                        self._forget_locked(key)
+                    action = "dropped from the index"
+                report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, "indexed record "
+                                               "has no file", key, entry.path, action))
+        return report
+
+    def _adopt_locked(self, key: str, entry: _Entry) -> None:
+        if key in self._index:
+            return
+        self._index[key] = entry
+        self._order[key] = None
+        self._physical += entry.physical
+        self._logical += entry.size
+        self._seq = max(self._seq, entry.seq)
+
+    def _problem(self, report: CheckReport, repair: bool, kind: ProblemKind, detail: str,
+                 key: str | None, path: Path) -> None:
+        action = self._quarantine(path) if repair else None
+        report.problems.append(Problem(kind, detail, key, str(path), action))
+
+    def _quarantine(self, path: Path) -> str:
+        target = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{path.name}"
+        os.replace(path, target)
+        fsync_dir(self.quarantine_dir)
+        fsync_dir(path.parent)
+        log.warning("%s: quarantined %s to %s", self.name, path, target)
+        return f"quarantined to {target}"
+
+
+def _read_value(path: Path, size: int) -> bytearray:
+    buf = bytearray(size)
+    with open(path, "rb", buffering=0) as f:
+        f.seek(VALUE_OFFSET)
+        got = f.readinto(buf)
+    if got != size:
+        raise CorruptionError(f"value is short ({got} of {size} bytes)", path=path)
+    return buf
+
+
+def _tail(buffers: list, skip: int) -> list[memoryview]:
+    """The part of ``buffers`` after the first ``skip`` bytes (to resume a short write)."""
+    out = []
+    for buf in buffers:
+        view = memoryview(buf)
+        if skip >= view.nbytes:
+            skip -= view.nbytes
+            continue
+        out.append(view[skip:])
+        skip = 0
+    return out

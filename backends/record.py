@@ -1,0 +1,130 @@
+"""The self-describing record that every built-in backend writes.
+
+On-disk layout of one record (all integers little-endian)::
+
+    offset  size  field
+    0       4     magic       b"KVSR"
+    4       2     version     RECORD_VERSION (1)
+    6       2     flags       bit 0: TOMBSTONE (a delete marker; value_len is 0)
+    8       2     key_len     1..1024
+    10      2     reserved    0
+    12      8     value_len   bytes of value
+    20      8     seq         the backend's write sequence number
+    28      8     write_ns    time.time_ns() when written
+    36      4     value_crc   CRC-32C of the value
+    40      4     header_crc  CRC-32C of bytes 0..39 followed by the key
+    44      k     key         UTF-8, key_len bytes
+    ...           zero padding up to VALUE_OFFSET (4096)
+    4096    n     value       value_len bytes
+    ...           zero padding to a multiple of 4096 (aligned layouts only)
+
+The header and key are checked apart from the value, so a scan can trust a record's
+extent (and skip over it) without reading the value, and a value can be verified
+without the header. Because a key is at most 1024 bytes, header and key always fit in
+the first 4 KiB: values start on a 4 KiB boundary whenever the record does, which is
+what lets O_DIRECT read them without a bounce buffer.
+
+A reader that meets a version it does not know refuses the record (CorruptionError
+names the version); a format change bumps RECORD_VERSION. docs/format.md repeats this.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import NamedTuple
+
+from crc32c import crc32c
+from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.types import MAX_KEY_BYTES
+
+MAGIC = b"KVSR"
+RECORD_VERSION = 1
+FLAG_TOMBSTONE = 0x1
+#: magic, version, flags, key_len, reserved, value_len, seq, write_ns, value_crc
+HEADER_CORE = struct.Struct("<4sHHHHQQQI")
+HEADER_CRC = struct.Struct("<I")
+HEADER_SIZE = HEADER_CORE.size + HEADER_CRC.size  # 44
+ALIGN = 4096
+VALUE_OFFSET = ALIGN
+assert HEADER_SIZE + MAX_KEY_BYTES <= VALUE_OFFSET
+
+
+def align_up(n: int, alignment: int = ALIGN) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def record_size(value_len: int, *, aligned_tail: bool = True) -> int:
+    """Bytes a record of ``value_len`` occupies (padded to ALIGN when ``aligned_tail``)."""
+    return VALUE_OFFSET + (align_up(value_len) if aligned_tail else value_len)
+
+
+def value_checksum(value) -> int:
+    return crc32c(value)
+
+
+class RecordHeader(NamedTuple):
+    key: str
+    value_len: int
+    seq: int
+    write_ns: int
+    value_crc: int
+    flags: int
+
+    @property
+    def tombstone(self) -> bool:
+        return bool(self.flags & FLAG_TOMBSTONE)
+
+    @property
+    def write_time(self) -> float:
+        return self.write_ns / 1e9
+
+
+def encode_header(key_bytes: bytes, value_len: int, seq: int, value_crc: int, *,
+                  flags: int = 0, write_ns: int | None = None) -> bytearray:
+    """Return the first VALUE_OFFSET bytes of a record: header, key and zero padding."""
+    if write_ns is None:
+        write_ns = time.time_ns()
+    block = bytearray(VALUE_OFFSET)
+    HEADER_CORE.pack_into(block, 0, MAGIC, RECORD_VERSION, flags, len(key_bytes), 0,
+                          value_len, seq, write_ns, value_crc)
+    block[HEADER_SIZE:HEADER_SIZE + len(key_bytes)] = key_bytes
+    head_crc = crc32c(key_bytes, crc32c(memoryview(block)[:HEADER_CORE.size]))
+    HEADER_CRC.pack_into(block, HEADER_CORE.size, head_crc)
+    return block
+
+
+def looks_like_record(block) -> bool:
+    """True when ``block`` starts with the record magic (a cheap pre-check for scans)."""
+    return bytes(block[:4]) == MAGIC
+
+
+def decode_header(block, *, path: str | None = None, offset: int = 0) -> RecordHeader:
+    """Parse and verify the header and key at the start of ``block``.
+
+    Raises :class:`CorruptionError` naming the file and offset when the magic, version,
+    lengths or header checksum are wrong.
+    """
+    where = f"record at offset {offset}"
+    if len(block) < HEADER_SIZE:
+        raise CorruptionError(f"{where} is truncated ({len(block)} bytes of header)", path=path)
+    (magic, version, flags, key_len, _reserved, value_len, seq, write_ns,
+     value_crc) = HEADER_CORE.unpack_from(block, 0)
+    if magic != MAGIC:
+        raise CorruptionError(f"{where} has bad magic {magic!r}", path=path)
+    if version != RECORD_VERSION:
+        raise CorruptionError(
+            f"{where} has format version {version}; this kvstored reads version "
+            f"{RECORD_VERSION}: upgrade kvstored to read it", path=path)
+    if not 0 < key_len <= MAX_KEY_BYTES or len(block) < HEADER_SIZE + key_len:
+        raise CorruptionError(f"{where} has an impossible key length {key_len}", path=path)
+    key_bytes = bytes(block[HEADER_SIZE:HEADER_SIZE + key_len])
+    (stored_crc,) = HEADER_CRC.unpack_from(block, HEADER_CORE.size)
+    actual = crc32c(key_bytes, crc32c(memoryview(block)[:HEADER_CORE.size]))
+    if stored_crc != actual:
+        raise CorruptionError(f"{where} fails its header checksum", path=path)
+    try:
+        key = key_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptionError(f"{where} has a key that is not UTF-8", path=path) from None
+    return RecordHeader(key, value_len, seq, write_ns, value_crc, flags)

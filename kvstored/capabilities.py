@@ -1,0 +1,53 @@
+"""What this machine can do, detected rather than assumed.
+
+Each probe returns ``(available, reason)``; the reason is what an operator needs to
+read when the answer is no. ``KVSTORED_REQUIRE`` names capabilities that must be
+present (CI sets ``fuse,uring``): tests fail instead of skipping without them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+
+KNOWN = ("fuse", "uring", "rdma")
+
+
+def required_capabilities(environ: Mapping[str, str]) -> set[str]:
+    """The capabilities ``KVSTORED_REQUIRE`` lists; unknown names are an error."""
+    raw = environ.get("KVSTORED_REQUIRE", "")
+    names = {part.strip() for part in raw.split(",") if part.strip()}
+    unknown = names - set(KNOWN)
+    if unknown:
+        raise ValueError(f"KVSTORED_REQUIRE names unknown capabilities {sorted(unknown)}; "
+                         f"known: {', '.join(KNOWN)}")
+    return names
+
+
+def probe_fuse() -> tuple[bool, str]:
+    """FUSE works when /dev/fuse opens, fusermount3 exists and pyfuse3 imports."""
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as exc:
+        return False, f"/dev/fuse cannot be opened ({exc.strerror})"
+    os.close(fd)
+    if shutil.which("fusermount3") is None:
+        return False, "fusermount3 is not installed (Debian package fuse3)"
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError as exc:
+        return False, f"pyfuse3 does not import ({exc}); pip install 'kvstored[fuse]'"
+    return True, "FUSE available"
+
+
+def probe_rdma() -> tuple[bool, str]:
+    """RDMA needs an InfiniBand/RoCE device under /sys/class/infiniband and pyverbs."""
+    devices = "/sys/class/infiniband"
+    if not os.path.isdir(devices) or not os.listdir(devices):
+        return False, f"no RDMA device in {devices}"
+    try:
+        import pyverbs  # noqa: F401
+    except ImportError:
+        return False, "RDMA devices exist but pyverbs is not installed (rdma-core)"
+    return True, "RDMA available"

@@ -1,0 +1,1 @@
+"""The two command-line programs: ``kvstored`` (the daemon) and ``kvstore`` (the tool)."""

@@ -1,0 +1,30 @@
+"""``kvstored``: the daemon (the embedded store, and the master and node roles)."""
+
+from __future__ import annotations
+
+import click
+
+from kvstored import __version__
+from kvstored.cli.lazy import LazyGroup
+
+# Each subcommand lives beside the code it runs; adding one is a line here.
+COMMANDS: dict[str, str] = {}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, prog_name="kvstored")
+def main() -> None:
+    """kvstored: a tiered DRAM + SSD KV-cache object store for LLM serving.
+
+    \b
+    Roles:
+      up       the embedded single-host store (master and one node) in one process
+      master   the cluster's metadata service
+      node     a storage node: a DRAM segment plus an SSD backend
+    \b
+    The user and admin tool is `kvstore`; run `kvstore --help`.
+    """

@@ -1,0 +1,29 @@
+"""``kvstore``: the user and admin tool."""
+
+from __future__ import annotations
+
+import click
+
+from kvstored import __version__
+from kvstored.cli.lazy import LazyGroup
+
+# Each subcommand lives beside the code it runs; adding one is a line here.
+COMMANDS: dict[str, str] = {
+    "backends": "kvstored.cli.backends_cmd:backends",
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.version_option(__version__, prog_name="kvstore")
+def main() -> None:
+    """kvstore: use and administer a kvstored cache, and plan its capacity.
+
+    \b
+    Exit codes (docs/cli.md):
+      0 ok   1 failure   2 bad usage   3 not found   4 unreachable
+      5 corrupt   6 no space   7 capability unavailable   130 interrupted
+    """

@@ -1,0 +1,29 @@
+"""Shared fixtures, and the KVSTORED_REQUIRE rule.
+
+``KVSTORED_REQUIRE=fuse,uring`` (set by .ci/run) turns a skip for a missing capability
+into a failure: CI has both, so a test that skips there hides a broken feature.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvstored.capabilities import required_capabilities
+
+
+def require(capability: str, available: bool, reason: str) -> None:
+    """Skip when ``capability`` is absent, unless KVSTORED_REQUIRE names it: then fail."""
+    if available:
+        return
+    if capability in required_capabilities(os.environ):
+        pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}")
+    pytest.skip(f"{capability} unavailable: {reason}")
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    """A fresh directory for one backend or store."""
+    path = tmp_path / "store"
+    return path

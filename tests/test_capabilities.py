@@ -1,0 +1,39 @@
+import pytest
+
+from kvstored.capabilities import probe_fuse, probe_rdma, required_capabilities
+from tests.conftest import require
+
+
+def test_required_capabilities_parses_the_list():
+    assert required_capabilities({"KVSTORED_REQUIRE": "fuse, uring"}) == {"fuse", "uring"}
+    assert required_capabilities({}) == set()
+
+
+def test_required_capabilities_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown capabilities"):
+        required_capabilities({"KVSTORED_REQUIRE": "fuse,warp-drive"})
+
+
+def test_require_fails_instead_of_skipping_when_required(monkeypatch):
+    monkeypatch.setenv("KVSTORED_REQUIRE", "fuse")
+    with pytest.raises(pytest.fail.Exception, match="required"):
+        require("fuse", False, "test")
+
+
+def test_require_skips_when_not_required(monkeypatch):
+    monkeypatch.delenv("KVSTORED_REQUIRE", raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        require("fuse", False, "test")
+
+
+def test_fuse_probe_reports_a_reason():
+    available, reason = probe_fuse()
+    assert isinstance(available, bool) and reason
+    require("fuse", available, reason)
+
+
+def test_rdma_probe_detects_absence_here(tmp_path, monkeypatch):
+    available, reason = probe_rdma()
+    assert isinstance(available, bool) and reason
+    if not available:
+        assert "RDMA" in reason or "rdma" in reason
