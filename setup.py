@@ -3,6 +3,9 @@
 - The package list: the top-level folders sdk/, backends/, native/ and tools/ are
   subpackages of ``kvstored`` (see ``package-dir`` in pyproject.toml), and setuptools'
   automatic discovery does not follow such a mapping into their subfolders.
+- The native extensions, compiled through cffi in API mode (``cffi_modules``). Each
+  build script decides for itself what the machine supports (liburing or not) and
+  never fails the install for a missing optional library.
 """
 
 from pathlib import Path
@@ -33,7 +36,15 @@ def _packages() -> list[str]:
     return found
 
 
+# "path/to/build_script.py:ffibuilder" for every native extension.
+CFFI_MODULES = [
+    f"{script}:ffibuilder"
+    for script in ("native/build_io.py", "tools/build_simcore.py")
+    if (Path(__file__).parent / script).exists()
+]
+
 setup(
     packages=_packages(),
+    cffi_modules=CFFI_MODULES,
     package_data={"kvstored": ["py.typed"], "kvstored.tools": ["data/*.toml"]},
 )

@@ -1,0 +1,21 @@
+"""``kvstore bench``: side-by-side benchmarks that write their results as JSON.
+
+Each benchmark runs kvstored and its peers (fio, a raw socket, memcpy, Mooncake, the
+reference simulator) in one run, so that ratios, not drifting absolute times, are what
+docs/benchmarks.md quotes.
+"""
+
+from __future__ import annotations
+
+import click
+
+from kvstored.cli.lazy import LazyGroup
+
+# Each benchmark lives in its own module; adding one is a line here.
+BENCHMARKS: dict[str, str] = {}
+
+
+@click.group(cls=LazyGroup, lazy_commands=BENCHMARKS,
+             context_settings={"help_option_names": ["-h", "--help"]})
+def bench() -> None:
+    """Measure kvstored against its peers, side by side; results go to JSON."""
