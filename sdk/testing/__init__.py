@@ -20,6 +20,7 @@ Each check runs on a fresh directory and its docstring says what it proves; see
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,9 +52,12 @@ __all__ = [
 
 
 def run_kit(target: str, options: dict[str, Any] | None = None, *,
-            directory: Path | None = None, select: str | None = None) -> list[CheckOutcome]:
-    """Run every check (or those whose name contains ``select``) and return the outcomes."""
-    checks = [c for c in CHECKS if select is None or select in c.name]
+            directory: Path | None = None, select: str | None = None,
+            names: Collection[str] | None = None) -> list[CheckOutcome]:
+    """Run every check, or those whose name contains ``select`` or is in ``names``, and
+    return the outcomes."""
+    checks = [c for c in CHECKS if (select is None or select in c.name)
+              and (names is None or c.name in names)]
     return run_checks(BackendSpec(target, dict(options or {})), checks, directory)
 
 

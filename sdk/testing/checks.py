@@ -340,6 +340,7 @@ def delete_then_rewrite(kit: Kit) -> None:
     """A key deleted and written again reads the new value, also after a reopen."""
     backend = kit.open()
     _write_all(backend, [("r", b"old value")])
+    kit.assert_value(backend, "r", b"old value")  # a read first, so caches get involved
     backend.batch_delete(["r"])
     _write_all(backend, [("r", b"new value!")])
     kit.assert_value(backend, "r", b"new value!")
