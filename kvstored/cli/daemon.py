@@ -8,7 +8,9 @@ from kvstored import __version__
 from kvstored.cli.lazy import LazyGroup
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "config": "kvstored.cli.config_cmd:config",
+}
 
 
 @click.group(
