@@ -1,0 +1,244 @@
+"""The engine API both io engines share: files, batches, per-item results.
+
+An :class:`IoEngine` turns a batch of ``(file, offset, buffer)`` items into requests,
+sends unaligned items on O_DIRECT files through bounce buffers (:mod:`.direct`), and hands
+the rest to its ``_run``. Subclasses supply ``_run`` (and may supply fixed buffers).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import cffi
+from kvstored.native import direct
+from kvstored.native.direct import ALIGN, READ, WRITE, Op, Outcome
+from kvstored.native.errors import IoError, log_once
+
+try:  # the compiled module's ffi, so pointers made here can go straight into requests
+    from kvstored.native._io import ffi as _ffi
+except ImportError:  # not built: the POSIX engine needs addresses only
+    _ffi = cffi.FFI()
+
+FSYNC, FDATASYNC = 2, 3  # the KV_OP_* codes of io_uring_core.h
+_ALIGN_MASK = ALIGN - 1
+
+#: ``(file, offset, buffer)``: one item of a read or write batch.
+Item = tuple["IoFile", int, Any]
+
+
+class IoFile:
+    """A file opened by :meth:`IoEngine.open` (or wrapping a descriptor you own).
+
+    ``direct`` tells whether the descriptor really has O_DIRECT: it is ``False`` when the
+    file system refused O_DIRECT and the engine fell back to buffered I/O. ``close()`` is
+    idempotent; items naming a closed file fail with EBADF, each on its own.
+    """
+
+    __slots__ = ("direct", "fd", "path")
+
+    def __init__(self, fd: int, path: str, direct: bool = False):
+        self.fd = fd
+        self.path = path
+        self.direct = direct
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> IoFile:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "fd", -1) >= 0:
+            warnings.warn(f"unclosed IoFile {self.path}", ResourceWarning, stacklevel=2)
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"fd={self.fd}"
+        return f"IoFile({self.path!r}, {state}, direct={self.direct})"
+
+
+def _byte_view(buffer: Any, index: int, writable: bool) -> memoryview:
+    try:
+        view = memoryview(buffer)
+    except TypeError:
+        raise TypeError(f"item {index}: a {type(buffer).__name__} is not a buffer; pass a "
+                        f"bytearray, memoryview, mmap or numpy array") from None
+    if writable and view.readonly:
+        raise TypeError(f"item {index}: a read needs a writable buffer, got a read-only "
+                        f"{type(buffer).__name__}")
+    if not view.c_contiguous:
+        raise ValueError(f"item {index}: the buffer is not contiguous; copy it first")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+class IoEngine(abc.ABC):
+    """Batched file I/O with a result per item. Both engines honour this contract:
+
+    - ``read``/``write``/``fsync`` **block** the calling thread until every item of the
+      batch is finished, and no longer hold the GIL while they wait, so other threads run.
+    - All items of a batch are started together; up to the engine's queue depth are in
+      flight at once. Their order of completion is unspecified: items that write
+      overlapping bytes leave either version in the overlap.
+    - Each item gets its own result, in the batch's order: the number of bytes moved, or an
+      :class:`IoError` (errno, path, offset, bytes done) which is *returned*, not raised.
+      A bad descriptor, EIO or ENOSPC fails that item alone.
+    - Reads and writes are complete: a short transfer is continued until done. A read comes
+      back short only at end of file; an item of zero bytes returns 0 without touching the
+      file.
+    - Malformed batches (not ``(IoFile, offset >= 0, buffer)``, or a read into read-only
+      memory) raise ``TypeError``/``ValueError`` before any I/O starts.
+    - On O_DIRECT files, items need not be aligned (see :mod:`kvstored.native.direct`);
+      aligned ones go straight to the file.
+    - An engine may be shared by any number of threads.
+    """
+
+    #: ``"uring"`` or ``"posix"``.
+    name: str = ""
+
+    def __init__(self, *, direct: bool = False, queue_depth: int = 32):
+        if queue_depth < 1:
+            raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
+        #: Whether :meth:`open` asks for O_DIRECT when its caller does not say.
+        self.direct = direct
+        self.queue_depth = queue_depth
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} qd={self.queue_depth} direct={self.direct}>"
+
+    # -- files -------------------------------------------------------------------------
+
+    def open(self, path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644,
+             *, direct: bool | None = None) -> IoFile:
+        """Opens ``path`` with ``os.open`` flags; ``direct=None`` follows the engine default.
+
+        When the file system refuses O_DIRECT (EINVAL), the file is opened buffered, its
+        ``direct`` is False, and one line per file system is logged. Raises ``OSError``
+        (with the path) when the file cannot be opened at all.
+        """
+        path = os.fspath(path)
+        want_direct = self.direct if direct is None else direct
+        flags |= os.O_CLOEXEC
+        if not want_direct:
+            return IoFile(os.open(path, flags, mode), path, False)
+        try:
+            return IoFile(os.open(path, flags | os.O_DIRECT, mode), path, True)
+        except OSError as exc:
+            if exc.errno != 22:  # EINVAL: this file system has no O_DIRECT
+                raise
+        # Linux creates the file before it checks O_DIRECT, so O_EXCL must go now.
+        fd = os.open(path, flags & ~os.O_EXCL, mode)
+        log_once(("no-odirect", os.fstat(fd).st_dev), logging.WARNING,
+                 "the file system of %s refuses O_DIRECT; files there use buffered I/O", path)
+        return IoFile(fd, path, False)
+
+    # -- batches -----------------------------------------------------------------------
+
+    def read(self, items: Iterable[Item]) -> list[int | IoError]:
+        """Reads each ``(file, offset, buffer)`` into its buffer (``len(buffer)`` bytes).
+
+        Returns per item the bytes read (fewer only at end of file) or an IoError.
+        """
+        return self._transfer(READ, list(items))
+
+    def write(self, items: Iterable[Item]) -> list[int | IoError]:
+        """Writes each ``(file, offset, buffer)``. Returns per item ``len(buffer)`` or an
+        IoError (``done`` tells how much was written before, e.g., ENOSPC)."""
+        return self._transfer(WRITE, list(items))
+
+    def fsync(self, files: Iterable[IoFile], datasync: bool = True) -> list[int | IoError]:
+        """``fdatasync`` (or ``fsync`` with ``datasync=False``) each file, together.
+        Returns per file 0 or an IoError."""
+        files = list(files)
+        for index, file in enumerate(files):
+            if not isinstance(file, IoFile):
+                raise TypeError(f"file {index}: expected an IoFile, got {type(file).__name__}")
+        code = FDATASYNC if datasync else FSYNC
+        outcomes = self._run(code, [(f.fd, 0, None, None, 0) for f in files]) if files else []
+        op = "fdatasync" if datasync else "fsync"
+        return [result if result >= 0 else _error(-result, f, None, op, 0, 0)
+                for f, (result, _) in zip(files, outcomes)]
+
+    def register_buffer(self, buffer: Any) -> bool:
+        """Registers ``buffer`` (writable, kept referenced for the engine's life) as a
+        fixed buffer: items whose memory lies inside it then skip the kernel's per-I/O page
+        pinning. Returns False when the engine has no fixed buffers or registration failed
+        (too low RLIMIT_MEMLOCK, too many buffers); I/O works the same either way."""
+        return False
+
+    def _transfer(self, code: int, items: list) -> list[int | IoError]:
+        if not items:
+            return []
+        writable = code == READ
+        ops: list[Op | None] = []
+        bounced: dict[int, tuple[int, int, memoryview]] = {}
+        append, from_buffer, cast = ops.append, _ffi.from_buffer, _ffi.cast
+        # This loop is the per-item cost of every batch: keep it lean.
+        for index, item in enumerate(items):
+            try:
+                file, offset, buffer = item
+            except (TypeError, ValueError):
+                raise TypeError(f"item {index}: expected (IoFile, offset, buffer), "
+                                f"got {item!r:.80}") from None
+            if not isinstance(file, IoFile):
+                raise TypeError(f"item {index}: expected an IoFile, got {type(file).__name__}")
+            if type(offset) is not int or offset < 0:
+                raise ValueError(f"item {index}: the offset must be an int >= 0, got {offset!r}")
+            view = buffer
+            if (type(view) is not memoryview or view.format != "B" or view.ndim != 1
+                    or not view.c_contiguous or (writable and view.readonly)):
+                view = _byte_view(buffer, index, writable)
+            if file.direct and view.nbytes:
+                pointer = from_buffer(view)
+                if (offset | view.nbytes | int(cast("uintptr_t", pointer))) & _ALIGN_MASK:
+                    bounced[index] = (file.fd, offset, view)
+                    append(None)
+                    continue
+                append((file.fd, offset, view, pointer, ALIGN))
+            else:
+                append((file.fd, offset, view, None, 0))
+        if not bounced:
+            outcomes = self._run(code, ops)
+        elif code == READ:
+            outcomes = direct.read_through_bounce(self._run, ops, bounced)
+        else:
+            outcomes = direct.write_through_bounce(self._run, ops, bounced)
+        op = "read" if code == READ else "write"
+        results: list[int | IoError] = []
+        for item, (result, done) in zip(items, outcomes):
+            if result >= 0:
+                results.append(result)
+            else:
+                file, offset, buffer = item
+                results.append(_error(-result, file, offset, op, memoryview(buffer).nbytes,
+                                      done))
+        return results
+
+    @abc.abstractmethod
+    def _run(self, code: int, ops: Sequence[Op]) -> list[Outcome]:
+        """Runs requests ``(fd, offset, view, pointer or None, align)`` and returns
+        ``(bytes or -errno, bytes done)`` for each, completing short transfers."""
+
+
+def _error(errno: int, file: IoFile, offset: int | None, op: str, length: int,
+           done: int) -> IoError:
+    detail = "the IoFile was closed" if file.closed else ""
+    return IoError(errno, file.path, offset, op=op, length=length, done=done, detail=detail)

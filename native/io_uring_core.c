@@ -1,0 +1,285 @@
+/* Batched reads, writes and syncs through one io_uring (liburing).
+ *
+ * A kv_ring belongs to one thread: the Python layer keeps one per thread, so nothing here
+ * takes a lock. kv_ring_run() keeps up to `depth` requests in flight, completes short
+ * transfers by asking for the rest, and writes each request's outcome into it. It blocks
+ * until the whole batch is done; cffi releases the GIL around every call into this file,
+ * so other Python threads run while it waits.
+ *
+ * Built with KV_HAVE_URING=0 (liburing missing at build time), every entry point reports
+ * -ENOSYS and Python uses the POSIX engine instead.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io_uring_core.h"
+
+#ifndef KV_HAVE_URING
+#define KV_HAVE_URING 0
+#endif
+
+#if KV_HAVE_URING
+#include <liburing.h>
+
+/* Linux moves at most about 2 GiB per read or write; bigger requests are sent in chunks,
+   each later chunk going round as if the previous one had come back short. */
+#define KV_MAX_CHUNK (1u << 30)
+
+struct kv_ring {
+    struct io_uring ring;
+    unsigned depth;
+    unsigned nfixed;
+    struct kv_span fixed[KV_MAX_FIXED_BUFFERS];
+    struct kv_stats stats;
+};
+
+int kv_built_with_uring(void) { return 1; }
+
+static int setup_ring(unsigned entries, struct io_uring *ring)
+{
+    /* Single issuer + deferred task work suit a ring that one thread both submits to and
+       waits on (Linux 6.1+); older kernels reject the flags with EINVAL, so step down. */
+    static const unsigned flag_sets[] = {
+        IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+        IORING_SETUP_COOP_TASKRUN,
+        0,
+    };
+    int rc = -EINVAL;
+    for (size_t i = 0; i < sizeof flag_sets / sizeof flag_sets[0]; i++) {
+        rc = io_uring_queue_init(entries, ring, flag_sets[i]);
+        if (rc != -EINVAL)
+            break;
+    }
+    return rc;
+}
+
+int kv_uring_probe(void)
+{
+    static const int needed[] = {
+        IORING_OP_READ, IORING_OP_WRITE, IORING_OP_FSYNC,
+        IORING_OP_READ_FIXED, IORING_OP_WRITE_FIXED,
+    };
+    struct io_uring ring;
+    int rc = setup_ring(2, &ring);
+    if (rc < 0)
+        return rc;
+    struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
+    rc = probe ? 0 : -EOPNOTSUPP;
+    for (size_t i = 0; probe && i < sizeof needed / sizeof needed[0]; i++)
+        if (!io_uring_opcode_supported(probe, needed[i]))
+            rc = -EOPNOTSUPP;
+    if (probe)
+        io_uring_free_probe(probe);
+    io_uring_queue_exit(&ring);
+    return rc;
+}
+
+int kv_ring_create(unsigned depth, struct kv_ring **out)
+{
+    struct kv_ring *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    int rc = setup_ring(depth, &r->ring);
+    if (rc < 0) {
+        free(r);
+        return rc;
+    }
+    r->depth = depth;
+    *out = r;
+    return 0;
+}
+
+void kv_ring_destroy(struct kv_ring *r)
+{
+    if (!r)
+        return;
+    io_uring_queue_exit(&r->ring);
+    free(r);
+}
+
+static int register_spans(struct kv_ring *r, const struct kv_span *spans, unsigned n)
+{
+    struct iovec iov[KV_MAX_FIXED_BUFFERS];
+    for (unsigned i = 0; i < n; i++) {
+        iov[i].iov_base = spans[i].base;
+        iov[i].iov_len = spans[i].len;
+    }
+    int rc = n ? io_uring_register_buffers(&r->ring, iov, n) : 0;
+    if (rc == 0) {
+        memcpy(r->fixed, spans, n * sizeof *spans);
+        r->nfixed = n;
+    }
+    return rc;
+}
+
+int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *spans, unsigned n)
+{
+    if (n > KV_MAX_FIXED_BUFFERS)
+        return -EINVAL;
+    struct kv_span previous[KV_MAX_FIXED_BUFFERS];
+    unsigned nprevious = r->nfixed;
+    memcpy(previous, r->fixed, nprevious * sizeof *previous);
+    if (r->nfixed) {
+        /* The kernel replaces a set only by unregistering it first. */
+        io_uring_unregister_buffers(&r->ring);
+        r->nfixed = 0;
+    }
+    int rc = register_spans(r, spans, n);
+    if (rc < 0)
+        register_spans(r, previous, nprevious);
+    return rc;
+}
+
+/* The index of the fixed buffer that holds all of [buf, buf+len), or -1. */
+static int fixed_index(const struct kv_ring *r, const char *buf, uint64_t len)
+{
+    for (unsigned i = 0; i < r->nfixed; i++) {
+        const struct kv_span *s = &r->fixed[i];
+        if (buf >= s->base && len <= s->len && (uint64_t)(buf - s->base) <= s->len - len)
+            return (int)i;
+    }
+    return -1;
+}
+
+static int is_transfer(const struct kv_req *q)
+{
+    return q->op == KV_OP_READ || q->op == KV_OP_WRITE;
+}
+
+/* Queues what is left of `q`. The caller has made sure a submission entry is free. */
+static void queue(struct kv_ring *r, struct kv_req *q)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    if (q->op == KV_OP_FSYNC || q->op == KV_OP_FDATASYNC) {
+        io_uring_prep_fsync(sqe, q->fd, q->op == KV_OP_FDATASYNC ? IORING_FSYNC_DATASYNC : 0);
+    } else {
+        char *buf = q->buf + q->done;
+        uint64_t left = q->len - q->done;
+        unsigned chunk = left > KV_MAX_CHUNK ? KV_MAX_CHUNK : (unsigned)left;
+        uint64_t offset = q->offset + q->done;
+        int idx = fixed_index(r, q->buf, q->len);
+        if (q->op == KV_OP_READ) {
+            if (idx >= 0)
+                io_uring_prep_read_fixed(sqe, q->fd, buf, chunk, offset, idx);
+            else
+                io_uring_prep_read(sqe, q->fd, buf, chunk, offset);
+        } else {
+            if (idx >= 0)
+                io_uring_prep_write_fixed(sqe, q->fd, buf, chunk, offset, idx);
+            else
+                io_uring_prep_write(sqe, q->fd, buf, chunk, offset);
+        }
+        if (idx >= 0)
+            r->stats.fixed_sqes++;
+    }
+    io_uring_sqe_set_data(sqe, q);
+    r->stats.sqes++;
+}
+
+/* Accounts one completion of `q`. Returns 1 when q is finished, 0 when it must go again. */
+static int complete(struct kv_req *q, int res)
+{
+    if (res == -EINTR)
+        return 0;
+    if (res < 0) {
+        q->result = res;
+        return 1;
+    }
+    if (!is_transfer(q)) {
+        q->result = 0;
+        return 1;
+    }
+    q->done += (unsigned)res;
+    if (q->done == q->len) {
+        q->result = (int64_t)q->done;
+        return 1;
+    }
+    if (res == 0) {
+        /* A read that returns nothing is at end of file; a write that makes no progress
+           would loop forever, so it is an I/O error. */
+        q->result = q->op == KV_OP_READ ? (int64_t)q->done : -EIO;
+        return 1;
+    }
+    if (q->op == KV_OP_READ && q->align && (q->offset + q->done) % q->align) {
+        /* An O_DIRECT read stops off a block boundary only at end of file; asking for the
+           rest at that unaligned offset would fail with EINVAL. */
+        q->result = (int64_t)q->done;
+        return 1;
+    }
+    return 0;
+}
+
+int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        reqs[i].result = INT64_MIN;
+        reqs[i].done = 0;
+    }
+    size_t next = 0;
+    unsigned inflight = 0;
+    for (;;) {
+        /* Top the queue up to its depth: the whole batch goes in as fast as it drains. */
+        while (next < n && inflight < r->depth) {
+            struct kv_req *q = &reqs[next++];
+            if (is_transfer(q) && q->len == 0) {
+                q->result = 0;
+                continue;
+            }
+            queue(r, q);
+            inflight++;
+        }
+        if (inflight == 0)
+            return 0;
+        int rc = io_uring_submit_and_wait(&r->ring, 1);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
+            return rc;
+        struct io_uring_cqe *cqe;
+        unsigned head, seen = 0;
+        io_uring_for_each_cqe(&r->ring, head, cqe) {
+            struct kv_req *q = io_uring_cqe_get_data(cqe);
+            seen++;
+            if (complete(q, cqe->res)) {
+                inflight--;
+            } else {
+                /* Its own entry was just consumed, so a free one exists. */
+                queue(r, q);
+                r->stats.resubmits++;
+            }
+        }
+        io_uring_cq_advance(&r->ring, seen);
+    }
+}
+
+void kv_ring_stats(struct kv_ring *r, struct kv_stats *out) { *out = r->stats; }
+
+#else /* !KV_HAVE_URING: the POSIX-only build */
+
+int kv_built_with_uring(void) { return 0; }
+int kv_uring_probe(void) { return -ENOSYS; }
+int kv_ring_create(unsigned depth, struct kv_ring **out)
+{
+    (void)depth;
+    *out = NULL;
+    return -ENOSYS;
+}
+void kv_ring_destroy(struct kv_ring *r) { (void)r; }
+int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *s, unsigned n)
+{
+    (void)r, (void)s, (void)n;
+    return -ENOSYS;
+}
+int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
+{
+    (void)r, (void)reqs, (void)n;
+    return -ENOSYS;
+}
+void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)
+{
+    (void)r;
+    memset(out, 0, sizeof *out);
+}
+
+#endif

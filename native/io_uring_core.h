@@ -1,0 +1,65 @@
+/* The C interface of kvstored.native._io.
+ *
+ * build_io.py feeds this file verbatim to cffi's cdef() as well as to the compiler, so it
+ * holds plain declarations only: no #include, no include guard, no macro but integer
+ * constants. io_uring_core.c includes it once.
+ */
+
+#define KV_OP_READ 0
+#define KV_OP_WRITE 1
+#define KV_OP_FSYNC 2
+#define KV_OP_FDATASYNC 3
+
+/* The most buffers one ring registers as fixed buffers. */
+#define KV_MAX_FIXED_BUFFERS 16
+
+/* One item of a batch. The caller fills the inputs; kv_ring_run() fills the outputs. */
+struct kv_req {
+    /* inputs */
+    int32_t fd;
+    uint32_t op;        /* KV_OP_* */
+    uint32_t align;     /* O_DIRECT block size, 0 when buffered (see kv_ring_run) */
+    uint64_t offset;
+    char *buf;
+    uint64_t len;
+    /* outputs */
+    int64_t result;     /* bytes transferred, or -errno */
+    uint64_t done;      /* bytes transferred, also when result is an error */
+};
+
+/* A span of memory registered as a fixed buffer. */
+struct kv_span {
+    char *base;
+    uint64_t len;
+};
+
+/* Counters of one ring since it was created, for diagnostics and tests. */
+struct kv_stats {
+    uint64_t sqes;       /* submission entries queued */
+    uint64_t fixed_sqes; /* of which used READ_FIXED / WRITE_FIXED */
+    uint64_t resubmits;  /* short transfers completed by asking for the rest */
+};
+
+struct kv_ring;
+
+/* 1 when the module was compiled against liburing, 0 when it is the POSIX-only build. */
+int kv_built_with_uring(void);
+
+/* 0 when this process may create an io_uring that supports every operation the engine
+   uses, else -errno: -ENOSYS (no io_uring or a seccomp filter), -EPERM (sysctl, seccomp,
+   LSM), -EOPNOTSUPP (an operation is missing: kernel older than 5.6), -ENOMEM. */
+int kv_uring_probe(void);
+
+/* Creates a ring that keeps up to `depth` requests in flight. 0 or -errno. */
+int kv_ring_create(unsigned depth, struct kv_ring **out);
+void kv_ring_destroy(struct kv_ring *ring);
+
+/* Replaces the ring's fixed buffers by `spans`. On failure (-ENOMEM when RLIMIT_MEMLOCK
+   is too low, -EFAULT, -EINVAL) the previous set stays registered. 0 or -errno. */
+int kv_ring_register_buffers(struct kv_ring *ring, const struct kv_span *spans, unsigned n);
+
+/* Runs the batch and blocks until every request has finished. Returns 0, or -errno
+   when the ring itself failed (then requests still marked pending keep result INT64_MIN). */
+int kv_ring_run(struct kv_ring *ring, struct kv_req *reqs, size_t n);
+
+void kv_ring_stats(struct kv_ring *ring, struct kv_stats *out);

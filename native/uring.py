@@ -1,0 +1,172 @@
+"""The io_uring engine: each thread submits through its own ring, without locks.
+
+The C side (io_uring_core.c) runs a whole batch per call: it keeps up to ``queue_depth``
+requests in flight, completes short transfers, and blocks with the GIL released until the
+batch is done. A thread's ring is created on its first batch and destroyed with the thread;
+a forked child makes its own.
+
+Fixed buffers are registered per ring: :meth:`UringEngine.register_buffer` registers on
+the calling thread's ring at once (so it can say whether that worked), and every other
+thread's ring picks the set up before its next batch. Each ring pins the memory again, so a
+process without CAP_IPC_LOCK pays RLIMIT_MEMLOCK once per ring using the buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kvstored.native._io import ffi, lib
+from kvstored.native.direct import Op, Outcome
+from kvstored.native.engine import IoEngine
+from kvstored.native.errors import log, log_once
+
+from kvstored.units import format_size
+
+_PENDING = -(2**63)  # kv_req.result of a request the ring never finished
+
+#: The deepest queue a ring is made with; deeper asks are refused, not silently cut.
+MAX_QUEUE_DEPTH = 4096
+
+
+class _Ring:
+    """One thread's ring; freed (io_uring_queue_exit) when the last reference goes."""
+
+    __slots__ = ("generation", "handle", "pid")
+
+    def __init__(self, depth: int):
+        out = ffi.new("struct kv_ring **")
+        rc = lib.kv_ring_create(depth, out)
+        if rc < 0:
+            raise OSError(-rc, f"cannot create an io_uring of depth {depth} for thread "
+                               f"{threading.current_thread().name}: {os.strerror(-rc)}")
+        self.handle = ffi.gc(out[0], lib.kv_ring_destroy)
+        self.pid = os.getpid()
+        self.generation = 0  # which set of fixed buffers it has registered
+
+
+def _memlock_limit() -> str:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return "unlimited" if soft == resource.RLIM_INFINITY else format_size(soft)
+
+
+class UringEngine(IoEngine):
+    """io_uring through liburing: one ring per thread, ``queue_depth`` requests in flight
+    per ring, fixed buffers where registered. Construct through
+    :func:`kvstored.native.get_engine`, which checks first that io_uring works here.
+
+    Besides the :class:`IoEngine` contract: a thread's first batch creates its ring and
+    raises ``OSError`` if the kernel refuses (ENOMEM). Should the ring itself fail mid-batch
+    (never seen in practice), the unfinished items fail with that errno and the thread gets
+    a fresh ring next time.
+    """
+
+    name = "uring"
+
+    def __init__(self, *, direct: bool = False, queue_depth: int = 32):
+        if queue_depth > MAX_QUEUE_DEPTH:
+            raise ValueError(f"queue_depth {queue_depth} is deeper than {MAX_QUEUE_DEPTH}")
+        super().__init__(direct=direct, queue_depth=queue_depth)
+        self._local = threading.local()
+        self._fixed: tuple[tuple[memoryview, Any], ...] = ()  # (view, pointer), published whole
+        self._generation = 0
+        self._register_lock = threading.Lock()
+
+    # -- rings -------------------------------------------------------------------------
+
+    def _ring(self) -> _Ring:
+        ring = getattr(self._local, "ring", None)
+        if ring is None or ring.pid != os.getpid():
+            ring = self._local.ring = _Ring(self.queue_depth)
+        if ring.generation != self._generation:
+            generation, fixed = self._generation, self._fixed
+            rc = self._register(ring, fixed)
+            if rc < 0:
+                self._log_register_failure(rc, fixed)
+            ring.generation = generation
+        return ring
+
+    @staticmethod
+    def _register(ring: _Ring, fixed: tuple[tuple[memoryview, Any], ...]) -> int:
+        spans = ffi.new("struct kv_span[]", max(len(fixed), 1))
+        for i, (view, pointer) in enumerate(fixed):
+            spans[i].base = pointer
+            spans[i].len = view.nbytes
+        return lib.kv_ring_register_buffers(ring.handle, spans, len(fixed))
+
+    @staticmethod
+    def _log_register_failure(rc: int, fixed: tuple) -> None:
+        total = format_size(sum(view.nbytes for view, _ in fixed))
+        log_once(("uring-register-failed", -rc), logging.WARNING,
+                 "io_uring could not register %s of fixed buffers (%s; RLIMIT_MEMLOCK is "
+                 "%s): I/O continues without fixed buffers", total, os.strerror(-rc),
+                 _memlock_limit())
+
+    def register_buffer(self, buffer: Any) -> bool:
+        view = memoryview(buffer)
+        if view.readonly:
+            raise TypeError(f"a fixed buffer must be writable, got a read-only "
+                            f"{type(buffer).__name__}")
+        if not view.c_contiguous or not view.nbytes:
+            raise ValueError("a fixed buffer must be contiguous and not empty")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        pointer = ffi.from_buffer(view, require_writable=True)
+        start = int(ffi.cast("uintptr_t", pointer))
+        with self._register_lock:
+            for known, known_pointer in self._fixed:
+                if (int(ffi.cast("uintptr_t", known_pointer)) == start
+                        and known.nbytes == view.nbytes):
+                    return True
+            if len(self._fixed) >= lib.KV_MAX_FIXED_BUFFERS:
+                log_once("uring-too-many-fixed", logging.WARNING,
+                         "io_uring: at most %d fixed buffers; this one stays unregistered",
+                         lib.KV_MAX_FIXED_BUFFERS)
+                return False
+            candidate = (*self._fixed, (view, pointer))
+            ring = self._ring()
+            rc = self._register(ring, candidate)
+            if rc < 0:
+                self._log_register_failure(rc, candidate)
+                return False
+            self._fixed = candidate
+            self._generation += 1
+            ring.generation = self._generation
+            return True
+
+    def ring_stats(self) -> dict[str, int]:
+        """Counters of the calling thread's ring (creating it if needed): ``sqes``
+        queued, ``fixed_sqes`` among them, ``resubmits`` of short transfers."""
+        stats = ffi.new("struct kv_stats *")
+        lib.kv_ring_stats(self._ring().handle, stats)
+        return {"sqes": stats.sqes, "fixed_sqes": stats.fixed_sqes,
+                "resubmits": stats.resubmits}
+
+    # -- batches -----------------------------------------------------------------------
+
+    def _run(self, code: int, ops: Sequence[Op]) -> list[Outcome]:
+        ring = self._ring()
+        count = len(ops)
+        reqs = ffi.new("struct kv_req[]", count)
+        pointers = []  # cdata that must outlive the call
+        from_buffer = ffi.from_buffer
+        for req, (fd, offset, view, pointer, align) in zip(reqs, ops):
+            req.fd = fd
+            req.op = code
+            req.offset = offset
+            req.align = align
+            if view is not None:
+                if pointer is None:
+                    pointer = from_buffer(view)
+                    pointers.append(pointer)
+                req.buf = pointer
+                req.len = view.nbytes
+        rc = lib.kv_ring_run(ring.handle, reqs, count)
+        if rc < 0:
+            self._local.ring = None
+            log.error("io_uring ring of thread %s failed (%s); it is replaced",
+                      threading.current_thread().name, os.strerror(-rc))
+        return [(rc if req.result == _PENDING else req.result, req.done) for req in reqs]
