@@ -33,9 +33,10 @@ def _console() -> Console:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def config() -> None:
-    """Inspect the configuration: TOML file < KVSTORED_* environment < flags.
+    """Show the effective configuration, or list every setting.
 
-    docs/configuration.md lists every key.
+    Values come from the defaults < a TOML file < KVSTORED_* environment variables <
+    flags; docs/configuration.md describes every key.
     """
 
 
