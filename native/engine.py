@@ -67,7 +67,10 @@ class IoFile:
     def __del__(self) -> None:
         if getattr(self, "fd", -1) >= 0:
             warnings.warn(f"unclosed IoFile {self.path}", ResourceWarning, stacklevel=2)
-            self.close()
+            try:
+                self.close()
+            except OSError:
+                pass  # a wrapped descriptor that was never valid
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"fd={self.fd}"

@@ -8,6 +8,7 @@ Each call releases the GIL while the kernel works. Needs nothing compiled.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ def _transfer(code: int, op: Op) -> Outcome:
         except OSError as exc:
             return -exc.errno, done
         if moved == 0:  # end of file for a read; no progress for a write
-            return (done, done) if code == READ else (-5, done)  # EIO
+            return (done, done) if code == READ else (-errno.EIO, done)
         done += moved
         if code == READ and align and (offset + done) % align:
             break  # an O_DIRECT read ends off a block boundary only at end of file
@@ -42,6 +43,8 @@ def _transfer(code: int, op: Op) -> Outcome:
 
 
 def _sync(code: int, op: Op) -> Outcome:
+    if op[0] < 0:  # a closed IoFile; os.fsync would raise ValueError rather than EBADF
+        return -errno.EBADF, 0
     try:
         (os.fdatasync if code == FDATASYNC else os.fsync)(op[0])
     except OSError as exc:
