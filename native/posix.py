@@ -38,7 +38,7 @@ def _transfer(code: int, op: Op) -> Outcome:
             return (done, done) if code == READ else (-errno.EIO, done)
         done += moved
         if code == READ and align and (offset + done) % align:
-            break  # an O_DIRECT read ends off a block boundary only at end of file
+            break  # O_DIRECT ends off a block only at end of file (io_uring_core.c)
     return done, done
 
 
