@@ -10,3 +10,15 @@ holds:
 """
 
 __version__ = "0.1.0"
+
+__all__ = ["Client", "ObjectInfo", "__version__", "connect"]
+
+
+def __getattr__(name: str):
+    # The client is imported on first use, so that `import kvstored` (and the CLIs'
+    # --help) stays cheap.
+    if name in ("connect", "Client", "ObjectInfo"):
+        from kvstored import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'kvstored' has no attribute {name!r}")

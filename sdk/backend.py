@@ -69,6 +69,7 @@ from kvstored.sdk.types import (
     ObjectRecord,
     ReadStatus,
     Usage,
+    WriteBatchHint,
     WriteResult,
     encode_key,
 )
@@ -237,6 +238,13 @@ class StorageBackend(abc.ABC):
         quarantine folder (never simply deleted, so the evidence survives) and dropped
         from the index. A second ``check()`` after a repair finds nothing.
         """
+
+    # -- optional, with defaults -------------------------------------------------------
+
+    def write_batch_hint(self) -> WriteBatchHint:
+        """How callers should batch writes (see :class:`WriteBatchHint`). Override it
+        when the layout prefers other sizes, as a bucket backend does."""
+        return WriteBatchHint()
 
     # -- conveniences built on the abstract methods ------------------------------------
 

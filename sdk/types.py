@@ -155,6 +155,21 @@ class Capabilities:
     max_value_size: int
 
 
+@dataclass(frozen=True, slots=True)
+class WriteBatchHint:
+    """How a caller should group writes for this backend.
+
+    The node's offloader accumulates objects and calls ``batch_write`` once it has
+    ``max_bytes`` or ``max_keys`` of them, or the oldest has waited ``max_age``
+    seconds, whichever comes first. The age bound is what gets a trickle of small
+    objects to disk.
+    """
+
+    max_bytes: int = 64 * 1024 * 1024
+    max_keys: int = 256
+    max_age: float = 0.5
+
+
 class ProblemKind(enum.Enum):
     #: A record whose header, key or value fails its checksum, or is malformed.
     CORRUPT_RECORD = "corrupt-record"

@@ -10,6 +10,9 @@ from kvstored.cli.lazy import LazyGroup
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
     "config": "kvstored.cli.config_cmd:config",
+    "up": "kvstored.cli.run_cmd:up",
+    "master": "kvstored.cli.run_cmd:master",
+    "node": "kvstored.cli.run_cmd:node",
 }
 
 

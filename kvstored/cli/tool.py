@@ -9,6 +9,8 @@ from kvstored.cli.lazy import LazyGroup
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
+    **{name: f"kvstored.cli.store_cmds:{name}" for name in (
+        "status", "put", "get", "ls", "stat", "rm", "flush", "evict", "recover")},
     "bench": "kvstored.bench:bench",
 }
 

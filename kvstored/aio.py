@@ -1,0 +1,235 @@
+"""The trio client: the same calls as :func:`kvstored.connect`, as coroutines.
+
+::
+
+    async with kvstored.aio.connect("127.0.0.1:7700") as c:
+        await c.put("k", b"v")
+        n = await c.get_into("k", buf)
+
+One instance may be shared by many tasks: each request holds its connection's lock
+for the length of one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from kvstored.client.common import (
+    MISSING,
+    TRANSPORTS,
+    ObjectInfo,
+    Segments,
+    check_keys,
+    client_host,
+    parse_address,
+    plan_reads,
+    prepare_values,
+)
+from kvstored.errors import (
+    BadRequestError,
+    CorruptDataError,
+    NoSpaceError,
+    StoreError,
+    UnreachableError,
+    from_wire,
+)
+from kvstored.rpc import RpcClient
+from kvstored.wire import ConnectionClosed, FrameError
+
+NO_SPACE_RETRY_SECONDS = 5.0
+
+__all__ = ["MISSING", "AsyncClient", "ObjectInfo", "connect"]
+
+
+class AsyncClient:
+    def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
+                 timeout: float = 30.0) -> None:
+        if transport not in TRANSPORTS:
+            raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        self.master = RpcClient(parse_address(master), token=token)
+        self.token = token
+        self.timeout = timeout
+        self.segments = Segments(transport)
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._node_clients: dict[str, RpcClient] = {}
+
+    async def _call(self, op: str, **args: Any) -> dict[str, Any]:
+        with trio.fail_after(self.timeout):
+            return await self.master.call(op, **args)
+
+    def _node(self, node: str) -> RpcClient:
+        client = self._node_clients.get(node)
+        if client is None:
+            addr = self._nodes[node]["addr"]
+            client = self._node_clients[node] = RpcClient((addr[0], int(addr[1])),
+                                                          token=self.token)
+        return client
+
+    async def _node_request(self, node: str, header: dict[str, Any], payload=(),
+                            into: list[memoryview] | None = None) -> dict[str, Any]:
+        """One request to a node; response payload items are received into ``into``."""
+        client = self._node(node)
+        async with client._lock:
+            conn = await client._ready()
+            try:
+                await conn.send_frame(header, payload)
+                reply = await conn.recv_header()
+                if reply.get("ok") and into is not None:
+                    for view, size in zip(into, reply["sizes"]):
+                        if size >= 0:
+                            await conn.recv_payload_into(view[:size])
+                await conn.discard_payload()
+            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError) as exc:
+                client.close()
+                raise UnreachableError(f"{header['op']} on node {node} failed: {exc}") from None
+        if not reply.get("ok"):
+            raise from_wire(reply.get("error") or {})
+        return reply
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def put(self, key: str, data: Any) -> bool:
+        return (await self.batch_put([key], [data]))[0]
+
+    async def batch_put(self, keys: Sequence[str], values: Sequence[Any]) -> list[bool]:
+        keys = list(keys)
+        views, sizes, checksums = prepare_values(keys, list(values))
+        results: list[bool | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        deadline = trio.current_time() + NO_SPACE_RETRY_SECONDS
+        while todo:
+            reply = await self._call("put_target", keys=[keys[i] for i in todo],
+                                     sizes=[sizes[i] for i in todo], host=client_host())
+            self._nodes.update(reply["nodes"])
+            by_node: dict[str, list[int]] = {}
+            for i, target in zip(todo, reply["targets"]):
+                if target is None:
+                    results[i] = False
+                else:
+                    by_node.setdefault(target, []).append(i)
+            retry: list[int] = []
+            for node, idx in by_node.items():
+                try:
+                    outcome = await self._put_on_node(node, keys, views, sizes, checksums, idx)
+                except StoreError:
+                    await self._call("put_abort", keys=[keys[i] for i in idx])
+                    raise
+                for i, status in zip(idx, outcome):
+                    if status in ("ok", "exists"):
+                        results[i] = status == "ok"
+                    elif status == "no_space":
+                        retry.append(i)
+                    else:
+                        await self._call("put_abort", keys=[keys[i]])
+                        raise CorruptDataError(f"put failed: {status}", key=keys[i])
+            if retry:
+                await self._call("put_abort", keys=[keys[i] for i in retry])
+                if trio.current_time() > deadline:
+                    raise NoSpaceError(f"no DRAM room for {len(retry)} object(s)",
+                                       key=keys[retry[0]])
+                await trio.sleep(0.05)
+            todo = retry
+        return [bool(r) for r in results]
+
+    async def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+        batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
+                 "checksums": [checksums[i] for i in idx]}
+        mapping = self.segments.mapping(node, self._nodes[node])
+        if mapping is None:
+            reply = await self._node_request(node, {"op": "put", **batch},
+                                             [views[i] for i in idx])
+            return reply["results"]
+        offsets = (await self._node_request(node, {"op": "alloc", **batch}))["offsets"]
+        status, sealed = {}, []
+        for i, offset in zip(idx, offsets):
+            if offset is None:
+                status[i] = "no_space"
+            else:
+                mapping.view(offset, sizes[i])[:] = views[i]
+                sealed.append(i)
+        if sealed:
+            reply = await self._node_request(node, {"op": "seal",
+                                                    "keys": [keys[i] for i in sealed]})
+            status.update(zip(sealed, reply["results"]))
+        return [status[i] for i in idx]
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, key: str) -> bytes | None:
+        reply = await self._call("lookup", keys=[key], lease=False)
+        found = reply["objects"][0]
+        if found is None:
+            return None
+        buf = bytearray(found[0])
+        got = await self.get_into(key, buf)
+        return None if got == MISSING else bytes(memoryview(buf)[:got])
+
+    async def get_into(self, key: str, buf: Any) -> int:
+        return (await self.batch_get_into([key], [buf]))[0]
+
+    async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
+        keys = list(keys)
+        if len(keys) != len(buffers):
+            raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        check_keys(keys)
+        bufs = [memoryview(b).cast("B") for b in buffers]
+        started = trio.current_time()
+        reply = await self._call("lookup", keys=keys)
+        self._nodes.update(reply["nodes"])
+        plan = plan_reads(reply, bufs, keys, self.segments)
+        results = list(plan.sizes)
+        for i, node, offset, size in plan.shm:
+            bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(offset, size)
+        if plan.shm and trio.current_time() - started > 0.8 * reply["lease_ttl"]:
+            for i, node, _, _ in plan.shm:
+                plan.tcp.setdefault(node, []).append(i)
+        for node, idx in plan.tcp.items():
+            reply = await self._node_request(node, {"op": "get", "keys": [keys[i] for i in idx]},
+                                             into=[bufs[i] for i in idx])
+            for i, size in zip(idx, reply["sizes"]):
+                results[i] = size if size >= 0 else MISSING
+        return results
+
+    # -- metadata ----------------------------------------------------------------------
+
+    async def exists(self, key: str) -> bool:
+        return (await self.batch_exists([key]))[0]
+
+    async def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return (await self._call("exists", keys=list(keys)))["exists"]
+
+    async def prefix_hits(self, keys: Sequence[str]) -> int:
+        return (await self._call("prefix_hits", keys=list(keys)))["hits"]
+
+    async def remove(self, key: str) -> bool:
+        return (await self._call("remove", keys=[key]))["removed"][0]
+
+    async def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            return ObjectInfo.from_wire((await self._call("stat", key=key))["object"])
+        except StoreError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+
+    async def aclose(self) -> None:
+        self.master.close()
+        for client in self._node_clients.values():
+            client.close()
+        self.segments.close()
+
+
+@asynccontextmanager
+async def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
+                  token: str | None = None, timeout: float = 30.0
+                  ) -> AsyncIterator[AsyncClient]:
+    client = AsyncClient(master, transport=transport, token=token, timeout=timeout)
+    try:
+        await client.master.connect()
+        yield client
+    finally:
+        await client.aclose()

@@ -1,0 +1,135 @@
+"""``kvstored up``, ``kvstored master`` and ``kvstored node``: run the roles."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+import trio
+
+from kvstored.cli.exitcodes import ExitCode
+from kvstored.config import ConfigError, load_config
+
+config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                             help="A TOML configuration file (default: $KVSTORED_CONFIG).")
+token_option = click.option("--token-file", type=click.Path(dir_okay=False),
+                            help="Require this shared secret on every connection.")
+verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+
+
+def _load(config_file: str | None, overrides: dict[str, Any], flags: dict[str, str]):
+    try:
+        return load_config(config_file, overrides=overrides, flag_names=flags)
+    except ConfigError as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(ExitCode.USAGE)
+
+
+def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
+    async def wrapper() -> None:
+        async with trio.open_nursery() as nursery:
+            started = await nursery.start(main, cfg)
+            banner(started)
+
+    try:
+        trio.run(wrapper)
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.INTERRUPTED)
+    except OSError as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(ExitCode.UNAVAILABLE if exc.errno in (98, 99) else ExitCode.FAILURE)
+    click.echo("kvstored: stopped cleanly", err=True)
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.command()
+@click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
+@click.option("--listen", metavar="HOST:PORT", help="Master address [127.0.0.1:7700].")
+@click.option("--dram", metavar="SIZE", help="DRAM segment size, e.g. 4GiB.")
+@click.option("--ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
+@click.option("--backend", metavar="NAME", help="SSD backend (bucket, offset, …).")
+@click.option("--offload", type=click.Choice(["eager", "watermark"]), help="Offload policy.")
+@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@config_option
+@token_option
+@verbose_option
+def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
+       verbose) -> None:
+    """Run the embedded single-host store: the master and one node, in the foreground.
+
+    Stop it with Ctrl-C or SIGTERM; DRAM-only objects are lost then, so run
+    `kvstore flush --wait` first to keep everything.
+    """
+    from kvstored.server import run_embedded
+
+    _logging(verbose)
+    cfg = _load(config_file, {
+        "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
+        "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
+        "security.token_file": token_file},
+        {"master.listen": "--listen", "master.metrics": "--metrics",
+         "security.token_file": "--token-file"})
+
+    def banner(started) -> None:
+        host, port = started["master"]
+        click.echo(f"kvstored up: listening on {host}:{port} (node {started['node_name']}, "
+                   f"data server {started['node'][0]}:{started['node'][1]})")
+        click.echo(f"kvstored up: data directory {cfg['node.data']}, backend "
+                   f"{cfg['node.backend']}, DRAM {cfg['node.dram']} bytes, SSD "
+                   f"{cfg['node.ssd']} bytes")
+
+    _run(run_embedded, cfg, banner)
+
+
+@click.command()
+@click.option("--listen", metavar="HOST:PORT", help="Address to serve on [127.0.0.1:7700].")
+@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@config_option
+@token_option
+@verbose_option
+def master(listen, metrics, config_file, token_file, verbose) -> None:
+    """Run the cluster's master (metadata only; data never passes through it)."""
+    from kvstored.server import run_master
+
+    _logging(verbose)
+    cfg = _load(config_file, {"master.listen": listen, "master.metrics": metrics,
+                              "security.token_file": token_file},
+                {"master.listen": "--listen", "master.metrics": "--metrics",
+                 "security.token_file": "--token-file"})
+    _run(run_master, cfg, lambda bound: click.echo(
+        f"kvstored master: listening on {bound[0]}:{bound[1]}"))
+
+
+@click.command()
+@click.option("--master", "master_address", metavar="HOST:PORT", help="The master's address.")
+@click.option("--listen", metavar="HOST:PORT", help="Data server address [127.0.0.1:0].")
+@click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
+@click.option("--dram", metavar="SIZE", help="DRAM segment size.")
+@click.option("--ssd", metavar="SIZE", help="SSD tier capacity.")
+@click.option("--backend", metavar="NAME", help="SSD backend.")
+@click.option("--name", help="Node name (default: hostname:port).")
+@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@config_option
+@token_option
+@verbose_option
+def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
+         token_file, verbose) -> None:
+    """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
+    from kvstored.server import run_node
+
+    _logging(verbose)
+    cfg = _load(config_file, {
+        "node.master": master_address, "node.listen": listen, "node.data": data,
+        "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
+        "node.metrics": metrics, "security.token_file": token_file},
+        {"node.master": "--master", "node.listen": "--listen", "node.metrics": "--metrics",
+         "security.token_file": "--token-file"})
+    _run(run_node, cfg, lambda bound: click.echo(
+        f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))

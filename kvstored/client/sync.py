@@ -1,0 +1,328 @@
+"""The blocking client: thread-safe, with batch calls as the fast path.
+
+Each thread gets its own connections (to the master and to each node it talks to), so
+threads never wait on each other's requests. A batch costs one round trip to the
+master, then one request per node holding data (or none, for objects in a DRAM segment
+on this host, which are copied straight out of shared memory).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvstored.client.common import (
+    MISSING,
+    TRANSPORTS,
+    ObjectInfo,
+    Segments,
+    check_keys,
+    client_host,
+    parse_address,
+    plan_reads,
+    prepare_values,
+)
+from kvstored.errors import (
+    BadRequestError,
+    CorruptDataError,
+    NoSpaceError,
+    StoreError,
+    UnreachableError,
+    from_wire,
+)
+from kvstored.wire import (
+    PROTOCOL_VERSION,
+    ConnectionClosed,
+    FrameError,
+    discard,
+    recv_exactly_into,
+    recv_header,
+    send_frame,
+)
+
+#: How long puts keep retrying when the target node is momentarily out of DRAM (the
+#: master frees room by evicting offloaded objects within a heartbeat or two).
+NO_SPACE_RETRY_SECONDS = 5.0
+
+
+class _Connection:
+    def __init__(self, address: tuple[str, int], token: str | None, timeout: float) -> None:
+        self.address = address
+        try:
+            self.sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise UnreachableError(f"cannot reach {address[0]}:{address[1]} "
+                                   f"({exc.strerror or exc}); is kvstored running?") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.hello = self.request({"op": "hello", "version": PROTOCOL_VERSION, "token": token,
+                                   "role": "client"})
+
+    def request(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
+        """Send a request, return its response header; the caller reads any payload."""
+        try:
+            send_frame(self.sock, header, payload)
+            reply, self.payload_left = recv_header(self.sock)
+        except (OSError, ConnectionClosed, FrameError) as exc:
+            self.close()
+            raise UnreachableError(f"{header.get('op')}: connection to "
+                                   f"{self.address[0]}:{self.address[1]} failed: {exc}") from None
+        if not reply.get("ok"):
+            if self.payload_left:
+                discard(self.sock, self.payload_left)
+            raise from_wire(reply.get("error") or {})
+        return reply
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Client:
+    """A connection to a kvstored cluster. Use :func:`connect`."""
+
+    def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
+                 timeout: float = 30.0) -> None:
+        if transport not in TRANSPORTS:
+            raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        self.master_address = parse_address(master)
+        self.transport = transport
+        self.token = token
+        self.timeout = timeout
+        self.segments = Segments(transport)
+        self._local = threading.local()
+        self._all: list[_Connection] = []
+        self._all_lock = threading.Lock()
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._closed = False
+        self._master()  # fail now, not on first use, if the master is unreachable
+
+    # -- connections -------------------------------------------------------------------
+
+    def _conn(self, name: str, address: tuple[str, int]) -> _Connection:
+        if self._closed:
+            raise BadRequestError("the client is closed")
+        conns = self._local.__dict__.setdefault("conns", {})
+        conn = conns.get(name)
+        if conn is None or conn.sock.fileno() < 0:
+            conn = conns[name] = _Connection(address, self.token, self.timeout)
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def _master(self) -> _Connection:
+        return self._conn("master", self.master_address)
+
+    def _call(self, op: str, **args: Any) -> dict[str, Any]:
+        return self._master().request({"op": op, **args})
+
+    def _node_conn(self, node: str) -> _Connection:
+        info = self._nodes[node]
+        return self._conn(f"node:{node}", (info["addr"][0], int(info["addr"][1])))
+
+    # -- writes ------------------------------------------------------------------------
+
+    def put(self, key: str, data: Any) -> bool:
+        """Store ``data`` under ``key``. False if the key already existed (write-once)."""
+        return self.batch_put([key], [data])[0]
+
+    def batch_put(self, keys: Sequence[str], values: Sequence[Any]) -> list[bool]:
+        """Store many objects; True for each stored now, False for each that existed."""
+        keys = list(keys)
+        views, sizes, checksums = prepare_values(keys, list(values))
+        results: list[bool | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        deadline = time.monotonic() + NO_SPACE_RETRY_SECONDS
+        while todo:
+            retry = self._put_round(keys, views, sizes, checksums, todo, results)
+            if not retry:
+                break
+            if time.monotonic() > deadline:
+                raise NoSpaceError(f"no DRAM room for {len(retry)} object(s) after "
+                                   f"{NO_SPACE_RETRY_SECONDS:.0f}s; the cluster is full of "
+                                   "objects that cannot be evicted yet", key=keys[retry[0]])
+            time.sleep(0.05)
+            todo = retry
+        return [bool(r) for r in results]
+
+    def _put_round(self, keys, views, sizes, checksums, todo, results) -> list[int]:
+        reply = self._call("put_target", keys=[keys[i] for i in todo],
+                           sizes=[sizes[i] for i in todo], host=client_host())
+        self._nodes.update(reply["nodes"])
+        by_node: dict[str, list[int]] = {}
+        for i, target in zip(todo, reply["targets"]):
+            if target is None:
+                results[i] = False
+            else:
+                by_node.setdefault(target, []).append(i)
+        retry: list[int] = []
+        for node, idx in by_node.items():
+            try:
+                outcome = self._put_on_node(node, keys, views, sizes, checksums, idx)
+            except StoreError:
+                self._call("put_abort", keys=[keys[i] for i in idx])
+                raise
+            abort = []
+            for i, status in zip(idx, outcome):
+                if status == "ok":
+                    results[i] = True
+                elif status == "exists":
+                    results[i] = False
+                elif status == "no_space":
+                    retry.append(i)
+                    abort.append(keys[i])
+                elif status == "corrupt":
+                    self._call("put_abort", keys=[keys[i]])
+                    raise CorruptDataError("the node received bytes that fail their checksum",
+                                           key=keys[i])
+                else:
+                    raise StoreError(f"unexpected put result {status!r}", key=keys[i])
+            if abort:
+                self._call("put_abort", keys=abort)
+        return retry
+
+    def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+        conn = self._node_conn(node)
+        mapping = self.segments.mapping(node, self._nodes[node])
+        batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
+                 "checksums": [checksums[i] for i in idx]}
+        if mapping is None:
+            return conn.request({"op": "put", **batch}, [views[i] for i in idx])["results"]
+        offsets = conn.request({"op": "alloc", **batch})["offsets"]
+        sealed = []
+        status = {}
+        for i, offset in zip(idx, offsets):
+            if offset is None:
+                status[i] = "no_space"
+                continue
+            mapping.view(offset, sizes[i])[:] = views[i]
+            sealed.append(i)
+        if sealed:
+            outcome = conn.request({"op": "seal", "keys": [keys[i] for i in sealed]})["results"]
+            status.update(zip(sealed, outcome))
+        return [status[i] for i in idx]
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None."""
+        info = self.batch_sizes([key])[0]
+        if info is None:
+            return None
+        buf = bytearray(info)
+        got = self.get_into(key, buf)
+        return None if got == MISSING else bytes(memoryview(buf)[:got])
+
+    def batch_sizes(self, keys: Sequence[str]) -> list[int | None]:
+        reply = self._call("lookup", keys=list(keys), lease=False)
+        return [None if o is None else o[0] for o in reply["objects"]]
+
+    def get_into(self, key: str, buf: Any) -> int:
+        """Read ``key`` into ``buf``; the number of bytes written, or -1 if missing."""
+        return self.batch_get_into([key], [buf])[0]
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
+        """Read many objects into caller buffers; per key the length, or -1 if missing."""
+        keys = list(keys)
+        if len(keys) != len(buffers):
+            raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        check_keys(keys)
+        bufs = [memoryview(b).cast("B") for b in buffers]
+        started = time.monotonic()
+        reply = self._call("lookup", keys=keys)
+        self._nodes.update(reply["nodes"])
+        plan = plan_reads(reply, bufs, keys, self.segments)
+        results = list(plan.sizes)
+        for i, node, offset, size in plan.shm:
+            mapping = self.segments.mapping(node, self._nodes[node])
+            bufs[i][:size] = mapping.view(offset, size)
+        if plan.shm and time.monotonic() - started > 0.8 * reply["lease_ttl"]:
+            # The lease may have run out while copying: read those again over TCP.
+            for i, node, _, _ in plan.shm:
+                plan.tcp.setdefault(node, []).append(i)
+        for node, idx in plan.tcp.items():
+            self._get_from_node(node, [keys[i] for i in idx], [bufs[i] for i in idx],
+                                idx, results)
+        return results
+
+    def _get_from_node(self, node, keys, bufs, idx, results) -> None:
+        conn = self._node_conn(node)
+        reply = conn.request({"op": "get", "keys": keys})
+        try:
+            for i, buf, size in zip(idx, bufs, reply["sizes"]):
+                if size < 0:
+                    results[i] = MISSING
+                    continue
+                if size > len(buf):
+                    discard(conn.sock, size)
+                    raise BadRequestError(f"object grew to {size} bytes", key=keys[0])
+                recv_exactly_into(conn.sock, buf[:size])
+                results[i] = size
+        except (OSError, ConnectionClosed) as exc:
+            conn.close()
+            raise UnreachableError(f"get from node {node} failed: {exc}") from None
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        sizes = self.batch_sizes(keys)
+        present = [(k, s) for k, s in zip(keys, sizes) if s is not None]
+        bufs = [bytearray(s) for _, s in present]
+        got = self.batch_get_into([k for k, _ in present], bufs) if present else []
+        values = iter(bytes(b) if n >= 0 else None for b, n in zip(bufs, got))
+        return [next(values) if s is not None else None for s in sizes]
+
+    # -- metadata ----------------------------------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key])[0]
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return self._call("exists", keys=list(keys))["exists"]
+
+    def prefix_hits(self, keys: Sequence[str]) -> int:
+        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache)."""
+        return self._call("prefix_hits", keys=list(keys))["hits"]
+
+    def remove(self, key: str) -> bool:
+        return self.batch_remove([key])[0]
+
+    def batch_remove(self, keys: Sequence[str]) -> list[bool]:
+        return self._call("remove", keys=list(keys))["removed"]
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            return ObjectInfo.from_wire(self._call("stat", key=key)["object"])
+        except StoreError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        """A raw master request, for admin tools (status, flush, evict, recover, list)."""
+        return self._call(op, **args)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self.segments.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
+            token: str | None = None, timeout: float = 30.0) -> Client:
+    """Connect to the cluster whose master listens at ``master``.
+
+    ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
+    otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
+    """
+    return Client(master, transport=transport, token=token, timeout=timeout)

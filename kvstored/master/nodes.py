@@ -1,0 +1,56 @@
+"""The node table: who is in the cluster, how full each node is, and its task queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class NodeState:
+    node_id: str
+    #: The node's data server, as clients should dial it.
+    address: tuple[str, int]
+    #: Identifies the machine, so that a client on the same host can map the segment.
+    host_id: str
+    segment: str
+    segment_token: str
+    dram_capacity: int
+    ssd_capacity: int
+    backend: str = ""
+    shared_ssd: bool = False
+    dram_used: int = 0
+    ssd_used: int = 0
+    ssd_objects: int = 0
+    corrupt_reads: int = 0
+    quarantined: int = 0
+    last_heartbeat: float = 0.0
+    registered: bool = False
+    alive: bool = True
+    #: Bytes promised to puts placed here since the last heartbeat.
+    pending_bytes: int = 0
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    offload_queued: set[str] = field(default_factory=set)
+    promote_queued: set[str] = field(default_factory=set)
+    #: Keys whose DRAM copy goes as soon as their SSD copy lands (evict, not drop).
+    evict_after_offload: set[str] = field(default_factory=set)
+
+    def dram_free(self) -> int:
+        return self.dram_capacity - self.dram_used - self.pending_bytes
+
+    def dram_fraction(self) -> float:
+        return self.dram_used / self.dram_capacity if self.dram_capacity else 1.0
+
+    def public(self) -> dict[str, Any]:
+        """What a client needs to reach this node."""
+        return {"addr": list(self.address), "host": self.host_id, "segment": self.segment,
+                "token": self.segment_token}
+
+    def status(self) -> dict[str, Any]:
+        return {"node": self.node_id, "address": f"{self.address[0]}:{self.address[1]}",
+                "alive": self.alive, "backend": self.backend,
+                "dram": {"used": self.dram_used, "capacity": self.dram_capacity},
+                "ssd": {"used": self.ssd_used, "capacity": self.ssd_capacity,
+                        "objects": self.ssd_objects},
+                "corrupt_reads": self.corrupt_reads, "quarantined": self.quarantined,
+                "queued_offloads": len(self.offload_queued)}

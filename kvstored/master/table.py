@@ -1,0 +1,276 @@
+"""The object table: key -> size, checksum and replicas, plus leases and pending puts.
+
+Pure bookkeeping with no I/O, so that it can be tested exhaustively and its invariants
+checked after every mutation (:meth:`ObjectTable.check`). Times are ``time.monotonic()``
+seconds passed in by the caller.
+
+An object becomes visible when its first replica is committed. A replica is
+``complete`` (readable) or ``removing`` (no new leases; the node frees it once every
+lease on the object has expired). An object with no replica left is gone.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+DRAM = "dram"
+SSD = "ssd"
+TIERS = (DRAM, SSD)
+COMPLETE = "complete"
+REMOVING = "removing"
+
+
+@dataclass(slots=True)
+class Replica:
+    node: str
+    tier: str
+    #: DRAM: the offset in the node's segment (for same-host readers); SSD: -1.
+    offset: int = -1
+    state: str = COMPLETE
+
+
+@dataclass(slots=True)
+class ObjectMeta:
+    key: str
+    size: int
+    checksum: int
+    created: float
+    replicas: list[Replica] = field(default_factory=list)
+    lease_until: float = 0.0
+    reads: int = 0
+    last_access: float = 0.0
+    # SSD-only reads inside the current promotion window.
+    window_start: float = 0.0
+    window_reads: int = 0
+
+    def replica(self, node: str, tier: str) -> Replica | None:
+        for r in self.replicas:
+            if r.node == node and r.tier == tier:
+                return r
+        return None
+
+    def readable(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state == COMPLETE]
+
+    def has_other_copy(self, node: str, tier: str) -> bool:
+        return any(r.state == COMPLETE and (r.node, r.tier) != (node, tier)
+                   for r in self.replicas)
+
+    def leased(self, now: float) -> bool:
+        return self.lease_until > now
+
+
+@dataclass(slots=True)
+class Pending:
+    node: str
+    size: int
+    deadline: float
+
+
+class ObjectTable:
+    """All objects of the cluster, with per-node DRAM recency for eviction."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, ObjectMeta] = {}
+        self.pending: dict[str, Pending] = {}
+        # node -> keys with a DRAM replica there, least recently used first.
+        self.dram_lru: dict[str, OrderedDict[str, None]] = {}
+        self.version = 0  # bumps on every membership change (for listing snapshots)
+        self._sorted_keys: list[str] = []
+        self._sorted_version = -1
+
+    # -- puts ------------------------------------------------------------------------
+
+    def reserve(self, key: str, node: str, size: int, now: float, timeout: float) -> bool:
+        """Hold ``key`` for a put on ``node``; False if it exists or is being put."""
+        if key in self.objects:
+            return False
+        held = self.pending.get(key)
+        if held is not None and held.deadline > now:
+            return False
+        self.pending[key] = Pending(node, size, now + timeout)
+        return True
+
+    def expire_pending(self, now: float) -> list[str]:
+        """Forget reservations whose put was abandoned; returns their keys."""
+        stale = [k for k, p in self.pending.items() if p.deadline <= now]
+        for key in stale:
+            del self.pending[key]
+        return stale
+
+    def commit(self, key: str, node: str, tier: str, size: int, checksum: int, offset: int,
+               now: float) -> bool:
+        """Make a replica visible. False (and nothing changes) if another put of the key
+        already committed: objects are written once."""
+        self.pending.pop(key, None)
+        meta = self.objects.get(key)
+        if meta is not None:
+            if meta.size != size or meta.checksum != checksum:
+                return False
+            if meta.replica(node, tier) is None:
+                self._add_replica(meta, Replica(node, tier, offset))
+                return True
+            return False
+        meta = ObjectMeta(key, size, checksum, created=now, last_access=now)
+        self.objects[key] = meta
+        self.version += 1
+        self._add_replica(meta, Replica(node, tier, offset))
+        return True
+
+    def add_replica(self, key: str, node: str, tier: str, offset: int = -1) -> bool:
+        """Record a copy made by offload or promotion; False if the object is gone."""
+        meta = self.objects.get(key)
+        if meta is None:
+            return False
+        existing = meta.replica(node, tier)
+        if existing is not None:
+            existing.offset, existing.state = offset, COMPLETE
+            return True
+        self._add_replica(meta, Replica(node, tier, offset))
+        return True
+
+    def _add_replica(self, meta: ObjectMeta, replica: Replica) -> None:
+        meta.replicas.append(replica)
+        if replica.tier == DRAM:
+            self.dram_lru.setdefault(replica.node, OrderedDict())[meta.key] = None
+
+    # -- reads -------------------------------------------------------------------------
+
+    def lookup(self, key: str, now: float, lease_ttl: float) -> ObjectMeta | None:
+        """The object if it has a readable replica; grants a lease and counts the read."""
+        meta = self.objects.get(key)
+        if meta is None or not meta.readable():
+            return None
+        meta.lease_until = max(meta.lease_until, now + lease_ttl)
+        meta.reads += 1
+        meta.last_access = now
+        for r in meta.replicas:
+            if r.tier == DRAM and r.state == COMPLETE:
+                self.dram_lru[r.node].move_to_end(key)
+        return meta
+
+    def exists(self, key: str) -> bool:
+        meta = self.objects.get(key)
+        return meta is not None and any(r.state == COMPLETE for r in meta.replicas)
+
+    # -- removal -----------------------------------------------------------------------
+
+    def mark_removing(self, key: str, node: str, tier: str) -> Replica | None:
+        """Stop new leases on one replica; the caller frees it once unleased."""
+        meta = self.objects.get(key)
+        replica = meta.replica(node, tier) if meta else None
+        if replica is None:
+            return None
+        replica.state = REMOVING
+        if tier == DRAM:
+            self.dram_lru.get(node, OrderedDict()).pop(key, None)
+        return replica
+
+    def drop_replica(self, key: str, node: str, tier: str) -> bool:
+        """Forget one replica (freed by its node); the object goes with its last one.
+        Returns True if the object is now gone."""
+        meta = self.objects.get(key)
+        if meta is None:
+            return False
+        meta.replicas = [r for r in meta.replicas if (r.node, r.tier) != (node, tier)]
+        if tier == DRAM:
+            self.dram_lru.get(node, OrderedDict()).pop(key, None)
+        if not meta.replicas:
+            del self.objects[key]
+            self.version += 1
+            return True
+        return False
+
+    def remove(self, key: str) -> ObjectMeta | None:
+        """Make ``key`` invisible now; returns it so the caller can free its replicas."""
+        meta = self.objects.pop(key, None)
+        if meta is not None:
+            self.version += 1
+            for r in meta.replicas:
+                if r.tier == DRAM:
+                    self.dram_lru.get(r.node, OrderedDict()).pop(key, None)
+        return meta
+
+    def drop_node(self, node: str) -> list[str]:
+        """Forget every replica on ``node``; returns the keys that vanished with it."""
+        gone = []
+        for key in [k for k, m in self.objects.items() if any(r.node == node for r in m.replicas)]:
+            meta = self.objects[key]
+            meta.replicas = [r for r in meta.replicas if r.node != node]
+            if not meta.replicas:
+                del self.objects[key]
+                gone.append(key)
+        self.dram_lru.pop(node, None)
+        for key in [k for k, p in self.pending.items() if p.node == node]:
+            del self.pending[key]
+        self.version += 1
+        return gone
+
+    # -- queries -----------------------------------------------------------------------
+
+    def keys_with_prefix(self, prefix: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` keys starting with ``prefix``, in order, after ``after``.
+
+        Pages come from a sorted snapshot rebuilt only when membership changed, so a
+        listing of millions of keys streams page by page.
+        """
+        import bisect
+
+        if self._sorted_version != self.version:
+            self._sorted_keys = sorted(self.objects)
+            self._sorted_version = self.version
+        keys = self._sorted_keys
+        start = bisect.bisect_right(keys, after) if after is not None else \
+            bisect.bisect_left(keys, prefix)
+        out = []
+        for key in keys[start:]:
+            if not key.startswith(prefix):
+                if key > prefix:
+                    break
+                continue
+            if key in self.objects:
+                out.append(key)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def on_node(self, node: str, tier: str | None = None) -> Iterator[ObjectMeta]:
+        for meta in self.objects.values():
+            if any(r.node == node and (tier is None or r.tier == tier) for r in meta.replicas):
+                yield meta
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        """Per tier: objects and logical bytes of complete replicas."""
+        out = {tier: {"objects": 0, "bytes": 0} for tier in TIERS}
+        for meta in self.objects.values():
+            for r in meta.replicas:
+                if r.state == COMPLETE:
+                    out[r.tier]["objects"] += 1
+                    out[r.tier]["bytes"] += meta.size
+        return out
+
+    def check(self) -> None:
+        """Assert the table's invariants (tests call this after every mutation)."""
+        for key, meta in self.objects.items():
+            assert meta.key == key
+            assert meta.replicas, f"{key!r} has no replica"
+            seen = {(r.node, r.tier) for r in meta.replicas}
+            assert len(seen) == len(meta.replicas), f"{key!r} has duplicate replicas"
+            for r in meta.replicas:
+                assert r.tier in TIERS and r.state in (COMPLETE, REMOVING)
+                in_lru = key in self.dram_lru.get(r.node, {})
+                if r.tier == DRAM:
+                    assert in_lru == (r.state == COMPLETE), f"{key!r} LRU mismatch on {r.node}"
+        for node, lru in self.dram_lru.items():
+            for key in lru:
+                meta = self.objects.get(key)
+                assert meta is not None and meta.replica(node, DRAM) is not None, \
+                    f"LRU of {node} lists {key!r} without a DRAM replica"
+        for key in self.pending:
+            assert key not in self.objects, f"{key!r} is both pending and committed"
+
+
+def total_size(metas: Iterable[ObjectMeta]) -> int:
+    return sum(m.size for m in metas)

@@ -1,0 +1,100 @@
+"""Prometheus metrics of the master and the nodes (prefix ``kvstored_``).
+
+Each role registers into a registry it is given, so that the embedded store (master
+and node in one process) serves both sets from one endpoint without name clashes.
+Counters end in ``_total``, byte figures in ``_bytes``, durations in ``_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+IO_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+              0.5, 1.0, 2.5, 5.0)
+
+
+class MasterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.puts = Counter("kvstored_puts", "Objects committed.", registry=r)
+        self.lookups = _TalliedCounter(Counter(
+            "kvstored_lookups", "Lookups by result: hit_dram, hit_ssd or miss.", ["result"],
+            registry=r))
+        self.offloads = Counter("kvstored_offloads", "Objects copied DRAM to SSD.", registry=r)
+        self.offload_bytes = Counter("kvstored_offloaded_bytes", "Bytes copied DRAM to SSD.",
+                                     registry=r)
+        self.promotions = Counter("kvstored_promotions", "Objects copied SSD to DRAM.",
+                                  registry=r)
+        self.evictions = Counter("kvstored_evictions", "Replicas evicted, by tier.", ["tier"],
+                                 registry=r)
+        self.tier_used = Gauge("kvstored_tier_used_bytes", "Bytes in use, by tier.", ["tier"],
+                               registry=r)
+        self.tier_capacity = Gauge("kvstored_tier_capacity_bytes", "Capacity, by tier.",
+                                   ["tier"], registry=r)
+        self.tier_objects = Gauge("kvstored_tier_objects", "Replicas held, by tier.", ["tier"],
+                                  registry=r)
+        self.nodes = Gauge("kvstored_nodes", "Live storage nodes.", registry=r)
+        self.checksum_failures = Gauge(
+            "kvstored_cluster_checksum_failures", "Checksum failures the nodes reported.",
+            registry=r)
+        self.quarantined = Gauge("kvstored_cluster_quarantined_records",
+                                 "Records the nodes quarantined.", registry=r)
+
+    def lookup_counts(self) -> dict[str, int]:
+        return dict(self.lookups.tally)
+
+    def set_tiers(self, usage: dict, used_capacity: dict) -> None:
+        for tier, (used, capacity) in used_capacity.items():
+            self.tier_used.labels(tier=tier).set(used)
+            self.tier_capacity.labels(tier=tier).set(capacity)
+            self.tier_objects.labels(tier=tier).set(usage[tier]["objects"])
+
+
+class NodeMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.checksum_failures = Counter(
+            "kvstored_checksum_failures", "SSD reads that failed their checksum (served as "
+            "misses).", registry=r)
+        self.quarantined = Counter("kvstored_quarantined_records",
+                                   "Records moved to quarantine.", registry=r)
+        self.io_seconds = Histogram("kvstored_io_seconds", "SSD batch latency, by operation.",
+                                    ["op"], buckets=IO_BUCKETS, registry=r)
+        self.bytes_served = Counter("kvstored_node_served_bytes", "Bytes sent to clients, by "
+                                    "tier.", ["tier"], registry=r)
+        self.bytes_received = Counter("kvstored_node_received_bytes",
+                                      "Bytes received from clients.", registry=r)
+        self.dram_used = Gauge("kvstored_node_dram_used_bytes", "DRAM segment bytes in use.",
+                               registry=r)
+        self.ssd_used = Gauge("kvstored_node_ssd_used_bytes", "SSD bytes in use (physical).",
+                              registry=r)
+
+
+class _TalliedCounter:
+    """A labelled Counter that also keeps plain counts for `kvstore status`."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self.tally: Tally[str] = Tally()
+
+    def labels(self, *, result: str) -> _TalliedCounter._Child:
+        return _TalliedCounter._Child(self, result)
+
+    class _Child:
+        def __init__(self, parent: _TalliedCounter, result: str) -> None:
+            self.parent, self.result = parent, result
+
+        def inc(self, amount: int = 1) -> None:
+            self.parent.counter.labels(result=self.result).inc(amount)
+            self.parent.tally[self.result] += amount
+
+
+def serve_metrics(address: tuple[str, int], registry: CollectorRegistry) -> None:
+    """Serve /metrics on ``address`` from a background thread."""
+    start_http_server(address[1], addr=address[0], registry=registry)
+    log.info("metrics on http://%s:%d/metrics", *address)

@@ -1,0 +1,534 @@
+"""A storage node: the data server, the master session, and the tiering workers.
+
+- **Data server** ops: ``put`` (bytes over TCP, received straight into the DRAM
+  segment), ``alloc`` / ``seal`` / ``abort`` (same-host clients copy through the mapped
+  segment), ``get`` (DRAM objects are sent from the segment; SSD objects are read in one
+  batch into a staging buffer and sent).
+- **Master session**: register (the node re-sends everything it holds, so a restarted
+  master loses nothing), then heartbeat; the replies carry tasks (offload, drop,
+  promote, recover). A lost master is retried with backoff while the data server keeps
+  serving reads.
+- **Offloader**: batches offload tasks by the backend's write hint (bytes, keys, age)
+  into ``batch_write``; the master hears of an SSD copy only after it is durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from crc32c import crc32c
+
+from kvstored.backends import open_backend
+from kvstored.errors import BadRequestError, StoreError, UnreachableError
+from kvstored.hostid import host_id
+from kvstored.master.table import DRAM, SSD
+from kvstored.metrics import NodeMetrics
+from kvstored.node.dram import DramTier
+from kvstored.node.segment import DramSegment
+from kvstored.rpc import FramedSocket, RpcClient, Service, serve
+from kvstored.sdk import ReadStatus, StorageBackend, WriteOutcome
+
+log = logging.getLogger(__name__)
+
+REGISTER_CHUNK = 5000
+MAX_STAGING = 512 * 1024 * 1024
+
+
+class _Report:
+    """Task outcomes waiting for the next heartbeat; filled from threads too."""
+
+    FIELDS = ("offloaded", "offload_failed", "dropped", "promoted", "ssd_evicted", "recovered")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, list[Any]] = {f: [] for f in self.FIELDS}
+
+    def add(self, field: str, items: list[Any]) -> None:
+        with self._lock:
+            self._data[field].extend(items)
+
+    def take(self) -> dict[str, list[Any]]:
+        with self._lock:
+            data, self._data = self._data, {f: [] for f in self.FIELDS}
+        return {k: v for k, v in data.items() if v}
+
+    def clear(self) -> None:
+        self.take()
+
+
+class Node:
+    def __init__(self, *, data_dir: str | Path, dram: int, ssd: int, backend: str,
+                 backend_options: dict[str, Any] | None = None,
+                 master: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0),
+                 name: str = "", token: str | None = None, put_timeout: float = 30.0,
+                 metrics: NodeMetrics | None = None, populate: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.dram_size = dram
+        self.ssd_size = ssd
+        self.backend_name = backend
+        self.backend_options = dict(backend_options or {})
+        self.master_address = master
+        self.listen = listen
+        self.name = name
+        self.token = token
+        self.put_timeout = put_timeout
+        self.populate = populate
+        self.metrics = metrics or NodeMetrics()
+        self.report = _Report()
+        self.service = Service("node", token=token)
+        for attr in dir(self):
+            if attr.startswith("op_"):
+                self.service.handlers[attr[3:]] = getattr(self, attr)
+        self.service.hello_extra = lambda header: self._hello_info()
+        self.backend: StorageBackend | None = None
+        self.dram: DramTier | None = None
+        self.segment: DramSegment | None = None
+        self.master: RpcClient | None = None
+        self.address: tuple[str, int] | None = None
+        self.heartbeat_interval = 0.2
+        self._wake = trio.Event()
+        self._offload_queue: dict[str, float] = {}  # key -> time queued
+        self._offload_urgent = False
+        self._offload_ready = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._quarantine_pending = False
+        self.corrupt_reads = 0
+        self.quarantined = 0
+        self.registered = trio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        ssd_dir = self.data_dir / "ssd"
+        options = {"capacity": self.ssd_size, "on_evict": self._on_ssd_evict,
+                   **self.backend_options}
+        self.backend = await trio.to_thread.run_sync(
+            lambda: open_backend(self.backend_name, ssd_dir, **options))
+        segment_name = "kvstored-" + hashlib.blake2b(
+            str(self.data_dir.resolve()).encode(), digest_size=8).hexdigest()
+        try:
+            self.segment = await trio.to_thread.run_sync(
+                lambda: DramSegment.create(segment_name, self.dram_size,
+                                           populate=self.populate))
+            self.dram = DramTier(self.segment)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self.address = await nursery.start(serve, self.service, *self.listen)
+                if not self.name:
+                    self.name = f"{os.uname().nodename}:{self.address[1]}"
+                log.info("node %s: data server on %s:%d, DRAM %d bytes, SSD %s at %s",
+                         self.name, *self.address, self.dram_size, self.backend_name, ssd_dir)
+                nursery.start_soon(self._master_loop)
+                nursery.start_soon(self._offloader)
+                nursery.start_soon(self._reaper)
+                task_status.started(self.address)
+        finally:
+            if self.master is not None:
+                self.master.close()
+            await trio.to_thread.run_sync(self.backend.close)
+            if self.segment is not None:
+                self.segment.close()
+
+    def _hello_info(self) -> dict[str, Any]:
+        assert self.segment is not None
+        return {"node": self.name, "host": host_id(), "segment": self.segment.name,
+                "token": self.segment.token.hex()}
+
+    # -- master session ----------------------------------------------------------------
+
+    async def _master_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            client = RpcClient(self.master_address, token=self.token, role="node")
+            try:
+                hello = await client.connect()
+                self.heartbeat_interval = float(hello.get("heartbeat_interval", 0.2))
+                await self._register(client)
+                self.master = client
+                self.registered.set()
+                backoff = 0.1
+                await self._heartbeats(client)
+            except StoreError as exc:
+                log.warning("node %s: master %s:%d: %s; retrying in %.1fs", self.name,
+                            *self.master_address, exc, backoff)
+            finally:
+                self.master = None
+                client.close()
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _register(self, client: RpcClient) -> None:
+        assert self.dram is not None and self.segment is not None and self.address
+        self.report.clear()  # a full inventory follows; older reports are moot
+        caps = self.backend.capabilities
+        await client.call("register", info={
+            "node": self.name, "address": list(self.address), "host": host_id(),
+            "segment": self.segment.name, "token": self.segment.token.hex(),
+            "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
+            "backend": self.backend_name, "shared": caps.shared})
+        inventory = [[k, o.size, o.checksum, DRAM, o.offset] for k, o in self.dram.committed()]
+        inventory += await trio.to_thread.run_sync(
+            lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
+        for start in range(0, len(inventory), REGISTER_CHUNK):
+            reply = await client.call("register_objects", node=self.name,
+                                      objects=inventory[start:start + REGISTER_CHUNK])
+            for key, tier in reply["conflicts"]:
+                log.warning("node %s: %r conflicts with the cluster's copy; dropping ours",
+                            self.name, key)
+                await self._drop(tier, [key], report=False)
+        await client.call("register_done", node=self.name)
+        log.info("node %s: registered %d objects with the master", self.name, len(inventory))
+
+    async def _heartbeats(self, client: RpcClient) -> None:
+        while True:
+            reply = await client.call("heartbeat", node=self.name, stats=await self._stats(),
+                                      done=self.report.take())
+            for task in reply["tasks"]:
+                self._start_task(task)
+            with trio.move_on_after(self.heartbeat_interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def wake_heartbeat(self) -> None:
+        self._wake.set()
+
+    async def _stats(self) -> dict[str, int]:
+        usage = self.backend.usage()
+        self.metrics.dram_used.set(self.dram.used)
+        self.metrics.ssd_used.set(usage.physical_bytes)
+        return {"dram_used": self.dram.used, "ssd_used": usage.physical_bytes,
+                "ssd_objects": usage.objects, "corrupt_reads": self.corrupt_reads,
+                "quarantined": self.quarantined}
+
+    async def _master_call(self, op: str, **args: Any) -> dict[str, Any]:
+        if self.master is None:
+            raise UnreachableError("this node has lost its master; retry shortly")
+        return await self.master.call(op, **args)
+
+    # -- tasks -------------------------------------------------------------------------
+
+    def _start_task(self, task: dict[str, Any]) -> None:
+        kind = task.get("t")
+        if kind == "offload":
+            now = time.monotonic()
+            for key in task["keys"]:
+                self._offload_queue.setdefault(key, now)
+            self._offload_urgent |= bool(task.get("urgent"))
+            self._offload_ready.set()
+        elif kind == "drop":
+            self._nursery.start_soon(self._drop, task["tier"], task["keys"])
+        elif kind == "promote":
+            self._nursery.start_soon(self._promote, task["keys"])
+        elif kind == "recover":
+            self._nursery.start_soon(self._recover, task["id"], bool(task.get("repair")))
+        else:
+            log.warning("node %s: ignoring unknown task %r", self.name, kind)
+
+    async def _drop(self, tier: str, keys: list[str], report: bool = True) -> None:
+        if tier == DRAM:
+            for key in keys:
+                self.dram.free(key)
+        else:
+            await trio.to_thread.run_sync(self.backend.batch_delete, keys)
+        if report:
+            self.report.add("dropped", [[k, tier] for k in keys])
+
+    async def _offloader(self) -> None:
+        hint = self.backend.write_batch_hint()
+        while True:
+            await self._offload_ready.wait()
+            oldest = min(self._offload_queue.values(), default=None)
+            if oldest is None:
+                self._offload_ready = trio.Event()
+                continue
+            queued_bytes = sum(o.size for k in self._offload_queue
+                               if (o := self.dram.get(k)) is not None)
+            due = (self._offload_urgent or len(self._offload_queue) >= hint.max_keys
+                   or queued_bytes >= hint.max_bytes
+                   or time.monotonic() - oldest >= hint.max_age)
+            if not due:
+                with trio.move_on_after(max(0.0, oldest + hint.max_age - time.monotonic())):
+                    self._offload_ready = trio.Event()
+                    await self._offload_ready.wait()
+                continue
+            await self._offload_batch(hint.max_keys, hint.max_bytes)
+            if not self._offload_queue:
+                self._offload_urgent = False
+
+    async def _offload_batch(self, max_keys: int, max_bytes: int) -> None:
+        batch, total = [], 0
+        for key in list(self._offload_queue):
+            if len(batch) >= max_keys or (batch and total >= max_bytes):
+                break
+            del self._offload_queue[key]
+            batch.append(key)
+            obj = self.dram.get(key)
+            total += obj.size if obj else 0
+        pinned = self.dram.pin(batch)
+        gone = [k for k in batch if k not in set(pinned)]
+        if gone:
+            self.report.add("offload_failed", [[k, "no longer in DRAM"] for k in gone])
+        if not pinned:
+            return
+        items = [(k, self.dram.view(self.dram.get(k))) for k in pinned]
+        started = time.perf_counter()
+        try:
+            results = await trio.to_thread.run_sync(self.backend.batch_write, items)
+        finally:
+            self.dram.unpin(pinned)
+        self.metrics.io_seconds.labels(op="offload").observe(time.perf_counter() - started)
+        done = [r.key for r in results if r.ok]
+        failed = [[r.key, str(r.error)] for r in results if r.outcome is WriteOutcome.FAILED]
+        self.report.add("offloaded", done)
+        if failed:
+            self.report.add("offload_failed", failed)
+        self.wake_heartbeat()
+
+    async def _promote(self, keys: list[str]) -> None:
+        records = [self.backend.stat(k) for k in keys]
+        placed = []
+        for key, record in zip(keys, records):
+            if record is None:
+                continue
+            offset = self.dram.allocate(key, record.size, record.checksum, self.put_timeout)
+            if offset is not None:
+                placed.append((key, offset))
+        if not placed:
+            return
+        views = [self.dram.view(self.dram.get(k)) for k, _ in placed]
+        results = await trio.to_thread.run_sync(
+            self.backend.batch_read, [k for k, _ in placed], views)
+        promoted = []
+        for (key, offset), got in zip(placed, results):
+            if got >= 0:
+                self.dram.commit(key)
+                promoted.append([key, offset])
+            else:
+                self.dram.free(key)
+        self.report.add("promoted", promoted)
+        self.wake_heartbeat()
+
+    async def _recover(self, ident: int, repair: bool) -> None:
+        def work() -> dict[str, Any]:
+            report = self.backend.check(repair=repair)
+            return {"id": ident, "repaired": report.repaired,
+                    "records_checked": report.records_checked,
+                    "problems": [{"kind": p.kind.value, "detail": p.detail, "key": p.key,
+                                  "path": p.path, "action": p.action}
+                                 for p in report.problems]}
+        result = await trio.to_thread.run_sync(work)
+        fixed = [p for p in result["problems"] if p["action"]]
+        self.quarantined += sum(1 for p in fixed if "quarantine" in (p["action"] or ""))
+        self.metrics.quarantined.inc(sum(1 for p in fixed if "quarantine" in p["action"]))
+        lost = [p["key"] for p in fixed if p["key"] and not self.backend.contains(p["key"])]
+        self.report.add("dropped", [[k, SSD] for k in lost])
+        self.report.add("recovered", [result])
+        self.wake_heartbeat()
+
+    def _on_ssd_evict(self, keys: list[str]) -> None:
+        # Runs on the backend's thread before the space is reused. The master learns
+        # at the next heartbeat (woken now); until then a lookup may still send a client
+        # here, which then misses cleanly: the backend never serves reused space.
+        self.report.add("ssd_evicted", list(keys))
+
+    async def _reaper(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            stale = self.dram.expire_uncommitted(time.monotonic())
+            if stale:
+                log.info("node %s: reclaimed %d abandoned puts", self.name, len(stale))
+
+    def _schedule_quarantine(self) -> None:
+        if self._quarantine_pending:
+            return
+        self._quarantine_pending = True
+
+        async def run() -> None:
+            try:
+                await self._recover(0, True)
+            finally:
+                self._quarantine_pending = False
+
+        self._nursery.start_soon(run)
+
+    # -- data server ops ---------------------------------------------------------------
+
+    def _batch(self, h: dict[str, Any], *fields: str) -> list[list[Any]]:
+        keys = h["keys"]
+        columns = [keys, *(h[f] for f in fields)]
+        if not isinstance(keys, list) or any(len(c) != len(keys) for c in columns):
+            raise BadRequestError("keys and their per-key fields must be lists of one length")
+        return columns
+
+    async def op_put(self, conn: FramedSocket, h: dict[str, Any]):
+        keys, sizes, checksums = self._batch(h, "sizes", "checksums")
+        if sum(sizes) != conn.payload_left:
+            raise BadRequestError(f"sizes add up to {sum(sizes)} but the payload is "
+                                  f"{conn.payload_left} bytes")
+        results: list[str] = []
+        received = []
+        for key, size, checksum in zip(keys, sizes, checksums):
+            offset = self.dram.allocate(key, size, checksum, self.put_timeout)
+            if offset is None:
+                results.append("exists" if self.dram.get(key) else "no_space")
+                await self._skip(conn, size)
+                continue
+            view = self.dram.view(self.dram.get(key))
+            await conn.recv_payload_into(view)
+            if crc32c(view) != checksum:
+                self.dram.free(key)
+                results.append("corrupt")
+                continue
+            results.append("")
+            received.append((len(results) - 1, key, size, checksum, offset))
+        self.metrics.bytes_received.inc(sum(sizes))
+        await self._commit(received, results)
+        if "no_space" in results:
+            self.wake_heartbeat()
+        return {"results": results}, ()
+
+    async def _skip(self, conn: FramedSocket, size: int) -> None:
+        scratch = memoryview(bytearray(min(size, 1 << 20)))
+        while size:
+            n = min(size, len(scratch))
+            await conn.recv_payload_into(scratch[:n])
+            size -= n
+
+    async def _commit(self, received: list[tuple[int, str, int, int, int]],
+                      results: list[str]) -> None:
+        if not received:
+            return
+        try:
+            reply = await self._master_call(
+                "commit", node=self.name,
+                objects=[[k, size, crc, off] for _, k, size, crc, off in received])
+        except StoreError:
+            for _, key, *_ in received:
+                self.dram.free(key)
+            raise
+        for (i, key, *_), ok in zip(received, reply["results"]):
+            if ok:
+                self.dram.commit(key)
+                results[i] = "ok"
+            else:
+                self.dram.free(key)
+                results[i] = "exists"
+
+    async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
+        keys, sizes, checksums = self._batch(h, "sizes", "checksums")
+        offsets = []
+        for key, size, checksum in zip(keys, sizes, checksums):
+            offsets.append(self.dram.allocate(key, size, checksum, self.put_timeout))
+        if None in offsets:
+            self.wake_heartbeat()
+        return {"offsets": offsets}, ()
+
+    async def op_seal(self, conn: FramedSocket, h: dict[str, Any]):
+        (keys,) = self._batch(h)
+        results: list[str] = []
+        received = []
+        for key in keys:
+            obj = self.dram.get(key)
+            if obj is None or obj.committed:
+                results.append("missing")
+                continue
+            if crc32c(self.dram.view(obj)) != obj.checksum:
+                self.dram.free(key)
+                results.append("corrupt")
+                continue
+            results.append("")
+            received.append((len(results) - 1, key, obj.size, obj.checksum, obj.offset))
+        await self._commit(received, results)
+        return {"results": results}, ()
+
+    async def op_abort(self, conn: FramedSocket, h: dict[str, Any]):
+        for key in h["keys"]:
+            obj = self.dram.get(key)
+            if obj is not None and not obj.committed:
+                self.dram.free(key)
+        return {}, ()
+
+    async def op_locate(self, conn: FramedSocket, h: dict[str, Any]):
+        """Where each key's bytes are on this node: the DRAM offset and the SSD file and
+        offset (for debugging, and for the tests that damage records on purpose)."""
+        (keys,) = self._batch(h)
+        out = []
+        for key in keys:
+            obj = self.dram.get(key)
+            where = self.backend.locate(key)
+            out.append({
+                "dram": None if obj is None else {"segment": self.segment.name,
+                                                  "offset": obj.offset, "size": obj.size},
+                "ssd": None if where is None else {
+                    "path": where.path, "offset": where.offset, "length": where.length,
+                    "record_offset": where.record_offset, "device": where.device}})
+        return {"locations": out}, ()
+
+    async def op_get(self, conn: FramedSocket, h: dict[str, Any]):
+        (keys,) = self._batch(h)
+        pinned = self.dram.pin(keys)
+        in_dram = set(pinned)
+        try:
+            sizes: list[int] = [ReadStatus.MISSING] * len(keys)
+            pieces: list[memoryview | None] = [None] * len(keys)
+            for i, key in enumerate(keys):
+                if key in in_dram:
+                    obj = self.dram.get(key)
+                    pieces[i] = self.dram.view(obj)
+                    sizes[i] = obj.size
+            ssd_wanted = [i for i, k in enumerate(keys) if k not in in_dram]
+            if ssd_wanted:
+                await self._load_from_ssd(conn, keys, ssd_wanted, sizes, pieces)
+            self.metrics.bytes_served.labels(tier=DRAM).inc(
+                sum(sizes[i] for i, k in enumerate(keys) if k in in_dram))
+            payload = [p for p in pieces if p is not None]
+            await conn.send_frame({"ok": True, "sizes": sizes}, payload)
+        finally:
+            self.dram.unpin(pinned)
+        return None, ()
+
+    async def _load_from_ssd(self, conn: FramedSocket, keys: list[str], wanted: list[int],
+                             sizes: list[int], pieces: list[memoryview | None]) -> None:
+        records = [(i, self.backend.stat(keys[i])) for i in wanted]
+        records = [(i, r) for i, r in records if r is not None]
+        if not records:
+            return
+        total = sum(r.size for _, r in records)
+        staging = self._staging(conn, total)
+        views, cursor = [], 0
+        for _, record in records:
+            views.append(staging[cursor:cursor + record.size])
+            cursor += record.size
+        started = time.perf_counter()
+        results = await trio.to_thread.run_sync(
+            self.backend.batch_read, [keys[i] for i, _ in records], views)
+        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        for (i, _record), view, got in zip(records, views, results):
+            if got >= 0:
+                sizes[i] = got
+                pieces[i] = view[:got]
+                self.metrics.bytes_served.labels(tier=SSD).inc(got)
+            elif got == ReadStatus.CORRUPT:
+                self.corrupt_reads += 1
+                self.metrics.checksum_failures.inc()
+                log.warning("node %s: %r failed its checksum on SSD: served as a miss, "
+                            "quarantining", self.name, keys[i])
+                self.report.add("dropped", [[keys[i], SSD]])
+                self._schedule_quarantine()
+                self.wake_heartbeat()
+
+    def _staging(self, conn: FramedSocket, size: int) -> memoryview:
+        """A per-connection buffer reused across gets: fresh pages are slow to touch."""
+        buf = getattr(conn, "staging", None)
+        if buf is None or len(buf) < size:
+            buf = bytearray(max(size, 1 << 20))
+            if len(buf) <= MAX_STAGING:
+                conn.staging = buf
+        return memoryview(buf)

@@ -1,0 +1,107 @@
+"""Running the roles: the master, a node, or both in one process (``kvstored up``).
+
+Each runs in one trio nursery until SIGINT or SIGTERM, then shuts down cleanly: the
+node closes its backend (everything acknowledged is already durable) and unlinks its
+DRAM segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from kvstored.config import Config, split_address
+from kvstored.master.policy import PolicyConfig
+from kvstored.master.service import Master
+from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
+from kvstored.node.service import Node
+from kvstored.rpc import serve
+
+log = logging.getLogger(__name__)
+
+
+def read_token(cfg: Config) -> str | None:
+    path = cfg["security.token_file"]
+    if not path:
+        return None
+    token = Path(path).read_text().strip()
+    if not token:
+        raise ValueError(f"the token file {path} is empty")
+    return token
+
+
+def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Master:
+    return Master(policy=PolicyConfig.from_section(cfg.section("policy")),
+                  lease_ttl=cfg["master.lease_ttl"], put_timeout=cfg["master.put_timeout"],
+                  node_ttl=cfg["master.node_ttl"],
+                  heartbeat_interval=cfg["master.heartbeat_interval"], token=read_token(cfg),
+                  metrics=MasterMetrics(registry))
+
+
+def build_node(cfg: Config, master: tuple[str, int] | None = None,
+               registry: CollectorRegistry | None = None, **extra: Any) -> Node:
+    from kvstored.backends import backend_class, coerce_options
+
+    backend = cfg["node.backend"]
+    raw = cfg["node.backend_options"]
+    options = coerce_options(backend_class(backend), {k: str(v) for k, v in raw.items()})
+    return Node(data_dir=cfg["node.data"], dram=cfg["node.dram"], ssd=cfg["node.ssd"],
+                backend=backend, backend_options=options,
+                master=master or split_address(cfg["node.master"]),
+                listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
+                token=read_token(cfg), put_timeout=cfg["master.put_timeout"],
+                metrics=NodeMetrics(registry), **extra)
+
+
+async def _until_signalled(cancel_scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            cancel_scope.cancel()
+            return
+
+
+async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    registry = CollectorRegistry()
+    master = build_master(cfg, registry)
+    if cfg["master.metrics"]:
+        serve_metrics(split_address(cfg["master.metrics"]), registry)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_until_signalled, nursery.cancel_scope)
+        bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
+        nursery.start_soon(master.run_housekeeping)
+        task_status.started(bound)
+
+
+async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    registry = CollectorRegistry()
+    node = build_node(cfg, registry=registry)
+    if cfg["node.metrics"]:
+        serve_metrics(split_address(cfg["node.metrics"]), registry)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_until_signalled, nursery.cancel_scope)
+        bound = await nursery.start(node.run)
+        task_status.started(bound)
+
+
+async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """The master and one node in this process; the node reaches the master over
+    loopback like any other node, so the embedded store behaves like a cluster."""
+    registry = CollectorRegistry()
+    master = build_master(cfg, registry)
+    metrics = cfg["master.metrics"] or cfg["node.metrics"]
+    if metrics:
+        serve_metrics(split_address(metrics), registry)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_until_signalled, nursery.cancel_scope)
+        bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
+        nursery.start_soon(master.run_housekeeping)
+        node = build_node(cfg, master=bound, registry=registry)
+        node_address = await nursery.start(node.run)
+        await node.registered.wait()
+        task_status.started({"master": bound, "node": node_address, "node_name": node.name})

@@ -1,0 +1,127 @@
+"""The wire format shared by the master, the nodes and the clients.
+
+A frame is a fixed prefix, a msgpack header, and an optional raw payload::
+
+    offset  size  field
+    0       4     magic        b"KVW1"
+    4       4     header_len   u32, at most MAX_HEADER
+    8       8     payload_len  u64, at most the receiver's payload limit
+    16      h     header       a msgpack map with str keys
+    16+h    p     payload      raw bytes (object values, back to back)
+
+Control data travels in the header; bulk bytes travel as the payload, so a receiver can
+``recv_into`` the destination buffer directly instead of copying out of a msgpack
+object. A request header holds ``op`` and its arguments; a response header holds
+``ok`` and either results or ``error`` (see kvstored.errors).
+
+msgpack is decoded with every length bounded (``max_*_len``) and ``strict_map_key``,
+so a hostile peer cannot make a receiver allocate more than the frame it sent, which is
+itself bounded. A malformed frame raises :class:`FrameError`; servers answer it (when
+they can) and close the connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+MAGIC = b"KVW1"
+PREFIX = struct.Struct("<4sIQ")
+#: Headers carry keys and per-item metadata: a 4096-key batch of 1 KiB keys fits.
+MAX_HEADER = 8 * 1024 * 1024
+#: Default payload bound for one frame (a batch of values).
+DEFAULT_MAX_PAYLOAD = 4 * 1024**3
+PROTOCOL_VERSION = 1
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame; close the connection."""
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (cleanly, between frames, or in the middle)."""
+
+
+def pack_header(header: dict[str, Any], payload_len: int = 0) -> bytes:
+    body = msgpack.packb(header, use_bin_type=True)
+    if len(body) > MAX_HEADER:
+        raise FrameError(f"header of {len(body)} bytes exceeds {MAX_HEADER}; split the batch")
+    return PREFIX.pack(MAGIC, len(body), payload_len) + body
+
+
+def parse_prefix(prefix: bytes, max_payload: int) -> tuple[int, int]:
+    magic, header_len, payload_len = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {magic!r}: not a kvstored peer")
+    if header_len > MAX_HEADER:
+        raise FrameError(f"header length {header_len} exceeds {MAX_HEADER}")
+    if payload_len > max_payload:
+        raise FrameError(f"payload length {payload_len} exceeds the limit {max_payload}")
+    return header_len, payload_len
+
+
+def unpack_header(body: bytes) -> dict[str, Any]:
+    try:
+        header = msgpack.unpackb(
+            body, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=len(body), max_bin_len=len(body), max_array_len=len(body),
+            max_map_len=len(body), max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise FrameError(f"undecodable header: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameError("a frame header must be a map")
+    return header
+
+
+# -- blocking sockets (the client library) ---------------------------------------------
+
+
+def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``; ConnectionClosed if the peer goes away first."""
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise ConnectionClosed("the peer closed the connection mid-frame")
+        got += n
+
+
+def recv_header(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD
+                ) -> tuple[dict[str, Any], int]:
+    """Read a frame's prefix and header; the caller then reads ``payload_len`` bytes."""
+    prefix = bytearray(PREFIX.size)
+    recv_exactly_into(sock, memoryview(prefix))
+    header_len, payload_len = parse_prefix(bytes(prefix), max_payload)
+    body = bytearray(header_len)
+    recv_exactly_into(sock, memoryview(body))
+    return unpack_header(bytes(body)), payload_len
+
+
+def send_frame(sock: socket.socket, header: dict[str, Any],
+               payload: Sequence[memoryview | bytes | bytearray] = ()) -> None:
+    """Send a frame; ``payload`` pieces go out back to back without being joined."""
+    views = [memoryview(p).cast("B") for p in payload if len(p)]
+    total = sum(v.nbytes for v in views)
+    pieces = [memoryview(pack_header(header, total)), *views]
+    while pieces:
+        sent = sock.sendmsg(pieces[:512])  # IOV_MAX is 1024 on Linux
+        while sent:
+            if sent >= pieces[0].nbytes:
+                sent -= pieces[0].nbytes
+                pieces.pop(0)
+            else:
+                pieces[0] = pieces[0][sent:]
+                sent = 0
+
+
+def discard(sock: socket.socket, nbytes: int) -> None:
+    scratch = memoryview(bytearray(min(nbytes, 1 << 20) or 1))
+    while nbytes:
+        chunk = scratch[:min(nbytes, len(scratch))]
+        recv_exactly_into(sock, chunk)
+        nbytes -= len(chunk)

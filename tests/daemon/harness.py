@@ -1,0 +1,94 @@
+"""Real daemon processes for the tests: start, wait for their banner, stop, kill -9."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+ADDRESS = re.compile(r"(?:listening on|data server on) ([\d.]+):(\d+)")
+
+
+class Daemon:
+    """One `kvstored` process; its output is kept for failure messages."""
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.args = args
+        self.lines: list[str] = []
+        self._banner = threading.Event()
+        self.address: tuple[str, int] | None = None
+        self.proc = subprocess.Popen(
+            [str(BIN / "kvstored"), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            match = ADDRESS.search(line)
+            if match and self.address is None:
+                self.address = (match.group(1), int(match.group(2)))
+                self._banner.set()
+        self._banner.set()
+
+    def wait_ready(self, timeout: float = 60) -> tuple[str, int]:
+        self._banner.wait(timeout)
+        if self.address is None:
+            raise AssertionError(f"kvstored {' '.join(self.args)} did not start:\n{self.log}")
+        return self.address
+
+    @property
+    def addr(self) -> str:
+        assert self.address is not None
+        return f"{self.address[0]}:{self.address[1]}"
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines[-80:])
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"kvstored ignored SIGTERM:\n{self.log}") from None
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._reader.join(5)
+
+
+def kvstore(*args: str, input: bytes | None = None, check: bool = False,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    run = subprocess.run([str(BIN / "kvstore"), *args], input=input, capture_output=True,
+                         timeout=timeout)
+    if check and run.returncode != 0:
+        raise AssertionError(f"kvstore {' '.join(args)} exited {run.returncode}:\n"
+                             f"{run.stdout.decode(errors='replace')}"
+                             f"{run.stderr.decode(errors='replace')}")
+    return run
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
