@@ -12,7 +12,9 @@ import click
 from kvstored.cli.lazy import LazyGroup
 
 # Each benchmark lives in its own module; adding one is a line here.
-BENCHMARKS: dict[str, str] = {}
+BENCHMARKS: dict[str, str] = {
+    "io": "kvstored.bench.io:io_command",
+}
 
 
 @click.group(cls=LazyGroup, lazy_commands=BENCHMARKS,
