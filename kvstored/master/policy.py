@@ -48,8 +48,8 @@ class Plan:
 
 def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float) -> Plan:
     plan = Plan([], [], [])
-    lru = table.dram_lru.get(node.node_id)
-    if not lru or not node.dram_capacity:
+    lru = table.dram_lru.get(node.node_id) or {}
+    if not node.dram_capacity:
         return plan
     used = node.dram_used
     cap = node.dram_capacity

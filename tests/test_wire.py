@@ -1,0 +1,75 @@
+"""Frames: round trips, payloads received into caller buffers, and hostile input."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgpack
+import pytest
+
+from kvstored.wire import (
+    MAGIC,
+    MAX_HEADER,
+    PREFIX,
+    ConnectionClosed,
+    FrameError,
+    pack_header,
+    parse_prefix,
+    recv_exactly_into,
+    recv_header,
+    send_frame,
+    unpack_header,
+)
+
+
+def test_frame_round_trip_with_payload_into_a_caller_buffer():
+    a, b = socket.socketpair()
+    with a, b:
+        values = [b"x" * 100, bytearray(b"y" * 5000), memoryview(b"z" * 7)]
+        send_frame(a, {"op": "put", "keys": ["k1", "k2", "k3"], "sizes": [100, 5000, 7]},
+                   values)
+        header, payload_len = recv_header(b)
+        assert header["op"] == "put" and payload_len == 5107
+        dest = bytearray(payload_len)
+        recv_exactly_into(b, memoryview(dest))
+        assert bytes(dest) == b"x" * 100 + b"y" * 5000 + b"z" * 7
+
+
+def test_wrong_magic_is_a_frame_error():
+    with pytest.raises(FrameError, match="magic"):
+        parse_prefix(PREFIX.pack(b"HTTP", 10, 0), 1 << 20)
+
+
+def test_oversized_lengths_are_refused_before_allocating():
+    with pytest.raises(FrameError, match="header length"):
+        parse_prefix(PREFIX.pack(MAGIC, MAX_HEADER + 1, 0), 1 << 20)
+    with pytest.raises(FrameError, match="payload length"):
+        parse_prefix(PREFIX.pack(MAGIC, 10, 2**40), 1 << 30)
+
+
+@pytest.mark.parametrize("body", [
+    b"\xc1",                                    # a reserved msgpack byte
+    msgpack.packb([1, 2, 3]),                   # not a map
+    msgpack.packb({1: "int key"}),              # strict_map_key
+    b"\xdd\xff\xff\xff\xff",                    # an array claiming 4G elements
+    b"\xdb\xff\xff\xff\xff" + b"a" * 10,        # a str claiming 4 GiB
+])
+def test_undecodable_headers_are_frame_errors(body):
+    with pytest.raises(FrameError):
+        unpack_header(body)
+
+
+def test_a_peer_closing_mid_frame_is_reported():
+    a, b = socket.socketpair()
+    with b:
+        a.sendall(pack_header({"op": "x"}, payload_len=0)[:10])
+        a.close()
+        with pytest.raises(ConnectionClosed):
+            recv_header(b)
+
+
+def test_bin_values_stay_bytes():
+    header = unpack_header(pack_header({"blob": b"\x00\xff"})[PREFIX.size:])
+    assert header["blob"] == b"\x00\xff"
+    assert struct.calcsize("<4sIQ") == PREFIX.size == 16
