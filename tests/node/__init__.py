@@ -1,0 +1,1 @@
+"""Tests of the storage node: its DRAM segment and tiers."""
