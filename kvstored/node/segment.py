@@ -37,8 +37,17 @@ Performance facts (measured on the 2-vCPU dev machine; re-measure with
   fault (about 3 GB/s on first copy). ``attach(populate=True)`` maps them all up front for
   about 0.06-0.1 s per GiB.
 - Copy with :func:`copy_into`: slice assignment into a memoryview and ``numpy.copyto``
-  both run at memcpy speed; ``bytes(memoryview)`` and ``bytearray[:] = memoryview``
-  allocate fresh memory and fall to about 2 GB/s at 64 MiB.
+  both run at memcpy speed (into a pre-faulted segment, best of 5: about 11.5 against
+  9-10 GB/s at 64 KiB, 18-19 GB/s both at 1 MiB, 10.5-11.5 GB/s both at 64 MiB), so
+  ``copy_into`` uses slice assignment for small copies and ``numpy.copyto``, which drops
+  the GIL, for large ones. ``bytes(memoryview)`` (about 2 GB/s at 64 MiB) and
+  ``bytearray[:] = memoryview`` (about 1.2 GB/s; it copies the source into a temporary
+  first) allocate fresh memory for every copy: write ``memoryview(buf)[:n] = view`` or
+  ``copy_into`` instead.
+
+Stale segments: the creator holds an exclusive ``flock`` on the file for the segment's
+life, and records its pid and start time in the header. ``create`` replaces a segment
+only when the lock is free and that process is gone.
 
 Neither class is thread-safe for ``close``; ``view`` may be called from any thread while
 the object is open, and the views it returns are plain memoryviews that any thread may
