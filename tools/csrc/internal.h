@@ -1,0 +1,75 @@
+/* Shared internals of simcore: the workspace, per-node references, and the replay frame. */
+#ifndef KVSTORED_SIMCORE_INTERNAL_H
+#define KVSTORED_SIMCORE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simcore.h"
+
+/* Where a cached node sits in its engine; 0 in node_ref.slot means "not cached". */
+typedef struct {
+    uint32_t slot; /* index into the engine's slot array, 0 when absent */
+    uint32_t kids; /* children of this node cached in the same engine (present or not) */
+} node_ref;
+
+/* Named scratch buffers: each engine asks for the ones it uses. */
+enum ws_buffer {
+    WS_REF_A, WS_REF_B,       /* node_ref per node, one array per tier */
+    WS_BYTES,                 /* one byte per node (fifo presence, ceiling) */
+    WS_STAMP,                 /* u32 per node (s3fifo ghost stamps) */
+    WS_SLOT_A, WS_SLOT_B,     /* slot arrays, capacity-sized */
+    WS_HEAP_A, WS_HEAP_B,     /* heaps, capacity-sized */
+    WS_STACK_A, WS_STACK_B,   /* search stacks, capacity-sized */
+    WS_RING_A, WS_RING_B, WS_RING_C,
+    WS_COUNT
+};
+
+struct sim_workspace {
+    void *buf[WS_COUNT];
+    size_t size[WS_COUNT];
+};
+
+/* A buffer of at least `bytes`, zeroed when `zero`; NULL when out of memory. */
+void *ws_get(sim_workspace *ws, int which, size_t bytes, int zero);
+/* Grow a buffer to `bytes`, keeping its contents; NULL when out of memory. */
+void *ws_grow(sim_workspace *ws, int which, size_t bytes);
+
+/* The per-request bookkeeping every policy shares: warm-up, measurement, progress. */
+typedef struct {
+    const sim_trace *t;
+    const sim_params *p;
+    sim_result *out;
+    int filled; /* the cache reached its capacity during the warm-up */
+} replay_frame;
+
+/* Called before each request; returns SIM_OK, SIM_ECANCELED, or 1 when the run stops
+ * here because the cache did not fill during the warm-up. */
+static inline int frame_begin(replay_frame *f, int64_t r) {
+    if (r >= f->t->warmup_requests && !f->filled) {
+        f->out->underfilled = 1;
+        return 1;
+    }
+    if ((r & 1023) == 0) {
+        if (f->p->progress) *f->p->progress = r;
+        if (f->p->cancel && *f->p->cancel) return SIM_ECANCELED;
+    }
+    return SIM_OK;
+}
+
+/* Called after the last request. */
+static inline int frame_end(replay_frame *f) {
+    if (f->p->progress) *f->p->progress = f->t->n_req;
+    if (!f->filled || f->out->total_tokens == 0) f->out->underfilled = 1;
+    return SIM_OK;
+}
+
+int run_fifo(sim_workspace *ws, replay_frame *f);
+int run_lru(sim_workspace *ws, replay_frame *f);
+int run_optimal(sim_workspace *ws, replay_frame *f);
+int run_s3fifo(sim_workspace *ws, replay_frame *f);
+int run_tiered(sim_workspace *ws, replay_frame *f);
+
+#endif

@@ -1,0 +1,248 @@
+/* The prefix LRU tier (see plru.h) and the single-tier `lru` policy. */
+#include "plru.h"
+
+int plru_init(plru *t, sim_workspace *ws, int ref_buf, int slot_buf, int heap_buf,
+              int stack_buf, const sim_trace *trace, uint32_t capacity) {
+    memset(t, 0, sizeof(*t));
+    t->ref = ws_get(ws, ref_buf, (size_t)trace->n_nodes * sizeof(node_ref), 1);
+    t->s = ws_get(ws, slot_buf, ((size_t)capacity + 1) * sizeof(plru_slot), 0);
+    t->heap = ws_get(ws, heap_buf, ((size_t)capacity + 1) * sizeof(uint32_t), 0);
+    t->stack = ws_get(ws, stack_buf, ((size_t)capacity + 2) * sizeof(uint32_t), 0);
+    if (!t->ref || !t->s || !t->heap || !t->stack) return SIM_ENOMEM;
+    t->parent = trace->parent;
+    t->capacity = capacity;
+    t->fresh = 1;
+    return SIM_OK;
+}
+
+/* ---- the key-ordered list ---- */
+
+static inline void list_unlink(plru *t, uint32_t slot) {
+    plru_slot *x = &t->s[slot];
+    if (x->prev) t->s[x->prev].next = x->next;
+    else t->head = x->next;
+    if (x->next) t->s[x->next].prev = x->prev;
+    else t->tail = x->prev;
+}
+
+static inline void list_append(plru *t, uint32_t slot) {
+    plru_slot *x = &t->s[slot];
+    x->prev = t->tail;
+    x->next = 0;
+    if (t->tail) t->s[t->tail].next = slot;
+    else t->head = slot;
+    t->tail = slot;
+}
+
+/* ---- the heap of parked leaves (min by key; keys are unique) ---- */
+
+static inline void heap_place(plru *t, uint32_t at, uint32_t slot) {
+    t->heap[at] = slot;
+    t->s[slot].prev = at;
+}
+
+static void heap_up(plru *t, uint32_t at) {
+    uint32_t slot = t->heap[at], key = t->s[slot].key;
+    while (at > 0) {
+        uint32_t up = (at - 1) / 2;
+        if (t->s[t->heap[up]].key <= key) break;
+        heap_place(t, at, t->heap[up]);
+        at = up;
+    }
+    heap_place(t, at, slot);
+}
+
+static void heap_down(plru *t, uint32_t at) {
+    uint32_t slot = t->heap[at], key = t->s[slot].key;
+    for (;;) {
+        uint32_t child = 2 * at + 1;
+        if (child >= t->heap_n) break;
+        if (child + 1 < t->heap_n && t->s[t->heap[child + 1]].key < t->s[t->heap[child]].key)
+            child++;
+        if (t->s[t->heap[child]].key >= key) break;
+        heap_place(t, at, t->heap[child]);
+        at = child;
+    }
+    heap_place(t, at, slot);
+}
+
+static void heap_push(plru *t, uint32_t slot) {
+    t->heap[t->heap_n] = slot;
+    heap_up(t, t->heap_n++);
+}
+
+static void heap_remove(plru *t, uint32_t slot) {
+    uint32_t at = t->s[slot].prev;
+    uint32_t last = t->heap[--t->heap_n];
+    if (last == slot) return;
+    heap_place(t, at, last);
+    heap_up(t, at);
+    heap_down(t, t->s[last].prev);
+}
+
+/* The youngest-keyed unprotected slot of the heap: below an unprotected entry nothing is
+ * younger, so only protected entries need their children searched. */
+static uint32_t heap_min_unprotected(plru *t) {
+    if (!t->heap_n) return 0;
+    uint32_t top = t->heap[0];
+    if (!(t->s[top].state & PL_PROT)) return top;
+    uint32_t best = 0, sp = 0;
+    t->stack[sp++] = 0;
+    while (sp) {
+        uint32_t at = t->stack[--sp], slot = t->heap[at];
+        if (!(t->s[slot].state & PL_PROT)) {
+            if (!best || t->s[slot].key < t->s[best].key) best = slot;
+            continue;
+        }
+        if (2 * at + 1 < t->heap_n) t->stack[sp++] = 2 * at + 1;
+        if (2 * at + 2 < t->heap_n) t->stack[sp++] = 2 * at + 2;
+    }
+    return best;
+}
+
+/* ---- the tier ---- */
+
+static inline void set_where(plru_slot *x, uint32_t where) {
+    x->state = (x->state & PL_PROT) | where;
+}
+
+/* The list's first unprotected leaf, parking the non-leaves met on the way. */
+static uint32_t list_first_evictable(plru *t) {
+    uint32_t at = t->head;
+    while (at) {
+        plru_slot *x = &t->s[at];
+        uint32_t next = x->next;
+        if (t->ref[x->node].kids) {
+            list_unlink(t, at);
+            set_where(x, PL_PARKED);
+        } else if (!(x->state & PL_PROT)) {
+            return at;
+        }
+        at = next;
+    }
+    return 0;
+}
+
+void plru_touch(plru *t, uint32_t slot) {
+    plru_slot *x = &t->s[slot];
+    x->key = ++t->clock;
+    uint32_t where = x->state & PL_WHERE;
+    if (where == PL_LIST) {
+        if (t->tail == slot) return;
+        list_unlink(t, slot);
+    } else if (where == PL_HEAP) {
+        heap_remove(t, slot);
+    }
+    list_append(t, slot);
+    set_where(x, PL_LIST);
+}
+
+void plru_insert(plru *t, uint32_t node) {
+    uint32_t slot;
+    if (t->free_head) {
+        slot = t->free_head;
+        t->free_head = t->s[slot].next;
+    } else {
+        slot = t->fresh++;
+    }
+    plru_slot *x = &t->s[slot];
+    x->node = node;
+    x->key = ++t->clock;
+    x->state = PL_LIST;
+    list_append(t, slot);
+    t->ref[node].slot = slot;
+    t->used++;
+    uint32_t up = t->parent[node];
+    if (up) {
+        node_ref *pr = &t->ref[up];
+        if (pr->kids++ == 0 && pr->slot) {
+            plru_slot *px = &t->s[pr->slot];
+            if ((px->state & PL_WHERE) == PL_HEAP) {
+                heap_remove(t, pr->slot);
+                set_where(px, PL_PARKED);
+            }
+        }
+    }
+}
+
+uint32_t plru_evict(plru *t) {
+    uint32_t a = list_first_evictable(t);
+    uint32_t b = heap_min_unprotected(t);
+    uint32_t victim;
+    if (!a && !b) return 0;
+    if (a && (!b || t->s[a].key < t->s[b].key)) {
+        victim = a;
+        list_unlink(t, a);
+    } else {
+        victim = b;
+        heap_remove(t, b);
+    }
+    uint32_t node = t->s[victim].node;
+    t->ref[node].slot = 0;
+    t->s[victim].next = t->free_head;
+    t->free_head = victim;
+    t->used--;
+    t->evictions++;
+    uint32_t up = t->parent[node];
+    if (up) {
+        node_ref *pr = &t->ref[up];
+        if (--pr->kids == 0 && pr->slot) {
+            plru_slot *px = &t->s[pr->slot];
+            if ((px->state & PL_WHERE) == PL_PARKED) {
+                set_where(px, PL_HEAP);
+                heap_push(t, pr->slot);
+            }
+        }
+    }
+    return node;
+}
+
+/* ---- the `lru` policy ---- */
+
+int run_lru(sim_workspace *ws, replay_frame *f) {
+    const sim_trace *t = f->t;
+    plru tier;
+    int rc = plru_init(&tier, ws, WS_REF_A, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
+                       f->p->capacity);
+    if (rc) return rc;
+    for (int64_t r = 0; r < t->n_req; r++) {
+        rc = frame_begin(f, r);
+        if (rc) return rc < 0 ? rc : SIM_OK;
+        int measured = r >= t->warmup_requests;
+        int alive = 1;
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
+        /* Lookup: prefix hits count and are refreshed root to leaf. */
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
+            if (measured) {
+                f->out->total_tokens += t->tokens[i];
+                if (alive && slot) f->out->hit_tokens += t->tokens[i];
+            }
+            if (alive && slot) plru_touch(&tier, slot);
+            else if (!slot) alive = 0;
+        }
+        /* Insert: the request's cached nodes are protected while it inserts. */
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
+            if (slot) plru_protect(&tier, slot);
+        }
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t node = t->node_of_event[i];
+            if (plru_slot_of(&tier, node)) continue;
+            if (tier.used >= tier.capacity && !plru_evict(&tier)) break;
+            uint32_t up = t->parent[node];
+            if (tier.used < tier.capacity && (up == 0 || plru_slot_of(&tier, up))) {
+                plru_insert(&tier, node);
+                if (tier.used >= tier.capacity && !measured) f->filled = 1;
+            } else {
+                break;
+            }
+        }
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
+            if (slot) plru_unprotect(&tier, slot);
+        }
+    }
+    f->out->evictions = tier.evictions;
+    return frame_end(f);
+}

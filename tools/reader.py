@@ -1,0 +1,68 @@
+"""Loading any trace: pick the format (or detect it), read, return event arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvstored.tools import binfile, events
+from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
+from kvstored.tools.requests_jsonl import read_requests
+from kvstored.tools.sessions import read_sessions, session_files
+from kvstored.tools.textio import first_value
+
+FORMATS = ("mooncake", "sessions", "bailian", "binary")
+
+
+def detect_format(path: Path) -> str:
+    """The format of one trace path, from its first record."""
+    if not path.exists():
+        raise TraceNotFoundError(f"{path}: no such file or directory")
+    if path.is_dir():
+        path = session_files(path)[0]
+        value = first_value(path)
+        if isinstance(value, dict) and "requests" in value:
+            return "sessions"
+        raise TraceError(path, "a trace directory must hold session files (objects with "
+                               "requests)")
+    if binfile.is_binary(path):
+        return "binary"
+    value = first_value(path)
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        value = value[0]
+    if isinstance(value, dict):
+        if "requests" in value:
+            return "sessions"
+        if "chat_id" in value:
+            return "bailian"
+        if "hash_ids" in value:
+            return "mooncake"
+    raise TraceError(path, "is not a trace this tool knows: expected Mooncake or Bailian "
+                           "JSONL, session JSON, or a binary event file; give --format")
+
+
+def load(paths: list[str | Path], fmt: str = "auto",
+         block_size: int | None = None) -> events.EventTrace:
+    """Read the traces at ``paths`` (replayed one after another) into event arrays."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise UsageProblem("give at least one trace")
+    if fmt not in (*FORMATS, "auto"):
+        raise UsageProblem(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or auto")
+    if fmt == "auto":
+        found = {detect_format(p) for p in paths}
+        if len(found) > 1:
+            raise UsageProblem(f"the traces are of different formats ({', '.join(sorted(found))}); "
+                               "convert them to one first")
+        fmt = found.pop()
+    if fmt == "sessions":
+        return read_sessions(paths, block_size)
+    if fmt == "binary":
+        traces = [binfile.read(p) for p in paths]
+        try:
+            return events.concatenate(traces)
+        except ValueError as exc:
+            raise UsageProblem(str(exc)) from None
+    for p in paths:
+        if not p.exists():
+            raise TraceNotFoundError(f"{p}: no such file")
+    return read_requests(paths, fmt, block_size)

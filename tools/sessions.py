@@ -1,0 +1,170 @@
+"""Reader of session traces (Claude Code captures in the kv-cache-tester layout).
+
+A session is ``{"id", "block_size": 64, "hash_id_scope": "local", "requests": [...]}``
+and a request ``{"t": seconds from the session start, "in", "out", "hash_ids", ...}``.
+A request may hold a nested sub-agent group in its own ``requests`` list, whose ``t`` are
+relative to the request's ``t``. Sessions come as one JSON file each (a directory of them,
+taken in sorted name order), or as a JSONL file with one session per line.
+
+Normalisation, exactly as docs/simulator.md states it:
+
+1. flatten every request that has hash ids (a request, then its nested group);
+2. stable-sort each session's requests by ``t``;
+3. make ids global per session: ``base`` starts at 1, each id becomes ``base + id``,
+   then ``base += max(id) + 1`` (sessions with ``hash_id_scope: "global"`` keep their
+   ids; a trace may not mix the two scopes);
+4. stable-sort all requests by ``(t, ordinal)``, the ordinal being the position in the
+   concatenation of the sessions in input order.
+
+All sessions therefore start together at t = 0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from kvstored.tools import events
+from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
+from kvstored.tools.ids import fast_keys
+from kvstored.tools.textio import json_lines, open_binary
+
+DEFAULT_BLOCK_SIZE = 64
+
+
+@dataclass
+class _Request:
+    t: float
+    input_length: int
+    output_length: int
+    ids: np.ndarray
+
+
+def session_files(path: Path) -> list[Path]:
+    """The files of a session directory, in sorted name order."""
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise TraceNotFoundError(f"{path}: the directory holds no session file")
+    return files
+
+
+def _sessions_in(path: Path) -> tuple[list[tuple[dict, int | None]], bool]:
+    """The sessions of one file with their line numbers (None for a whole-file JSON), and
+    whether the file says true or false anywhere (then ids are checked one by one, since
+    numpy would take a boolean id for 0 or 1)."""
+    with open_binary(path) as handle:
+        data = handle.read()
+    mentions_bool = b"true" in data or b"false" in data
+    try:
+        whole = json.loads(data)
+    except ValueError:
+        whole = None
+    if isinstance(whole, dict):
+        return [(whole, None)], mentions_bool
+    if isinstance(whole, list):
+        return [(item, None) for item in whole], mentions_bool
+    return [(value, number) for number, value, _ in json_lines(path)], mentions_bool
+
+
+def _number(value: object, what: str, where: str, path: Path, line: int | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceError(path, f"{where}: {what} must be a number, got {value!r}", line=line)
+    return value
+
+
+def _flatten(entries: object, base_t: float, out: list[_Request], path: Path,
+             line: int | None, label: str, check_bools: bool) -> None:
+    if not isinstance(entries, list):
+        raise TraceError(path, f"{label}: requests is not a list", line=line)
+    for index, entry in enumerate(entries):
+        where = f"{label}, request {index}"
+        if not isinstance(entry, dict):
+            raise TraceError(path, f"{where}: is not an object", line=line)
+        t = base_t + _number(entry.get("t", 0), "t", where, path, line)
+        hash_ids = entry.get("hash_ids")
+        if hash_ids:
+            if not isinstance(hash_ids, list):
+                raise TraceError(path, f"{where}: hash_ids is not a list", line=line)
+            length = entry.get("in")
+            if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+                raise TraceError(path, f"{where}: 'in' (input tokens) must be a positive "
+                                       f"integer, got {length!r}", line=line)
+            ids = fast_keys(hash_ids)
+            if ids is None or ids.min() < 0 or (
+                    check_bools and any(type(v) is bool for v in hash_ids)):
+                raise TraceError(path, f"{where}: hash_ids of a session must be integers "
+                                       ">= 0", line=line)
+            output = _number(entry.get("out", 0), "out", where, path, line)
+            out.append(_Request(t, length, int(output), ids))
+        if entry.get("requests") is not None:
+            _flatten(entry["requests"], t, out, path, line, f"{where} (nested group)",
+                     check_bools)
+
+
+def read_sessions(paths: list[Path], block_size: int | None) -> events.EventTrace:
+    """Read session files or directories into event arrays, normalised."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise TraceNotFoundError(f"{path}: no such file or directory")
+        files.extend(session_files(path) if path.is_dir() else [path])
+    requests: list[_Request] = []
+    base = 1
+    scopes: set[str] = set()
+    trace_block: int | None = None
+    skipped = 0
+    for path in files:
+        sessions, check_bools = _sessions_in(path)
+        for number, (session, line) in enumerate(sessions):
+            label = f"session {session.get('id', number)!r}" if isinstance(session, dict) \
+                else f"session {number}"
+            if not isinstance(session, dict) or "requests" not in session:
+                raise TraceError(path, f"{label}: is not a session object with requests",
+                                 line=line)
+            size = session.get("block_size")
+            if size is not None:
+                if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+                    raise TraceError(path, f"{label}: block_size must be a positive "
+                                           f"integer, got {size!r}", line=line)
+                if trace_block is not None and size != trace_block:
+                    raise TraceError(path, f"{label}: block_size {size} differs from "
+                                           f"{trace_block}; a trace has one block size",
+                                     line=line)
+                trace_block = size
+            scope = session.get("hash_id_scope", "local")
+            if scope not in ("local", "global"):
+                raise TraceError(path, f"{label}: hash_id_scope must be local or global, "
+                                       f"got {scope!r}", line=line)
+            scopes.add(scope)
+            if len(scopes) > 1:
+                raise TraceError(path, f"{label}: mixes hash_id_scope local and global in "
+                                       "one trace", line=line)
+            flat: list[_Request] = []
+            _flatten(session["requests"], 0.0, flat, path, line, label, check_bools)
+            if not flat:
+                skipped += 1
+                continue
+            flat.sort(key=lambda r: r.t)  # list.sort is stable
+            if scope == "local":
+                top = max(int(r.ids.max()) for r in flat)
+                for r in flat:
+                    r.ids = r.ids + base
+                base += top + 1
+            requests.extend(flat)
+    if not requests:
+        raise TraceError(", ".join(map(str, paths)), "holds no request with hash_ids")
+    order = np.argsort(np.array([r.t for r in requests], dtype=np.float64), kind="stable")
+    ordered = [requests[i] for i in order]
+    counts = np.array([len(r.ids) for r in ordered], dtype=np.int64)
+    if int(counts.sum()) > events.MAX_EVENTS:
+        raise UsageProblem(f"the trace has {int(counts.sum())} block events; the simulator "
+                           f"handles at most {events.MAX_EVENTS}")
+    return events.build(
+        np.concatenate([r.ids for r in ordered]), counts,
+        np.array([r.input_length for r in ordered], dtype=np.int64),
+        np.array([r.t for r in ordered], dtype=np.float64),
+        np.array([r.output_length for r in ordered], dtype=np.int64),
+        trace_block or block_size or DEFAULT_BLOCK_SIZE, "sessions",
+        sources=[str(p) for p in paths], skipped=skipped)
