@@ -1,0 +1,711 @@
+"""The :class:`BucketBackend`: objects written in sealed buckets, evicted a bucket at a time.
+
+How the pieces fit (the byte layouts are in docs/format.md):
+
+- ``batch_write`` cuts its items into buckets (at most ``bucket_keys`` keys and
+  ``bucket_bytes`` bytes each), reserves room for them (evicting between the
+  watermarks), writes every bucket's data file in one engine submission, fdatasyncs
+  them together, then makes their index files durable (temporary file, fsync, rename,
+  one directory fsync). Only then are the objects visible and reported WRITTEN.
+- ``batch_read`` reads every record asked for in one engine submission and checks both
+  CRCs of each (records.py). A bucket being read cannot be evicted, and its space is not
+  counted free until the read ends.
+- ``batch_delete`` flags the keys deleted in their buckets' indexes (rewritten
+  atomically) before it returns; a bucket left with no visible key is removed at once.
+- Eviction removes whole buckets, oldest written first (``fifo``) or least recently read
+  first (``lru``), skipping any bucket that holds a pinned key or has a read in flight.
+
+Locks, always taken in this order: ``_space_lock`` (reservations and evictions, so that
+room is never promised twice), a bucket's ``meta_lock`` (its files), ``_lock`` (the
+in-memory maps and counters; held only briefly, never across I/O).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from kvstored.backends.bucket.check import Checker
+from kvstored.backends.bucket.index import (
+    FLAG_DELETED,
+    encode_index,
+    index_size,
+    write_indexes,
+)
+from kvstored.backends.bucket.layout import BUCKETS_DIR, LAYOUT_VERSION, QUARANTINE_DIR
+from kvstored.backends.bucket.records import NewRecord, ReadOutcome, read_records, write_items
+from kvstored.backends.bucket.recovery import recover
+from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.backends.record import align_up, record_size, value_checksum
+from kvstored.backends.stamp import claim_directory, fsync_dir
+from kvstored.native import EngineUnavailableError, IoFile, get_engine
+from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.errors import CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.types import (
+    DEFAULT_MAX_VALUE_SIZE,
+    Buffer,
+    Capabilities,
+    CheckReport,
+    EvictionGranularity,
+    Location,
+    ObjectRecord,
+    ReadStatus,
+    Usage,
+    WriteBatchHint,
+    WriteOutcome,
+    WriteResult,
+    encode_key,
+)
+
+log = logging.getLogger("kvstored.backends.bucket")
+
+MiB = 1024 * 1024
+#: Read handles kept open at most; more buckets than this reopen their file on a read.
+MAX_OPEN_FILES = 256
+
+
+class BucketBackend(StorageBackend):
+    """The default SSD backend: objects grouped into buckets, one data file and one index
+    file each, evicted a whole bucket at a time.
+
+    Options, besides the common ``capacity``, ``max_value_size`` and ``on_evict``:
+
+    ``policy`` (``"fifo"``)
+        Which bucket eviction removes first: ``"fifo"`` the oldest written, ``"lru"`` the
+        least recently read (or written). LRU order is kept in memory; after a reopen it
+        starts again from write order.
+    ``bucket_bytes`` (256 MiB), ``bucket_keys`` (500)
+        A ``batch_write`` is cut into buckets of at most this many bytes of records (a
+        single larger value gets a bucket of its own) and this many keys.
+    ``bucket_age`` (5.0 s)
+        How long a caller should hold a trickle of objects before writing it anyway.
+        The backend never holds objects itself (a write is durable when it returns):
+        the age, with the two limits above, is what :meth:`write_batch_hint` tells the
+        node's offloader, which batches by it.
+    ``high_watermark`` (0.90), ``low_watermark`` (0.80)
+        With a ``capacity``: when a write would take usage above ``high_watermark *
+        capacity``, whole buckets are evicted until usage after the write is at most
+        ``low_watermark * capacity``. The capacity itself is never exceeded: a write that
+        cannot fit fails its items with CapacityError.
+    ``engine`` (None), ``direct`` (None)
+        The io engine (``auto``, ``uring`` or ``posix``; None: ``KVSTORED_IO_ENGINE``)
+        and whether data files use O_DIRECT (None: ``KVSTORED_IO_DIRECT``).
+    """
+
+    name = "bucket"
+
+    def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
+                 max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+                 on_evict: EvictionCallback | None = None,
+                 policy: str = "fifo", bucket_bytes: int = 256 * MiB, bucket_keys: int = 500,
+                 bucket_age: float = 5.0, high_watermark: float = 0.90,
+                 low_watermark: float = 0.80, engine: str | None = None,
+                 direct: bool | None = None) -> None:
+        super().__init__(path, capacity=capacity, max_value_size=max_value_size,
+                         on_evict=on_evict)
+        if policy not in ("fifo", "lru"):
+            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
+        if bucket_bytes < 1 or bucket_keys < 1 or not bucket_age > 0:
+            raise InvalidRequestError(
+                f"bucket_bytes, bucket_keys and bucket_age must be positive (got "
+                f"{bucket_bytes}, {bucket_keys}, {bucket_age})")
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise InvalidRequestError(
+                "watermarks must satisfy 0 < low_watermark <= high_watermark <= 1 (got "
+                f"low {low_watermark}, high {high_watermark})")
+        self.policy = policy
+        self.bucket_bytes = bucket_bytes
+        self.bucket_keys = bucket_keys
+        self.bucket_age = bucket_age
+        self.high_watermark = high_watermark
+        self.low_watermark = low_watermark
+        try:
+            self.engine = get_engine(engine, direct=direct)
+        except (ValueError, EngineUnavailableError) as exc:
+            raise InvalidRequestError(f"engine={engine!r}: {exc}", path=path) from None
+        self.root = Path(self.path)
+        self.buckets_dir = str(self.root / BUCKETS_DIR)
+        self.quarantine_dir = str(self.root / QUARANTINE_DIR)
+        #: Reads that failed their checks since open (exported as a metric).
+        self.corrupt_reads = 0
+
+        self._lock = threading.Lock()
+        self._space_lock = threading.Lock()
+        self._keys: dict[str, Slot] = {}
+        # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
+        # bucket to the end when it is read.
+        self._buckets: OrderedDict[int, Bucket] = OrderedDict()
+        self._pending: dict[str, threading.Event] = {}
+        # Buckets being written (not yet visible) and being removed (no longer
+        # visible): their files are busy, not orphans.
+        self._writing: set[int] = set()
+        self._removing: set[int] = set()
+        self._open_files: OrderedDict[int, Bucket] = OrderedDict()
+        self._physical = self._logical = self._reserved = 0
+        try:
+            claim_directory(self.root, self.name, LAYOUT_VERSION)
+            for folder in (self.buckets_dir, self.quarantine_dir):
+                os.makedirs(folder, exist_ok=True)
+            self._block = max(4096, os.statvfs(self.buckets_dir).f_bsize)
+            found = recover(self.buckets_dir, self.quarantine_dir)
+        except OSError as exc:
+            raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+        self._buckets.update(found.buckets)
+        self._keys = found.keys
+        self._next_bucket = found.next_bucket_id
+        self._next_seq = found.next_seq
+        for bucket in self._buckets.values():
+            self._physical += bucket.physical
+            self._logical += bucket.logical
+        self._checker = Checker(self, found.problems)
+
+    # -- lifecycle and capabilities ----------------------------------------------------
+
+    def _close(self) -> None:
+        with self._lock:
+            for bucket in self._open_files.values():
+                if bucket.file is not None:
+                    bucket.file.close()
+                    bucket.file = None
+            self._open_files.clear()
+            self._keys = {}
+            self._buckets.clear()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(shared=False, eviction=EvictionGranularity.BUCKET,
+                            aligned_values=True, persistent=True,
+                            max_value_size=self.max_value_size)
+
+    def write_batch_hint(self) -> WriteBatchHint:
+        return WriteBatchHint(max_bytes=self.bucket_bytes, max_keys=self.bucket_keys,
+                              max_age=self.bucket_age)
+
+    # -- writes ------------------------------------------------------------------------
+
+    def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
+        self._check_open()
+        encoded = self._check_value_sizes(items)
+        results: list[WriteResult | None] = [None] * len(items)
+        mine: dict[str, threading.Event] = {}
+        try:
+            claimed: list[tuple[int, str, bytes, memoryview]] = []
+            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+                if key in mine:
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                    continue
+                outcome = self._claim(key)
+                if isinstance(outcome, WriteResult):
+                    results[i] = outcome
+                    continue
+                mine[key] = outcome
+                claimed.append((i, key, key_bytes, memoryview(value).cast("B")))
+            if claimed:
+                self._write_buckets(self._cut(claimed), results)
+        finally:
+            with self._lock:
+                for key, event in mine.items():
+                    del self._pending[key]
+                    event.set()
+        return results  # type: ignore[return-value]
+
+    def _claim(self, key: str) -> threading.Event | WriteResult:
+        """Mark ``key`` as being written by this thread, or say it exists already."""
+        while True:
+            with self._lock:
+                if key in self._keys:
+                    return WriteResult(key, WriteOutcome.EXISTS)
+                other = self._pending.get(key)
+                if other is None:
+                    event = self._pending[key] = threading.Event()
+                    return event
+            other.wait()  # another thread is writing this key: see how it ends
+
+    def _cut(self, claimed: list) -> list[list]:
+        """Split the claimed items into buckets by the key-count and size thresholds."""
+        groups: list[list] = [[]]
+        size = 0
+        for item in claimed:
+            footprint = record_size(item[3].nbytes)
+            group = groups[-1]
+            if group and (len(group) >= self.bucket_keys or size + footprint > self.bucket_bytes):
+                groups.append([])
+                group, size = groups[-1], 0
+            group.append(item)
+            size += footprint
+        return groups
+
+    def _write_buckets(self, groups: list[list], results: list) -> None:
+        """Reserve, write, sync and publish one bucket per group; fill in ``results``."""
+        planned: list[tuple[list, Bucket, list[NewRecord], int]] = []
+        for group in groups:
+            data_len = sum(record_size(item[3].nbytes) for item in group)
+            need = self._footprint(data_len, index_size(len(group),
+                                                        sum(len(i[2]) for i in group)))
+            with self._space_lock:
+                error = self._reserve(need, group[0][1])
+            if error is not None:
+                for i, key, _, _ in group:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED,
+                                             CapacityError(error.message, key=key,
+                                                           path=self.path))
+                continue
+            planned.append((group, *self._plan_bucket(group, data_len), need))
+        if not planned:
+            return
+        failures = self._write_data(planned)
+        done = [p for p in planned if p[1].id not in failures]
+        try:
+            if done:
+                write_indexes(self.buckets_dir, [(b.tmp_index_name, b.index_name,
+                                                  b.index_bytes()) for _, b, _, _ in done])
+        except OSError as exc:
+            for _, bucket, _, _ in done:
+                failures[bucket.id] = exc
+                _unlink_quietly(bucket.index_path)
+            done = []
+        for _, bucket, _, _ in done:
+            try:
+                bucket.physical = (os.stat(bucket.data_path).st_blocks
+                                   + os.stat(bucket.index_path).st_blocks) * 512
+            except OSError as exc:
+                failures[bucket.id] = exc
+        self._fail(planned, failures, results)
+        self._publish([p for p in planned if p[1].id not in failures], results)
+
+    def _footprint(self, data_len: int, index_len: int) -> int:
+        """The most disk a new bucket may take: its files rounded up to blocks, plus one
+        block for the file system's own bookkeeping of a large extent map."""
+        return (align_up(data_len, self._block) + align_up(index_len, self._block)
+                + self._block)
+
+    def _plan_bucket(self, group: list, data_len: int) -> tuple[Bucket, list[NewRecord]]:
+        with self._lock:
+            bucket_id = self._next_bucket
+            self._next_bucket += 1
+            seq = self._next_seq
+            self._next_seq += len(group)
+            self._writing.add(bucket_id)
+        now = time.time_ns()
+        bucket = Bucket(self.buckets_dir, bucket_id, data_len, now)
+        records = []
+        offset = 0
+        for n, (_, key, key_bytes, view) in enumerate(group):
+            crc = value_checksum(view)
+            records.append(NewRecord(offset, key_bytes, view, seq + n, now, crc))
+            bucket.add(Slot(bucket, key, offset, view.nbytes, seq + n, now, crc))
+            offset += record_size(view.nbytes)
+        return bucket, records
+
+    def _write_data(self, planned: list) -> dict[int, OSError]:
+        """Write and fdatasync every planned data file; returns the failures by bucket."""
+        failures: dict[int, OSError] = {}
+        files: list[tuple[Bucket, IoFile]] = []
+        for _, bucket, _, _ in planned:
+            try:
+                file = self.engine.open(bucket.data_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except OSError as exc:
+                failures[bucket.id] = exc
+                continue
+            files.append((bucket, file))
+            try:
+                # Ask for all the blocks first: ENOSPC surfaces before any writing, and
+                # the file gets as few extents as the file system can manage.
+                os.posix_fallocate(file.fd, 0, bucket.data_len)
+            except OSError as exc:
+                if exc.errno not in (95, 22):  # EOPNOTSUPP, EINVAL: just write
+                    failures[bucket.id] = exc
+        try:
+            records = {b.id: r for _, b, r, _ in planned}
+            writing = [(f, records[b.id]) for b, f in files if b.id not in failures]
+            items = write_items(writing)
+            outcomes = self.engine.write(items)
+            for (file, _, _), outcome in zip(items, outcomes):
+                if isinstance(outcome, OSError):
+                    owner = next(b for b, f in files if f is file)
+                    failures.setdefault(owner.id, outcome)
+            syncing = [(b, f) for b, f in files if b.id not in failures]
+            synced = self.engine.fsync([f for _, f in syncing], datasync=True)
+            for (bucket, _), outcome in zip(syncing, synced):
+                if isinstance(outcome, OSError):
+                    failures[bucket.id] = outcome
+        finally:
+            for _, file in files:
+                file.close()
+        return failures
+
+    def _fail(self, planned: list, failures: dict[int, OSError], results: list) -> None:
+        """Undo the buckets that failed: remove their files, free their reservations."""
+        if not failures:
+            return
+        for group, bucket, _, need in planned:
+            exc = failures.get(bucket.id)
+            if exc is None:
+                continue
+            _unlink_quietly(bucket.data_path)
+            for i, key, _, _ in group:
+                results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
+                    exc, key=key, path=bucket.data_path, action="writing the bucket"))
+            with self._lock:
+                self._reserved -= need
+                self._writing.discard(bucket.id)
+            log.warning("bucket: writing bucket %016x failed: %s", bucket.id, exc)
+
+    def _publish(self, planned: list, results: list) -> None:
+        over = 0
+        with self._lock:
+            for group, bucket, _, need in planned:
+                self._writing.discard(bucket.id)
+                self._reserved -= need
+                self._physical += bucket.physical
+                self._logical += bucket.logical
+                self._buckets[bucket.id] = bucket
+                for slot in bucket.slots:
+                    self._keys[slot.key] = slot
+                for i, key, _, _ in group:
+                    results[i] = WriteResult(key, WriteOutcome.WRITTEN)
+                if bucket.physical > need:
+                    log.warning("bucket: bucket %016x takes %d bytes, %d were reserved",
+                                bucket.id, bucket.physical, need)
+            if self.capacity is not None:
+                over = self._physical + self._reserved - self.capacity
+        if over > 0:  # only if the file system allocated more than the estimate
+            self.evict(over, self.on_evict)
+
+    # -- capacity and eviction --------------------------------------------------------
+
+    def _reserve(self, need: int, key: str) -> CapacityError | None:
+        """Reserve ``need`` bytes, evicting between the watermarks; hold _space_lock."""
+        if self.capacity is None:
+            with self._lock:
+                self._reserved += need
+            return None
+        if need > self.capacity:
+            return CapacityError(f"the bucket needs {need} bytes, more than the whole "
+                                 f"capacity of {self.capacity}", key=key, path=self.path)
+        with self._lock:
+            used = self._physical + self._reserved
+        if used + need > self.high_watermark * self.capacity:
+            self._evict_held(int(used + need - self.low_watermark * self.capacity),
+                             self.on_evict)
+        with self._lock:
+            used = self._physical + self._reserved
+            if used + need > self.capacity:
+                return CapacityError(
+                    f"no room: {used} of {self.capacity} bytes in use and nothing more "
+                    "can be evicted (pinned or being read); delete objects or raise the "
+                    "capacity", key=key, path=self.path)
+            self._reserved += need
+        return None
+
+    def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
+        self._check_open()
+        with self._space_lock:
+            return self._evict_held(nbytes, on_evict)
+
+    def _evict_held(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
+        """Evict whole buckets in policy order until ``nbytes`` are freed; hold
+        _space_lock."""
+        victims: list[Bucket] = []
+        keys: list[str] = []
+        with self._lock:
+            freed = 0
+            for bucket in self._buckets.values():
+                if freed >= nbytes:
+                    break
+                if bucket.readers or any(self._pins.is_pinned(s.key)
+                                         for s in bucket.slots if s.live):
+                    continue
+                victims.append(bucket)
+                freed += bucket.physical
+            for bucket in victims:
+                self._retire_locked(bucket)
+                keys.extend(slot.key for slot in bucket.slots if slot.live)
+        if keys and on_evict is not None:
+            on_evict(list(keys))  # before the files go: their space is not reused yet
+        self._remove_files(victims)
+        if victims:
+            log.info("bucket: evicted %d bucket(s), %d keys", len(victims), len(keys))
+        return keys
+
+    def _retire_locked(self, bucket: Bucket) -> None:
+        """Take ``bucket`` out of the store: its keys become invisible at once."""
+        bucket.retired = True
+        self._buckets.pop(bucket.id, None)
+        self._removing.add(bucket.id)
+        for slot in bucket.slots:
+            if slot.live and self._keys.get(slot.key) is slot:
+                del self._keys[slot.key]
+        self._logical -= bucket.logical
+
+    def _remove_files(self, buckets: list[Bucket]) -> None:
+        """Unlink retired buckets' files durably (index first, so a crash in between
+        leaves a data file without index, which the next open removes), then count
+        their space free once no read holds them."""
+        if not buckets:
+            return
+        for bucket in buckets:
+            with bucket.meta_lock:
+                _unlink_quietly(bucket.index_path)
+                _unlink_quietly(bucket.data_path)
+                bucket.files_gone = True
+        fsync_dir(self.buckets_dir)
+        closing: list[IoFile] = []
+        with self._lock:
+            for bucket in buckets:
+                self._removing.discard(bucket.id)
+                if bucket.readers == 0:
+                    self._release_locked(bucket, closing)
+        for file in closing:
+            file.close()
+
+    def _release_locked(self, bucket: Bucket, closing: list[IoFile]) -> None:
+        """Stop counting a removed bucket's space, and drop its read handle."""
+        self._physical -= bucket.physical
+        bucket.physical = 0
+        if bucket.file is not None:
+            closing.append(bucket.file)
+            bucket.file = None
+        self._open_files.pop(bucket.id, None)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
+        self._check_open()
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        views = [memoryview(buf).cast("B") for buf in buffers]
+        results: list[int] = [ReadStatus.MISSING] * len(keys)
+        wanted: list[tuple[int, Slot]] = []
+        with self._lock:
+            for i, key in enumerate(keys):
+                slot = self._keys.get(key)
+                if slot is None:
+                    continue
+                if views[i].nbytes < slot.size:
+                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    continue
+                slot.bucket.readers += 1
+                wanted.append((i, slot))
+                if self.policy == "lru" and not slot.bucket.retired:
+                    self._buckets.move_to_end(slot.bucket.id)
+        if not wanted:
+            return results
+        slots = [slot for _, slot in wanted]
+        try:
+            outcomes = self._read_held(slots, [views[i] for i, _ in wanted])
+        finally:
+            self._end_reads(slots)
+        for (i, slot), outcome in zip(wanted, outcomes):
+            results[i] = outcome.status
+            if outcome.status == ReadStatus.CORRUPT:
+                self.corrupt_reads += 1
+                log.warning("bucket: key %r in %s at %d failed its check (%s); reported as "
+                            "a miss (run check(repair=True) to quarantine it)", slot.key,
+                            slot.bucket.data_path, slot.offset, outcome.reason)
+        return results
+
+    def _hold(self, slots: Sequence[Slot]) -> list[Slot]:
+        """Of ``slots``, those still visible, with their buckets held against removal."""
+        with self._lock:
+            held = [s for s in slots if s.live and not s.bucket.retired]
+            for slot in held:
+                slot.bucket.readers += 1
+        return held
+
+    def _read_held(self, slots: Sequence[Slot], dests: Sequence[memoryview]) -> list[ReadOutcome]:
+        """Read ``slots`` (whose buckets the caller holds) into ``dests``, verified."""
+        files = self._files_of({slot.bucket for slot in slots})
+        outcomes: list[ReadOutcome | None] = [None] * len(slots)
+        requests, where = [], []
+        for n, (slot, dest) in enumerate(zip(slots, dests)):
+            file = files[slot.bucket.id]
+            if isinstance(file, FileNotFoundError):
+                # Every key of the bucket was deleted since the lookup: a miss.
+                outcomes[n] = ReadOutcome(ReadStatus.MISSING)
+            elif isinstance(file, OSError):
+                outcomes[n] = ReadOutcome(ReadStatus.IO_ERROR, str(file))
+            else:
+                requests.append((slot, file, dest))
+                where.append(n)
+        if requests:
+            for n, outcome in zip(where, read_records(self.engine, requests)):
+                outcomes[n] = outcome
+        return outcomes  # type: ignore[return-value]
+
+    def _files_of(self, buckets: set[Bucket]) -> dict[int, IoFile | OSError]:
+        """A read handle for each bucket (held by the caller), opened if not cached."""
+        opened: dict[int, IoFile | OSError] = {}
+        for bucket in buckets:
+            if bucket.file is None:
+                try:
+                    opened[bucket.id] = self.engine.open(bucket.data_path, os.O_RDONLY)
+                except OSError as exc:
+                    opened[bucket.id] = exc
+        closing: list[IoFile] = []
+        files: dict[int, IoFile | OSError] = {}
+        with self._lock:
+            for bucket in buckets:
+                fresh = opened.get(bucket.id)
+                if isinstance(fresh, IoFile):
+                    if bucket.file is None and not bucket.files_gone:
+                        bucket.file = fresh
+                    else:
+                        closing.append(fresh)  # another thread was quicker
+                if bucket.file is not None:
+                    files[bucket.id] = bucket.file
+                    self._open_files[bucket.id] = bucket
+                    self._open_files.move_to_end(bucket.id)
+                else:
+                    files[bucket.id] = fresh if isinstance(fresh, OSError) else \
+                        FileNotFoundError(2, "removed", bucket.data_path)
+            for bucket_id in list(self._open_files):
+                if len(self._open_files) <= MAX_OPEN_FILES:
+                    break
+                idle = self._open_files[bucket_id]
+                if idle.readers == 0 and idle.file is not None:
+                    closing.append(idle.file)
+                    idle.file = None
+                    del self._open_files[bucket_id]
+        for file in closing:
+            file.close()
+        return files
+
+    def _end_reads(self, slots: Sequence[Slot]) -> None:
+        closing: list[IoFile] = []
+        with self._lock:
+            for slot in slots:
+                bucket = slot.bucket
+                bucket.readers -= 1
+                if bucket.readers == 0 and bucket.files_gone and bucket.physical:
+                    self._release_locked(bucket, closing)
+        for file in closing:
+            file.close()
+
+    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        with self._lock:
+            return [key in self._keys for key in keys]
+
+    def stat(self, key: str) -> ObjectRecord | None:
+        self._check_open()
+        with self._lock:
+            slot = self._keys.get(key)
+        return None if slot is None else slot.record()
+
+    def locate(self, key: str) -> Location | None:
+        self._check_open()
+        with self._lock:
+            slot = self._keys.get(key)
+        return None if slot is None else slot.location()
+
+    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
+        self._check_open()
+        with self._lock:
+            snapshot = sorted(self._keys.values(), key=lambda s: (s.bucket.id, s.offset))
+        if not verify:
+            for slot in snapshot:
+                yield slot.record()
+            return
+        for chunk in _chunks(snapshot, 64 * MiB):
+            for slot, outcome in zip(chunk, self._read_slots(chunk)):
+                if outcome is not None and outcome.status >= 0:
+                    yield slot.record()
+
+    def _read_slots(self, slots: Sequence[Slot]) -> list[ReadOutcome | None]:
+        """Read and verify ``slots`` into scratch buffers (for scan and check); None for a
+        slot no longer visible."""
+        held = self._hold(slots)
+        try:
+            outcomes = self._read_held(held, [memoryview(bytearray(s.size)) for s in held])
+        finally:
+            self._end_reads(held)
+        by_slot = dict(zip(map(id, held), outcomes))
+        return [by_slot.get(id(slot)) for slot in slots]
+
+    def usage(self) -> Usage:
+        self._check_open()
+        with self._lock:
+            return Usage(self._logical, self._physical, len(self._keys), self.capacity)
+
+    # -- deletes -----------------------------------------------------------------------
+
+    def batch_delete(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        for key in keys:
+            encode_key(key)
+        touched: dict[int, Bucket] = {}
+        found: list[bool] = []
+        with self._lock:
+            for key in keys:
+                slot = self._keys.pop(key, None)
+                found.append(slot is not None)
+                if slot is not None:
+                    slot.bucket.forget(slot, FLAG_DELETED)
+                    self._logical -= slot.size
+                    touched[slot.bucket.id] = slot.bucket
+            dead = [b for b in touched.values() if not b.live and not b.retired]
+            for bucket in dead:
+                self._retire_locked(bucket)
+        try:
+            self._rewrite_indexes([b for b in touched.values() if b.live])
+            self._remove_files(dead)
+        except OSError as exc:
+            raise from_oserror(exc, path=self.buckets_dir,
+                               action="recording the deletes durably") from exc
+        return found
+
+    def _rewrite_indexes(self, buckets: list[Bucket]) -> None:
+        """Make the in-memory flags of ``buckets`` durable in their index files."""
+        if not buckets:
+            return
+        buckets = sorted(buckets, key=lambda b: b.id)
+        for bucket in buckets:  # in id order, so that two rewriters cannot deadlock
+            bucket.meta_lock.acquire()
+        try:
+            with self._lock:
+                live = [b for b in buckets if not b.files_gone]
+                entries = [[slot.entry() for slot in b.slots] for b in live]
+            if len(live) < len(buckets):
+                # Removed meanwhile, by a thread that may not have synced the directory
+                # yet: sync it, so that this call's deletes are durable on return.
+                fsync_dir(self.buckets_dir)
+            write_indexes(self.buckets_dir, [
+                (b.tmp_index_name, b.index_name,
+                 encode_index(b.id, b.data_len, b.created_ns, e)) for b, e in zip(live, entries)])
+        finally:
+            for bucket in buckets:
+                bucket.meta_lock.release()
+
+    # -- check and repair -------------------------------------------------------------
+
+    def check(self, repair: bool = False) -> CheckReport:
+        self._check_open()
+        return self._checker.run(repair)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _chunks(slots: list[Slot], budget: int) -> Iterator[list[Slot]]:
+    """``slots`` in runs whose values add up to about ``budget`` bytes."""
+    chunk: list[Slot] = []
+    size = 0
+    for slot in slots:
+        if chunk and size + slot.size > budget:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(slot)
+        size += slot.size
+    if chunk:
+        yield chunk
+

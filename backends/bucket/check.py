@@ -1,0 +1,217 @@
+"""``check`` and ``check(repair=True)`` for the bucket backend.
+
+What is examined, and what repair does about it:
+
+- What recovery did at open (buckets dropped, unfinished writes removed) is reported by
+  the next check, with the action already taken; a repairing check acknowledges it.
+- Files in ``buckets/`` that no bucket owns (a data or index file of an unknown bucket,
+  a stray temporary file, a name kvstored never writes): ORPHAN or TORN_WRITE; repair
+  moves them to ``quarantine/``.
+- Each bucket's index file is re-read and compared with memory: INDEX_MISMATCH if it
+  fails its CRC or lists other records; repair rewrites it from memory (which was
+  loaded from a verified index and kept up to date since).
+- Every visible record is read back through the io engine and both its CRCs checked:
+  CORRUPT_RECORD for each that fails; repair copies the record's bytes to
+  ``quarantine/`` with a JSON note and flags the key QUARANTINED in the index, durably.
+- Each bucket's ``st_blocks`` is compared with what usage counts: ACCOUNTING; repair
+  corrects the figure.
+
+Checks run one at a time; reads, writes and deletes go on meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from kvstored.backends.bucket.index import FLAG_QUARANTINED, FLAGS_GONE, read_index
+from kvstored.backends.bucket.layout import list_buckets
+from kvstored.backends.bucket.quarantine import copy_out, move_aside
+from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.types import CheckReport, Problem, ProblemKind
+
+if TYPE_CHECKING:
+    from kvstored.backends.bucket.backend import BucketBackend
+
+#: Values read per engine submission while checking.
+CHECK_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+class Checker:
+    """Runs the checks above against one open backend."""
+
+    def __init__(self, backend: BucketBackend, recovery_problems: list[Problem]) -> None:
+        self.backend = backend
+        self._recovery_problems = list(recovery_problems)
+        self._lock = threading.Lock()
+
+    def run(self, repair: bool) -> CheckReport:
+        with self._lock:
+            report = CheckReport(repaired=repair)
+            report.problems.extend(self._recovery_problems)
+            if repair:
+                self._recovery_problems.clear()
+            self._check_files(report, repair)
+            with self.backend._lock:
+                buckets = list(self.backend._buckets.values())
+            for bucket in buckets:
+                self._check_index(bucket, report, repair)
+                self._check_records(bucket, report, repair)
+                self._check_blocks(bucket, report, repair)
+            return report
+
+    # -- files nobody owns -------------------------------------------------------------
+
+    def _check_files(self, report: CheckReport, repair: bool) -> None:
+        backend = self.backend
+        listing = list_buckets(backend.buckets_dir)
+        with backend._lock:
+            busy = set(backend._buckets) | backend._writing | backend._removing
+        found: list[tuple[ProblemKind, str, str]] = []
+        for bucket_id, entry in listing.tmp:
+            if bucket_id not in busy:  # a known bucket's temporary file is a rewrite
+                found.append((ProblemKind.TORN_WRITE, "a temporary index file no write "
+                              "owns", entry.path))
+        for bucket_id, entry in [*listing.data.items(), *listing.index.items()]:
+            if bucket_id not in busy:
+                found.append((ProblemKind.ORPHAN, "a file of no known bucket", entry.path))
+        for entry in listing.unknown:
+            found.append((ProblemKind.ORPHAN, "a file kvstored does not write", entry.path))
+        for kind, detail, path in found:
+            action = None
+            if repair:
+                try:
+                    action = f"moved to {move_aside(path, backend.quarantine_dir, detail)}"
+                except FileNotFoundError:
+                    continue  # its owner removed it meanwhile: nothing was wrong
+            report.problems.append(Problem(kind, detail, path=path, action=action))
+
+    # -- one bucket ----------------------------------------------------------------------
+
+    def _check_index(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
+        backend = self.backend
+        with bucket.meta_lock:
+            if bucket.files_gone:
+                return
+            with backend._lock:
+                expected = [slot.entry() for slot in bucket.slots]
+            try:
+                _, on_disk = read_index(bucket.index_path)
+                detail = _compare(expected, on_disk)
+            except CorruptionError as exc:
+                detail = exc.message
+            except FileNotFoundError:
+                detail = "the index file is missing"
+        if detail is None:
+            return
+        action = None
+        if repair:
+            backend._rewrite_indexes([bucket])
+            action = "rewritten from memory"
+        report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail,
+                                       path=bucket.index_path, action=action))
+
+    def _check_records(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
+        with self.backend._lock:
+            slots = bucket.live_slots()
+        bad: list[tuple[Slot, str]] = []
+        chunk: list[Slot] = []
+        size = 0
+        for slot in [*slots, None]:
+            if slot is not None and (not chunk or size + slot.size <= CHECK_CHUNK_BYTES):
+                chunk.append(slot)
+                size += slot.size
+                continue
+            for checked, outcome in zip(chunk, self.backend._read_slots(chunk)):
+                if outcome is None:
+                    continue  # deleted or evicted meanwhile
+                report.records_checked += 1
+                if outcome.status < 0:
+                    bad.append((checked, outcome.reason or "unreadable"))
+            chunk, size = ([slot], slot.size) if slot is not None else ([], 0)
+        if not bad:
+            return
+        actions = self._quarantine(bucket, bad) if repair else {}
+        for slot, reason in bad:
+            report.problems.append(Problem(ProblemKind.CORRUPT_RECORD,
+                                           f"record at offset {slot.offset}: {reason}",
+                                           key=slot.key, path=bucket.data_path,
+                                           action=actions.get(id(slot))))
+
+    def _quarantine(self, bucket: Bucket, bad: list[tuple[Slot, str]]) -> dict[int, str]:
+        """Copy each bad record out, then drop its key from the index durably."""
+        backend = self.backend
+        actions: dict[int, str] = {}
+        dropped: list[Slot] = []
+        for slot, reason in bad:
+            try:
+                with open(bucket.data_path, "rb", buffering=0) as f:
+                    raw = os.pread(f.fileno(), slot.length, slot.offset)
+            except OSError as exc:
+                raw, reason = b"", f"{reason}; the bytes could not be read: {exc}"
+            note = {"key": slot.key, "bucket": f"{bucket.id:016x}",
+                    "data_file": bucket.data_path, "record_offset": slot.offset,
+                    "record_length": slot.length, "value_len": slot.size, "seq": slot.seq,
+                    "value_crc": slot.crc, "bytes_copied": len(raw), "reason": reason,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            where = copy_out(backend.quarantine_dir, f"{bucket.id:016x}-{slot.offset:x}",
+                             raw, note)
+            actions[id(slot)] = f"quarantined to {where}, dropped from the index"
+            dropped.append(slot)
+        with backend._lock:
+            for slot in dropped:
+                if slot.flags & FLAGS_GONE:
+                    continue  # deleted meanwhile: already out of the index
+                if backend._keys.get(slot.key) is slot:
+                    del backend._keys[slot.key]
+                bucket.forget(slot, FLAG_QUARANTINED)
+                backend._logical -= slot.size
+            emptied = not bucket.live and not bucket.retired
+            if emptied:
+                backend._retire_locked(bucket)
+        if emptied:
+            backend._remove_files([bucket])
+        else:
+            backend._rewrite_indexes([bucket])
+        return actions
+
+    def _check_blocks(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
+        backend = self.backend
+        with bucket.meta_lock:
+            if bucket.files_gone:
+                return
+            try:
+                actual = (os.stat(bucket.data_path).st_blocks
+                          + os.stat(bucket.index_path).st_blocks) * 512
+            except FileNotFoundError:
+                return  # reported by the index and record checks
+        with backend._lock:
+            counted = bucket.physical
+            if actual == counted or bucket.retired:
+                return
+            if repair:
+                backend._physical += actual - counted
+                bucket.physical = actual
+        report.problems.append(Problem(
+            ProblemKind.ACCOUNTING, f"bucket {bucket.id:016x} occupies {actual} bytes, "
+            f"usage counts {counted}", path=bucket.data_path,
+            action="usage corrected" if repair else None))
+
+
+def _compare(expected: list, on_disk: list) -> str | None:
+    """Why the on-disk entries are not the in-memory ones, or None if they agree.
+
+    A key flagged gone in memory but not yet on disk is a delete whose index rewrite is
+    in flight, not a mismatch.
+    """
+    if len(expected) != len(on_disk):
+        return f"the index lists {len(on_disk)} records, memory {len(expected)}"
+    for mine, theirs in zip(expected, on_disk):
+        if mine[:-1] != theirs[:-1]:
+            return f"the index entry at record offset {theirs.record_offset} differs"
+        if mine.flags != theirs.flags and (theirs.flags & ~mine.flags):
+            return (f"the index flags key {theirs.key!r} gone, memory has it visible")
+    return None

@@ -1,0 +1,199 @@
+"""The bucket index file: what one bucket's data file holds, in a form quick to load.
+
+A bucket's index lists every record its data file holds, in file order, including the
+records that were later deleted or quarantined (flagged, so that ``check`` still knows
+the extent of every record). It is small, written whole and atomically (temporary file,
+fsync, rename, directory fsync), and loaded whole at open. All integers are
+little-endian::
+
+    header (40 bytes)
+    0   4  magic        b"KVSI"
+    4   2  version      INDEX_VERSION (1)
+    6   2  entry_size   ENTRY.size (40): lets a reader refuse a layout it does not know
+    8   8  bucket_id    must match the file name
+    16  8  data_len     bytes of the data file this index covers
+    24  4  count        number of entries
+    28  4  keys_len     bytes of the key blob
+    32  8  created_ns   time.time_ns() when the bucket was written
+
+    count entries (40 bytes each), in record order
+    0   8  record_offset  where the record starts in the data file (a 4 KiB multiple)
+    8   8  value_len
+    16  8  seq            the record's sequence number (as in its header)
+    24  8  write_ns
+    32  4  value_crc      CRC-32C of the value (as in its header)
+    36  2  key_len
+    38  2  flags          bit 0 DELETED, bit 1 QUARANTINED
+
+    keys_len bytes       the keys' UTF-8 bytes, concatenated in entry order
+    4 bytes              CRC-32C of everything before it
+
+One CRC covers the whole file: an index is read whole, so there is nothing to gain from
+checking parts of it separately, and a torn or damaged index is refused as a unit.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from crc32c import crc32c
+from kvstored.backends.record import ALIGN, record_size
+from kvstored.backends.stamp import fsync_dir
+from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.types import MAX_KEY_BYTES
+
+MAGIC = b"KVSI"
+INDEX_VERSION = 1
+HEADER = struct.Struct("<4sHHQQIIQ")
+ENTRY = struct.Struct("<QQQQIHH")
+TRAILER = struct.Struct("<I")
+
+#: The key was deleted; its record stays in the data file until the bucket goes.
+FLAG_DELETED = 0x1
+#: check(repair=True) copied the record to quarantine/ and dropped the key.
+FLAG_QUARANTINED = 0x2
+#: Either flag: the entry names no visible object.
+FLAGS_GONE = FLAG_DELETED | FLAG_QUARANTINED
+
+
+class IndexEntry(NamedTuple):
+    key: str
+    record_offset: int
+    value_len: int
+    seq: int
+    write_ns: int
+    value_crc: int
+    flags: int
+
+
+class IndexHeader(NamedTuple):
+    bucket_id: int
+    data_len: int
+    count: int
+    created_ns: int
+
+
+def index_size(count: int, keys_len: int) -> int:
+    """Bytes of an index of ``count`` entries whose keys total ``keys_len`` bytes."""
+    return HEADER.size + count * ENTRY.size + keys_len + TRAILER.size
+
+
+def encode_index(bucket_id: int, data_len: int, created_ns: int,
+                 entries: Sequence[IndexEntry]) -> bytes:
+    """The bytes of an index file for ``entries`` (in record order)."""
+    keys = [entry.key.encode("utf-8") for entry in entries]
+    keys_len = sum(map(len, keys))
+    out = bytearray(index_size(len(entries), keys_len))
+    HEADER.pack_into(out, 0, MAGIC, INDEX_VERSION, ENTRY.size, bucket_id, data_len,
+                     len(entries), keys_len, created_ns)
+    position = HEADER.size
+    pack = ENTRY.pack_into
+    for entry, key in zip(entries, keys):
+        pack(out, position, entry.record_offset, entry.value_len, entry.seq, entry.write_ns,
+             entry.value_crc, len(key), entry.flags)
+        position += ENTRY.size
+    out[position:position + keys_len] = b"".join(keys)
+    position += keys_len
+    TRAILER.pack_into(out, position, crc32c(memoryview(out)[:position]))
+    return bytes(out)
+
+
+def decode_index_header(data: bytes | memoryview, *, path: str) -> IndexHeader:
+    """Check the whole file's CRC, magic, version and size; return its header."""
+    if len(data) < HEADER.size + TRAILER.size:
+        raise CorruptionError(f"index is truncated ({len(data)} bytes)", path=path)
+    (magic, version, entry_size, bucket_id, data_len, count, keys_len,
+     created_ns) = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptionError(f"index has bad magic {bytes(magic)!r}", path=path)
+    if version != INDEX_VERSION or entry_size != ENTRY.size:
+        raise CorruptionError(
+            f"index has format version {version} (entry size {entry_size}); this kvstored "
+            f"reads version {INDEX_VERSION}: upgrade kvstored to read it", path=path)
+    if len(data) != index_size(count, keys_len):
+        raise CorruptionError(f"index is {len(data)} bytes, its header says "
+                              f"{index_size(count, keys_len)}", path=path)
+    (stored,) = TRAILER.unpack_from(data, len(data) - TRAILER.size)
+    if crc32c(memoryview(data)[:len(data) - TRAILER.size]) != stored:
+        raise CorruptionError("index fails its checksum", path=path)
+    return IndexHeader(bucket_id, data_len, count, created_ns)
+
+
+def decode_entries(data: bytes | memoryview, header: IndexHeader, *,
+                   path: str) -> Iterator[IndexEntry]:
+    """The entries of an index whose header :func:`decode_index_header` accepted.
+
+    Raises :class:`CorruptionError` on an entry that cannot be right even though the
+    CRC matched (a writer bug, or a file crafted by hand): a misaligned or overlapping
+    record, a record past ``data_len``, an impossible key.
+    """
+    view = memoryview(data)
+    entries_end = HEADER.size + header.count * ENTRY.size
+    key_at = entries_end
+    next_free = 0
+    for (offset, value_len, seq, write_ns, value_crc, key_len,
+         flags) in ENTRY.iter_unpack(view[HEADER.size:entries_end]):
+        end = offset + record_size(value_len)
+        if offset % ALIGN or offset < next_free or end > header.data_len:
+            raise CorruptionError(f"index entry at record offset {offset} (value of "
+                                  f"{value_len} bytes) does not fit the data file's "
+                                  f"{header.data_len} bytes in order", path=path)
+        if not 0 < key_len <= MAX_KEY_BYTES:
+            raise CorruptionError(f"index entry at record offset {offset} has an impossible "
+                                  f"key length {key_len}", path=path)
+        try:
+            key = str(view[key_at:key_at + key_len], "utf-8")
+        except UnicodeDecodeError:
+            raise CorruptionError(f"index entry at record offset {offset} has a key that is "
+                                  "not UTF-8", path=path) from None
+        key_at += key_len
+        next_free = end
+        yield IndexEntry(key, offset, value_len, seq, write_ns, value_crc, flags)
+    if key_at != len(data) - TRAILER.size:
+        raise CorruptionError("index key lengths do not add up to its key blob", path=path)
+
+
+def read_index(path: str) -> tuple[IndexHeader, list[IndexEntry]]:
+    """Load and verify the index at ``path`` (OSError if it cannot be read)."""
+    with open(path, "rb", buffering=0) as f:
+        data = f.read()
+    header = decode_index_header(data, path=path)
+    return header, list(decode_entries(data, header, path=path))
+
+
+def write_indexes(directory: str, files: Sequence[tuple[str, str, bytes]]) -> None:
+    """Make each ``(temporary name, final name, bytes)`` durable under ``directory``:
+    every temporary file is written and fsync'd, then renamed over its final name, then
+    the directory is fsync'd once for all of them.
+
+    A crash leaves each final name with its old content or its new one, never a mix;
+    leftover temporary files are removed at the next open. Raises OSError, after
+    removing the temporary files it made.
+    """
+    made: list[str] = []
+    try:
+        for tmp_name, _, data in files:
+            tmp = os.path.join(directory, tmp_name)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            made.append(tmp)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp_name, final_name, _ in files:
+            os.replace(os.path.join(directory, tmp_name), os.path.join(directory, final_name))
+            made.remove(os.path.join(directory, tmp_name))
+    except OSError:
+        for tmp in made:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    fsync_dir(directory)

@@ -1,0 +1,189 @@
+"""Moving records between memory and bucket data files through the io engine.
+
+Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple (the
+record format of backends/record.py with its value padded to 4 KiB). Every item handed
+to the engine starts and ends on a 4 KiB boundary: header blocks and the zero-padded last
+block of each value are built in page-aligned scratch memory, and the value's whole
+blocks go straight from the caller's buffer. With O_DIRECT nothing then needs a
+read-modify-write, and the caller's memory is bounced only if it is itself unaligned.
+
+Reading: every record asked for in one call is read in one engine submission. A small
+value is read together with its header block in one contiguous read into scratch memory,
+checked, and only then copied to the caller. A large value (over
+:data:`SPLIT_READ_MIN`) is read as its header block, its whole blocks straight into the
+caller's buffer and its last partial block, all adjacent and all in the same submission:
+this saves copying megabytes for the price of a second request. Either way the header
+CRC (header and key) and the value CRC are both checked, and the header must name the
+key, size and sequence number the index holds. A record that fails is reported CORRUPT,
+and the caller's bytes are zeroed rather than left holding a value that failed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from crc32c import crc32c
+from kvstored.backends.bucket.state import Slot
+from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up, decode_header, encode_header
+from kvstored.native import IoEngine, IoError, IoFile
+from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.types import ReadStatus
+
+#: Values larger than this are read straight into the caller's buffer (see above).
+SPLIT_READ_MIN = 64 * 1024
+
+# Scratch memory up to this size is kept by its thread for the next call: touching
+# fresh pages is slow (DESIGN.md), and a thread's batches tend to look alike.
+_KEEP_SCRATCH_BYTES = 64 << 20
+
+
+class _Scratch(threading.local):
+    """Each thread's page-aligned scratch memory, grown on demand and reused."""
+
+    def __init__(self) -> None:
+        self.memory: mmap.mmap | None = None
+
+    def take(self, size: int) -> memoryview:
+        if self.memory is not None and len(self.memory) >= size:
+            return memoryview(self.memory)[:size]
+        fresh = mmap.mmap(-1, max(1 << max(size - 1, 0).bit_length(), 1 << 20))
+        if len(fresh) <= _KEEP_SCRATCH_BYTES:
+            self.memory = fresh
+        return memoryview(fresh)[:size]
+
+
+_scratch = _Scratch()
+
+
+class NewRecord(NamedTuple):
+    """A record about to be written: where, and what its header says."""
+
+    offset: int
+    key_bytes: bytes
+    value: memoryview
+    seq: int
+    write_ns: int
+    crc: int
+
+
+def write_items(buckets: Sequence[tuple[IoFile, Sequence[NewRecord]]]
+                ) -> list[tuple[IoFile, int, memoryview]]:
+    """The engine write items that lay each bucket's records into its file, every item
+    4 KiB-aligned, for one submission.
+
+    The header blocks and padded tails live in this thread's scratch memory, which stays
+    valid until the thread's next call into this module: submit them before that.
+    """
+    blocks = sum(1 + (1 if r.value.nbytes % ALIGN else 0)
+                 for _, records in buckets for r in records)
+    scratch = _scratch.take(blocks * ALIGN)
+    items: list[tuple[IoFile, int, memoryview]] = []
+    at = 0
+    for file, records in buckets:
+        for record in records:
+            head = scratch[at:at + ALIGN]
+            at += ALIGN
+            head[:] = encode_header(record.key_bytes, record.value.nbytes, record.seq,
+                                    record.crc, write_ns=record.write_ns)
+            items.append((file, record.offset, head))
+            whole = record.value.nbytes & ~(ALIGN - 1)
+            if whole:
+                items.append((file, record.offset + VALUE_OFFSET, record.value[:whole]))
+            rest = record.value.nbytes - whole
+            if rest:
+                tail = scratch[at:at + ALIGN]
+                at += ALIGN
+                tail[:rest] = record.value[whole:]
+                tail[rest:] = bytes(ALIGN - rest)
+                items.append((file, record.offset + VALUE_OFFSET + whole, tail))
+    return items
+
+
+class ReadOutcome(NamedTuple):
+    """The value's length, or a negative ReadStatus and why."""
+
+    status: int
+    reason: str | None = None
+
+
+def read_records(engine: IoEngine,
+                 requests: Sequence[tuple[Slot, IoFile, memoryview]]) -> list[ReadOutcome]:
+    """Read and verify each ``(slot, file, destination)`` in one engine submission.
+
+    On success the value is in ``destination[:slot.size]`` and the outcome is its size;
+    otherwise ``CORRUPT`` (with the reason) or ``IO_ERROR``. Destinations must be byte
+    views at least ``slot.size`` long.
+    """
+    need = 0
+    for slot, _, _ in requests:
+        need += (VALUE_OFFSET + align_up(slot.size) if slot.size <= SPLIT_READ_MIN
+                 else VALUE_OFFSET + (ALIGN if slot.size % ALIGN else 0))
+    scratch = _scratch.take(need)
+    items: list[tuple[IoFile, int, memoryview]] = []
+    # Per request: (first item, item count, header view, contiguous view or None,
+    # tail view or None).
+    plans = []
+    at = 0
+    for slot, file, dest in requests:
+        first = len(items)
+        if slot.size <= SPLIT_READ_MIN:
+            span = scratch[at:at + VALUE_OFFSET + align_up(slot.size)]
+            at += span.nbytes
+            items.append((file, slot.offset, span))
+            plans.append((first, 1, span[:VALUE_OFFSET], span, None))
+            continue
+        head = scratch[at:at + VALUE_OFFSET]
+        at += VALUE_OFFSET
+        items.append((file, slot.offset, head))
+        whole = slot.size & ~(ALIGN - 1)
+        items.append((file, slot.offset + VALUE_OFFSET, dest[:whole]))
+        tail = None
+        if slot.size != whole:
+            tail = scratch[at:at + ALIGN]
+            at += ALIGN
+            items.append((file, slot.offset + VALUE_OFFSET + whole, tail))
+        plans.append((first, len(items) - first, head, None, tail))
+    results = engine.read(items)
+    outcomes = []
+    for (slot, _, dest), (first, count, head, span, tail) in zip(requests, plans):
+        got = results[first:first + count]
+        outcome = _verify(slot, dest, got, [item[2].nbytes for item in items[first:first + count]],
+                          head, span, tail)
+        if outcome.status < 0 and span is None:
+            dest[:slot.size] = bytes(slot.size)  # never leave failed bytes in the buffer
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _verify(slot: Slot, dest: memoryview, got: list[int | IoError], wanted: list[int],
+            head: memoryview, span: memoryview | None,
+            tail: memoryview | None) -> ReadOutcome:
+    for result in got:
+        if isinstance(result, IoError):
+            return ReadOutcome(ReadStatus.IO_ERROR, str(result))
+    if any(result < want for result, want in zip(got, wanted)):
+        return ReadOutcome(ReadStatus.CORRUPT, "the record is cut short (the data file is "
+                                               "shorter than the index says)")
+    try:
+        header = decode_header(head, offset=slot.offset)
+    except CorruptionError as exc:
+        return ReadOutcome(ReadStatus.CORRUPT, exc.message)
+    if (header.key != slot.key or header.seq != slot.seq or header.value_len != slot.size
+            or header.value_crc != slot.crc or header.tombstone):
+        return ReadOutcome(ReadStatus.CORRUPT, "the record header does not match the index "
+                                               f"(key {header.key!r}, seq {header.seq})")
+    if span is not None:
+        value = span[VALUE_OFFSET:VALUE_OFFSET + slot.size]
+        if crc32c(value) != slot.crc:
+            return ReadOutcome(ReadStatus.CORRUPT, "the value fails its checksum")
+        dest[:slot.size] = value
+        return ReadOutcome(slot.size)
+    whole = slot.size & ~(ALIGN - 1)
+    if tail is not None:
+        dest[whole:slot.size] = tail[:slot.size - whole]
+    if crc32c(dest[:slot.size]) != slot.crc:
+        return ReadOutcome(ReadStatus.CORRUPT, "the value fails its checksum")
+    return ReadOutcome(slot.size)
