@@ -7,7 +7,7 @@ share state: each thread keeps its own workspace, and cffi releases the GIL duri
 
 When the compiled core is missing (a build without a C compiler), ``Replay`` falls back to
 the pure-Python replay of ``refsim``: the same numbers for fifo, lru and optimal, far
-slower; ``s3fifo`` and ``tiered`` then raise CoreUnavailableError.
+slower; ``s3fifo`` and ``tiered`` then raise UnavailableError.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from kvstored.tools import refsim
-from kvstored.tools.errors import CoreUnavailableError
+from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace
 
 try:
@@ -85,7 +85,7 @@ class Replay:
         if engine == "auto":
             engine = "c" if core_available() else "python"
         if engine == "c" and not core_available():
-            raise CoreUnavailableError(
+            raise UnavailableError(
                 f"the compiled simulator core is missing ({CORE_IMPORT_ERROR}); reinstall "
                 "kvstored with a C compiler present (pip install -e .)")
         self.engine = engine
@@ -99,6 +99,7 @@ class Replay:
         self.unique_blocks = len(self.parent) - 1
         self.next_use = self._next_use() if next_use else None
         self._local = threading.local()
+        self._workspaces: list = []
 
     def _next_use(self) -> np.ndarray:
         if self.engine == "python":
@@ -143,7 +144,7 @@ class Replay:
             raise ValueError("this Replay was prepared without next_use; optimal needs it")
         if self.engine == "python":
             if spec.policy not in REFERENCE_POLICIES:
-                raise CoreUnavailableError(
+                raise UnavailableError(
                     f"policy {spec.policy} needs the compiled simulator core "
                     f"({CORE_IMPORT_ERROR}); reinstall kvstored with a C compiler present")
             return refsim.run(self, spec)
@@ -171,7 +172,20 @@ class Replay:
             if ws == ffi.NULL:
                 raise MemoryError("cannot allocate a simulator workspace")
             self._local.ws = ws
+            self._workspaces.append(ws)
         return ws
+
+    def memory_bytes(self) -> dict:
+        """What the replay holds beyond the trace's input arrays, in bytes: the trie (the
+        node of each event, the parent of each node), the next-use index, and the
+        workspaces of the threads that ran replays (their largest use so far)."""
+        trie = self.node_of_event.nbytes + len(self.parent) * 4
+        next_use = self.next_use.nbytes if self.next_use is not None else 0
+        workspaces = sum(lib.sim_workspace_bytes(ws) for ws in self._workspaces) \
+            if lib is not None else 0
+        total = trie + next_use + workspaces
+        return {"trieBytes": trie, "nextUseBytes": next_use, "workspaceBytes": workspaces,
+                "totalBytes": total, "bytesPerEvent": total / max(1, self.events)}
 
 
 def build_trie(ids: np.ndarray, offsets: np.ndarray, engine: str = "c"

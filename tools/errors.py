@@ -41,7 +41,7 @@ class UsageProblem(ToolError):
     exit_code = ExitCode.USAGE
 
 
-class CoreUnavailableError(ToolError):
-    """The compiled replay core is missing and the caller asked for it explicitly."""
+class UnavailableError(ToolError):
+    """Something the request needs is not installed: the compiled replay core, matplotlib."""
 
     exit_code = ExitCode.UNAVAILABLE

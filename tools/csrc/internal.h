@@ -9,15 +9,10 @@
 
 #include "simcore.h"
 
-/* Where a cached node sits in its engine; 0 in node_ref.slot means "not cached". */
-typedef struct {
-    uint32_t slot; /* index into the engine's slot array, 0 when absent */
-    uint32_t kids; /* children of this node cached in the same engine (present or not) */
-} node_ref;
-
 /* Named scratch buffers: each engine asks for the ones it uses. */
 enum ws_buffer {
-    WS_REF_A, WS_REF_B,       /* node_ref per node, one array per tier */
+    WS_REF_A, WS_REF_B,       /* slot of each node (u32), one array per tier */
+    WS_KIDS_A, WS_KIDS_B,     /* children counts per node, for the tiers of `tiered` */
     WS_BYTES,                 /* one byte per node (fifo presence, ceiling) */
     WS_STAMP,                 /* u32 per node (s3fifo ghost stamps) */
     WS_SLOT_A, WS_SLOT_B,     /* slot arrays, capacity-sized */

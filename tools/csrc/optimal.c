@@ -14,6 +14,7 @@ typedef struct {
     uint32_t key;   /* next use */
     uint32_t pos;   /* heap position when OPT_IN_HEAP; free-list link when unused */
     uint32_t state;
+    uint32_t kids;  /* cached children (a node with one is always cached itself) */
 } opt_slot;
 
 typedef struct {
@@ -21,7 +22,7 @@ typedef struct {
 } opt_entry;
 
 typedef struct {
-    node_ref *ref;
+    uint32_t *slot_of;   /* per node, 0 when not cached */
     opt_slot *s;
     opt_entry *heap;
     uint32_t *stack;
@@ -105,14 +106,14 @@ static void insert(opt_cache *c, uint32_t node, uint32_t key) {
     x->node = node;
     x->key = key;
     x->state = 0;
-    c->ref[node].slot = slot;
+    x->kids = 0;
+    c->slot_of[node] = slot;
     c->used++;
-    if (c->ref[node].kids == 0) heap_push(c, slot);
+    heap_push(c, slot);
     uint32_t up = c->parent[node];
     if (up) {
-        node_ref *pr = &c->ref[up];
-        if (pr->kids++ == 0 && pr->slot && (c->s[pr->slot].state & OPT_IN_HEAP))
-            heap_remove(c, pr->slot);
+        opt_slot *px = &c->s[c->slot_of[up]];
+        if (px->kids++ == 0 && (px->state & OPT_IN_HEAP)) heap_remove(c, c->slot_of[up]);
     }
 }
 
@@ -142,15 +143,15 @@ static int evict(opt_cache *c, uint32_t candidate) {
     if (at == UINT32_MAX || c->heap[at].key <= candidate) return 0;
     uint32_t slot = c->heap[at].slot, node = c->heap[at].node;
     heap_remove(c, slot);
-    c->ref[node].slot = 0;
+    c->slot_of[node] = 0;
     c->s[slot].pos = c->free_head;
     c->free_head = slot;
     c->used--;
     c->evictions++;
     uint32_t up = c->parent[node];
     if (up) {
-        node_ref *pr = &c->ref[up];
-        if (--pr->kids == 0 && pr->slot) heap_push(c, pr->slot);
+        uint32_t up_slot = c->slot_of[up];
+        if (--c->s[up_slot].kids == 0) heap_push(c, up_slot);
     }
     return 1;
 }
@@ -161,11 +162,11 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
     c.capacity = f->p->capacity;
     c.parent = t->parent;
     c.fresh = 1;
-    c.ref = ws_get(ws, WS_REF_A, (size_t)t->n_nodes * sizeof(node_ref), 1);
+    c.slot_of = ws_get(ws, WS_REF_A, (size_t)t->n_nodes * sizeof(uint32_t), 1);
     c.s = ws_get(ws, WS_SLOT_A, ((size_t)c.capacity + 1) * sizeof(opt_slot), 0);
     c.heap = ws_get(ws, WS_HEAP_A, ((size_t)c.capacity + 1) * sizeof(opt_entry), 0);
     c.stack = ws_get(ws, WS_STACK_A, ((size_t)c.capacity + 2) * sizeof(uint32_t), 0);
-    if (!c.ref || !c.s || !c.heap || !c.stack) return SIM_ENOMEM;
+    if (!c.slot_of || !c.s || !c.heap || !c.stack) return SIM_ENOMEM;
     const uint32_t *next = t->next_use;
     for (int64_t r = 0; r < t->n_req; r++) {
         int rc = frame_begin(f, r);
@@ -174,7 +175,7 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
         int alive = 1;
         int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (measured) {
                 f->out->total_tokens += t->tokens[i];
                 if (alive && slot) f->out->hit_tokens += t->tokens[i];
@@ -183,15 +184,15 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
             else if (!slot) alive = 0;
         }
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (slot) c.s[slot].state |= OPT_PROT;
         }
         for (int64_t i = lo; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
-            if (c.ref[node].slot) continue;
+            if (c.slot_of[node]) continue;
             if (c.used >= c.capacity && !evict(&c, next[i])) break;
             uint32_t up = t->parent[node];
-            if (c.used < c.capacity && (up == 0 || c.ref[up].slot)) {
+            if (c.used < c.capacity && (up == 0 || c.slot_of[up])) {
                 insert(&c, node, next[i]);
                 if (c.used >= c.capacity && !measured) f->filled = 1;
             } else {
@@ -199,7 +200,7 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
             }
         }
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (slot) c.s[slot].state &= ~(uint32_t)OPT_PROT;
         }
     }

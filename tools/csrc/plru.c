@@ -1,14 +1,18 @@
 /* The prefix LRU tier (see plru.h) and the single-tier `lru` policy. */
 #include "plru.h"
 
-int plru_init(plru *t, sim_workspace *ws, int ref_buf, int slot_buf, int heap_buf,
-              int stack_buf, const sim_trace *trace, uint32_t capacity) {
+int plru_init(plru *t, sim_workspace *ws, int ref_buf, int kids_buf, int slot_buf,
+              int heap_buf, int stack_buf, const sim_trace *trace, uint32_t capacity) {
     memset(t, 0, sizeof(*t));
-    t->ref = ws_get(ws, ref_buf, (size_t)trace->n_nodes * sizeof(node_ref), 1);
+    t->slot_of = ws_get(ws, ref_buf, (size_t)trace->n_nodes * sizeof(uint32_t), 1);
+    if (kids_buf >= 0) {
+        t->kids = ws_get(ws, kids_buf, (size_t)trace->n_nodes * sizeof(uint32_t), 1);
+        if (!t->kids) return SIM_ENOMEM;
+    }
     t->s = ws_get(ws, slot_buf, ((size_t)capacity + 1) * sizeof(plru_slot), 0);
     t->heap = ws_get(ws, heap_buf, ((size_t)capacity + 1) * sizeof(uint32_t), 0);
     t->stack = ws_get(ws, stack_buf, ((size_t)capacity + 2) * sizeof(uint32_t), 0);
-    if (!t->ref || !t->s || !t->heap || !t->stack) return SIM_ENOMEM;
+    if (!t->slot_of || !t->s || !t->heap || !t->stack) return SIM_ENOMEM;
     t->parent = trace->parent;
     t->capacity = capacity;
     t->fresh = 1;
@@ -112,7 +116,7 @@ static uint32_t list_first_evictable(plru *t) {
     while (at) {
         plru_slot *x = &t->s[at];
         uint32_t next = x->next;
-        if (t->ref[x->node].kids) {
+        if (*plru_kids(t, x->node, at)) {
             list_unlink(t, at);
             set_where(x, PL_PARKED);
         } else if (!(x->state & PL_PROT)) {
@@ -149,18 +153,19 @@ void plru_insert(plru *t, uint32_t node) {
     x->node = node;
     x->key = ++t->clock;
     x->state = PL_LIST;
+    x->kids = 0;
     list_append(t, slot);
-    t->ref[node].slot = slot;
+    t->slot_of[node] = slot;
     t->used++;
     uint32_t up = t->parent[node];
-    if (up) {
-        node_ref *pr = &t->ref[up];
-        if (pr->kids++ == 0 && pr->slot) {
-            plru_slot *px = &t->s[pr->slot];
-            if ((px->state & PL_WHERE) == PL_HEAP) {
-                heap_remove(t, pr->slot);
-                set_where(px, PL_PARKED);
-            }
+    if (!up) return;
+    uint32_t up_slot = t->slot_of[up];
+    if (!t->kids && !up_slot) return; /* cannot happen in a single tier */
+    if ((*plru_kids(t, up, up_slot))++ == 0 && up_slot) {
+        plru_slot *px = &t->s[up_slot];
+        if ((px->state & PL_WHERE) == PL_HEAP) {
+            heap_remove(t, up_slot);
+            set_where(px, PL_PARKED);
         }
     }
 }
@@ -178,20 +183,20 @@ uint32_t plru_evict(plru *t) {
         heap_remove(t, b);
     }
     uint32_t node = t->s[victim].node;
-    t->ref[node].slot = 0;
+    t->slot_of[node] = 0;
     t->s[victim].next = t->free_head;
     t->free_head = victim;
     t->used--;
     t->evictions++;
     uint32_t up = t->parent[node];
-    if (up) {
-        node_ref *pr = &t->ref[up];
-        if (--pr->kids == 0 && pr->slot) {
-            plru_slot *px = &t->s[pr->slot];
-            if ((px->state & PL_WHERE) == PL_PARKED) {
-                set_where(px, PL_HEAP);
-                heap_push(t, pr->slot);
-            }
+    if (!up) return node;
+    uint32_t up_slot = t->slot_of[up];
+    if (!t->kids && !up_slot) return node; /* cannot happen in a single tier */
+    if (--(*plru_kids(t, up, up_slot)) == 0 && up_slot) {
+        plru_slot *px = &t->s[up_slot];
+        if ((px->state & PL_WHERE) == PL_PARKED) {
+            set_where(px, PL_HEAP);
+            heap_push(t, up_slot);
         }
     }
     return node;
@@ -202,7 +207,7 @@ uint32_t plru_evict(plru *t) {
 int run_lru(sim_workspace *ws, replay_frame *f) {
     const sim_trace *t = f->t;
     plru tier;
-    int rc = plru_init(&tier, ws, WS_REF_A, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
+    int rc = plru_init(&tier, ws, WS_REF_A, -1, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
                        f->p->capacity);
     if (rc) return rc;
     for (int64_t r = 0; r < t->n_req; r++) {

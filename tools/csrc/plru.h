@@ -24,10 +24,15 @@ typedef struct {
     uint32_t prev;  /* list link, or the heap position when PL_HEAP */
     uint32_t next;  /* list link, or the free-list link when unused */
     uint32_t state; /* PL_LIST | PL_PARKED | PL_HEAP, plus PL_PROT */
+    uint32_t kids;  /* cached children, when the tier keeps them in slots */
 } plru_slot;
 
+/* Children counts: a single tier keeps them in the slots (a node with a cached child is
+ * always cached itself there), costing nothing per node; the tiers of `tiered` count the
+ * children of nodes they do not hold too, so they keep one counter per node. */
 typedef struct {
-    node_ref *ref;           /* per node */
+    uint32_t *slot_of;       /* per node: its slot, 0 when not cached */
+    uint32_t *kids;          /* per node children counts, or NULL: in the slots */
     plru_slot *s;            /* [1..capacity]; 0 is the nil link */
     uint32_t *heap;          /* slots of parked leaves, min-heap by key */
     uint32_t *stack;         /* scratch for the protected-aware heap search */
@@ -38,11 +43,17 @@ typedef struct {
 } plru;
 
 /* Set up an empty tier over n_nodes nodes; buffers come from the workspace. */
-int plru_init(plru *t, sim_workspace *ws, int ref_buf, int slot_buf, int heap_buf,
-              int stack_buf, const sim_trace *trace, uint32_t capacity);
+int plru_init(plru *t, sim_workspace *ws, int ref_buf, int kids_buf, int slot_buf,
+              int heap_buf, int stack_buf, const sim_trace *trace, uint32_t capacity);
 
 static inline uint32_t plru_slot_of(const plru *t, uint32_t node) {
-    return t->ref[node].slot;
+    return t->slot_of[node];
+}
+
+/* The children counter of a node; `slot` is its slot (0 allowed only with per-node
+ * counters). */
+static inline uint32_t *plru_kids(plru *t, uint32_t node, uint32_t slot) {
+    return t->kids ? &t->kids[node] : &t->s[slot].kids;
 }
 
 /* Refresh a cached node's recency. */

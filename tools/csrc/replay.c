@@ -12,6 +12,12 @@ void sim_workspace_free(sim_workspace *ws) {
     free(ws);
 }
 
+int64_t sim_workspace_bytes(const sim_workspace *ws) {
+    int64_t total = 0;
+    for (int i = 0; i < WS_COUNT; i++) total += (int64_t)ws->size[i];
+    return total;
+}
+
 void *ws_get(sim_workspace *ws, int which, size_t bytes, int zero) {
     if (bytes == 0) bytes = 1;
     if (ws->size[which] < bytes) {

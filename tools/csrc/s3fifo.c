@@ -26,6 +26,7 @@ typedef struct {
     uint8_t queue;  /* Q_NONE for non-leaves */
     uint8_t prot;
     uint32_t free_next;
+    uint32_t kids;  /* cached children (a node with one is always cached itself) */
 } s3_slot;
 
 typedef struct {
@@ -39,7 +40,7 @@ typedef struct {
 } s3_deque;
 
 typedef struct {
-    node_ref *ref;
+    uint32_t *slot_of;      /* per node, 0 when not cached */
     s3_slot *s;
     uint32_t *stamp;        /* per node: the ghost entry remembering it, 0 if none */
     s3_entry *ghost;        /* ring of (node, stamp) */
@@ -138,7 +139,8 @@ static int insert(s3_cache *c, uint32_t node) {
     x->freq = 0;
     x->prot = 0;
     x->queue = Q_NONE;
-    c->ref[node].slot = slot;
+    x->kids = 0;
+    c->slot_of[node] = slot;
     c->used++;
     int queue = Q_SMALL;
     if (c->stamp[node]) {
@@ -147,8 +149,8 @@ static int insert(s3_cache *c, uint32_t node) {
     }
     uint32_t up = c->parent[node];
     if (up) {
-        node_ref *pr = &c->ref[up];
-        if (pr->kids++ == 0 && pr->slot) dequeue(c, pr->slot);
+        uint32_t up_slot = c->slot_of[up];
+        if (c->s[up_slot].kids++ == 0) dequeue(c, up_slot);
     }
     return enqueue(c, slot, queue, 0);
 }
@@ -159,7 +161,7 @@ static int release(s3_cache *c, uint32_t slot, int from_small) {
     uint32_t node = x->node;
     dequeue(c, slot);
     x->gen++;
-    c->ref[node].slot = 0;
+    c->slot_of[node] = 0;
     x->free_next = c->free_head;
     c->free_head = slot;
     c->used--;
@@ -167,8 +169,8 @@ static int release(s3_cache *c, uint32_t slot, int from_small) {
     if (from_small) ghost_remember(c, node);
     uint32_t up = c->parent[node];
     if (up) {
-        node_ref *pr = &c->ref[up];
-        if (--pr->kids == 0 && pr->slot) return enqueue(c, pr->slot, Q_MAIN, 1);
+        uint32_t up_slot = c->slot_of[up];
+        if (--c->s[up_slot].kids == 0) return enqueue(c, up_slot, Q_MAIN, 1);
     }
     return SIM_OK;
 }
@@ -221,11 +223,11 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
     c.parent = t->parent;
     c.fresh = 1;
     c.ghost_cap = c.capacity > c.small_target ? c.capacity - c.small_target : 1;
-    c.ref = ws_get(ws, WS_REF_A, (size_t)t->n_nodes * sizeof(node_ref), 1);
+    c.slot_of = ws_get(ws, WS_REF_A, (size_t)t->n_nodes * sizeof(uint32_t), 1);
     c.stamp = ws_get(ws, WS_STAMP, (size_t)t->n_nodes * sizeof(uint32_t), 1);
     c.s = ws_get(ws, WS_SLOT_A, ((size_t)c.capacity + 1) * sizeof(s3_slot), 1);
     c.ghost = ws_get(ws, WS_RING_C, (size_t)c.ghost_cap * sizeof(s3_entry), 0);
-    if (!c.ref || !c.stamp || !c.s || !c.ghost) return SIM_ENOMEM;
+    if (!c.slot_of || !c.stamp || !c.s || !c.ghost) return SIM_ENOMEM;
     if (deque_init(&c, &c.small, WS_RING_A, c.small_target * 2ull) ||
         deque_init(&c, &c.main, WS_RING_B, (uint64_t)c.capacity + 1))
         return SIM_ENOMEM;
@@ -236,7 +238,7 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
         int alive = 1;
         int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (measured) {
                 f->out->total_tokens += t->tokens[i];
                 if (alive && slot) f->out->hit_tokens += t->tokens[i];
@@ -248,19 +250,19 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
             }
         }
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (slot) c.s[slot].prot = 1;
         }
         for (int64_t i = lo; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
-            if (c.ref[node].slot) continue;
+            if (c.slot_of[node]) continue;
             if (c.used >= c.capacity) {
                 int ev = evict(&c);
                 if (ev < 0) return ev;
                 if (!ev) break;
             }
             uint32_t up = t->parent[node];
-            if (c.used < c.capacity && (up == 0 || c.ref[up].slot)) {
+            if (c.used < c.capacity && (up == 0 || c.slot_of[up])) {
                 if (insert(&c, node) != SIM_OK) return SIM_ENOMEM;
                 if (c.used >= c.capacity && !measured) f->filled = 1;
             } else {
@@ -268,7 +270,7 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
             }
         }
         for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.ref[t->node_of_event[i]].slot;
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
             if (slot) c.s[slot].prot = 0;
         }
     }

@@ -85,8 +85,18 @@ int sim_ceiling(const sim_trace *trace, sim_result *out);
 int sim_run(sim_workspace *ws, const sim_trace *trace, const sim_params *params,
             sim_result *out);
 
+/* Histogram of reuse gaps: each event whose node an earlier request touched adds 1 to the
+ * bin of (its request's time - the time of the last request touching the node). Bins are
+ * [edges[k], edges[k+1]) for k < n_edges - 1; gaps beyond either end go to the end bins.
+ * Returns a sim_status. */
+int sim_reuse_gaps(const uint32_t *node_of_event, const int64_t *req_off, int64_t n_req,
+                   const double *request_time, int64_t n_nodes, const double *edges,
+                   int64_t n_edges, uint64_t *counts);
+
 /* Scratch memory reused across runs, so that repeated runs do not pay for fresh pages. */
 sim_workspace *sim_workspace_new(void);
 void sim_workspace_free(sim_workspace *ws);
+/* Bytes the workspace holds now (for memory accounting). */
+int64_t sim_workspace_bytes(const sim_workspace *ws);
 
 #endif

@@ -85,10 +85,10 @@ int run_tiered(sim_workspace *ws, replay_frame *f) {
     memset(&x, 0, sizeof(x));
     x.t = t;
     x.write_through = p->write_through;
-    int rc = plru_init(&x.dram, ws, WS_REF_A, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
-                       p->capacity);
-    if (!rc) rc = plru_init(&x.ssd, ws, WS_REF_B, WS_SLOT_B, WS_HEAP_B, WS_STACK_B, t,
-                            p->ssd_capacity);
+    int rc = plru_init(&x.dram, ws, WS_REF_A, WS_KIDS_A, WS_SLOT_A, WS_HEAP_A, WS_STACK_A,
+                       t, p->capacity);
+    if (!rc) rc = plru_init(&x.ssd, ws, WS_REF_B, WS_KIDS_B, WS_SLOT_B, WS_HEAP_B,
+                            WS_STACK_B, t, p->ssd_capacity);
     if (rc) return rc;
     if (!p->capacity && !p->ssd_capacity) return SIM_EINVAL;
     plru *fill = p->capacity ? &x.dram : &x.ssd;

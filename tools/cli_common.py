@@ -1,0 +1,102 @@
+"""What ``kvstore sim`` and ``kvstore trace`` share: error handling, progress, options."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import click
+from kvstored.tools.errors import ToolError, UsageProblem
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvstored.cli.exitcodes import ExitCode
+from kvstored.units import parse_size
+
+FORMAT_CHOICE = click.Choice(["auto", "mooncake", "sessions", "bailian", "binary"])
+
+
+def reports_errors(command: Callable) -> Callable:
+    """Turn the tools' errors into one line on stderr and their exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except ToolError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(int(exc.exit_code))
+        except MemoryError as exc:
+            click.echo(f"error: out of memory ({exc}); try a smaller trace or --jobs 1",
+                       err=True)
+            sys.exit(int(ExitCode.FAILURE))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(int(ExitCode.INTERRUPTED))
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] | None]:
+    """A progress callback drawing on stderr, shown only on a terminal and only once the
+    work has taken more than half a second."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+        "{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console, transient=True)
+    started = time.monotonic()
+    task = bar.add_task("starting", total=1.0)
+    shown = False
+
+    def update(done: float, total: float, label: str) -> None:
+        nonlocal shown
+        if not shown and time.monotonic() - started > 0.5:
+            bar.start()
+            shown = True
+        bar.update(task, completed=done / total if total else 0.0, description=label)
+
+    try:
+        yield update
+    finally:
+        if shown:
+            bar.stop()
+
+
+def split_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_gib(text: str) -> float:
+    """A budget: a size (``512GiB``, ``2TiB``, ``500GB``) or a bare number of GiB."""
+    text = text.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    try:
+        return parse_size(text) / (1 << 30)
+    except ValueError as exc:
+        raise UsageProblem(f"{exc}; a bare number means GiB") from None
+
+
+def parse_gib_list(text: str | None) -> list[float] | None:
+    parts = split_list(text)
+    return None if parts is None else [parse_gib(p) for p in parts]
+
+
+def parse_int_list(text: str | None, what: str) -> list[int] | None:
+    parts = split_list(text)
+    if parts is None:
+        return None
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise UsageProblem(f"{what} takes whole numbers separated by commas, got {text!r}") \
+            from None

@@ -1,0 +1,131 @@
+"""``kvstore sim``: the hit-rate simulator on the command line (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from kvstored.tools import html_report, models, plots, report_table, tiered
+from kvstored.tools.cli_common import (
+    FORMAT_CHOICE,
+    parse_gib,
+    parse_gib_list,
+    parse_int_list,
+    progress_bar,
+    reports_errors,
+    split_list,
+)
+from kvstored.tools.errors import UsageProblem
+from kvstored.tools.simulate import SimOptions, simulate
+from rich.console import Console
+from rich.table import Table
+
+
+def _list_models(models_file: Path | None, as_json: bool) -> None:
+    table = models.load(models_file)
+    rows = table.rows()
+    if as_json:
+        click.echo(json.dumps({"precisions": table.precisions, "models": rows}, indent=1))
+        return
+    out = Table(header_style="bold", title="KV-cache bytes per token")
+    for name in ("model", "formula", "shape", *table.precisions):
+        out.add_column(name, justify="left" if name in ("model", "formula", "shape") else
+                       "right")
+    for row in rows:
+        shape = " ".join(f"{k}={v}" for k, v in row["shape"].items())
+        out.add_row(row["id"], row["formula"], shape,
+                    *[f"{row['bytesPerToken'][p]:,.0f}" for p in table.precisions])
+    Console().print(out)
+
+
+@click.command("sim")
+@click.argument("traces", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True,
+              help="Trace format; auto looks at the first record.")
+@click.option("--block-size", type=click.IntRange(min=1),
+              help="Tokens per block when the trace does not say (default: 512 Mooncake, "
+                   "16 Bailian, 64 sessions).")
+@click.option("--model", help="Model whose KV bytes per token size the blocks "
+                              "(--list-models).")
+@click.option("--bytes-per-token", type=float, help="KV bytes per token, instead of --model.")
+@click.option("--precision", type=click.Choice(["bf16", "fp8", "fp4"]), default="bf16",
+              show_default=True, help="KV precision of --model.")
+@click.option("--models-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="A TOML model table adding to or overriding the packaged one.")
+@click.option("--budgets", help="Cache budgets, e.g. 1GiB,512GiB,2TiB (a bare number is GiB); "
+                                "default 1 GiB to 16 TiB in powers of two.")
+@click.option("--blocks", help="Capacities in blocks instead of --budgets, e.g. 100,1000.")
+@click.option("--policies", default="fifo,lru,optimal", show_default=True,
+              help="Among fifo, lru, optimal, s3fifo, tiered.")
+@click.option("--warmup", type=float, default=0.5, show_default=True,
+              help="Share of the requests that only warm the cache.")
+@click.option("--ssd", help="tiered: the SSD tier's size, e.g. 2TiB (DRAM is each budget).")
+@click.option("--ssd-blocks", type=click.IntRange(min=0), help="tiered: SSD size in blocks.")
+@click.option("--tier-mode", type=click.Choice(["write-through", "offload"]),
+              default="write-through", show_default=True,
+              help="tiered: write new blocks to the SSD at once, or when DRAM evicts them.")
+@click.option("--promotion/--no-promotion", default=True, show_default=True,
+              help="tiered: copy SSD hits back into DRAM.")
+@click.option("--prefill-tps", type=float, default=tiered.DEFAULT_PREFILL_TOKENS_PER_S,
+              show_default=True, help="TTFT model: prefill throughput, tokens/s.")
+@click.option("--dram-gbps", type=float, default=tiered.DEFAULT_DRAM_GBPS, show_default=True,
+              help="TTFT model: DRAM-to-GPU load bandwidth, GB/s.")
+@click.option("--ssd-gbps", type=float, default=tiered.DEFAULT_SSD_GBPS, show_default=True,
+              help="TTFT model: SSD-to-GPU load bandwidth, GB/s.")
+@click.option("--knee", "knee_per_tib", type=float, default=0.5, show_default=True,
+              help="Recommended budget: where more capacity adds less than this ideal "
+                   "speedup per TiB.")
+@click.option("--knee-policy", help="Policy the recommendation follows (default: tiered, "
+                                    "else lru, else the first).")
+@click.option("--jobs", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Replays run at once on threads (0: one per CPU). Each thread keeps its "
+                   "own workspace, about 4 bytes per unique block.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a PNG of hit rate and speedup against budget.")
+@click.option("--html", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a self-contained HTML report.")
+@click.option("--list-models", is_flag=True, help="Print the model table and exit.")
+@reports_errors
+def sim(traces, fmt, block_size, model, bytes_per_token, precision, models_file, budgets,
+        blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion, prefill_tps,
+        dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, plot, html,
+        list_models):
+    """Simulate the KV-cache hit rate of TRACE... against cache budgets and policies.
+
+    \b
+    TRACE is a Mooncake or Bailian JSONL file (optionally .gz), a session JSON file, a
+    directory of session files, a JSONL of sessions, or a binary event file from
+    `kvstore trace convert`. Several traces are replayed one after another.
+    """
+    if list_models:
+        _list_models(models_file, as_json)
+        return
+    if not traces:
+        raise UsageProblem("give a trace to simulate (see kvstore sim --help)")
+    options = SimOptions(
+        fmt=fmt, block_size=block_size, model=model, bytes_per_token=bytes_per_token,
+        precision=precision, models_file=models_file, budgets_gib=parse_gib_list(budgets),
+        blocks=parse_int_list(blocks, "--blocks"),
+        policies=split_list(policies) or [], warmup=warmup,
+        ssd_gib=parse_gib(ssd) if ssd else None, ssd_blocks=ssd_blocks,
+        write_through=tier_mode == "write-through", promote=promotion,
+        prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
+        knee_speedup_per_tib=knee_per_tib, knee_policy=knee_policy, jobs=jobs)
+    with progress_bar(enabled=True) as progress:
+        result = simulate(list(traces), options, progress=progress)
+    if plot:
+        plots.save(plots.sim_figure(result), plot)
+    if html:
+        html_report.write(result, html)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    console = Console()
+    if not console.is_terminal:  # a file or a pipe: no reason to wrap at 80 columns
+        console.width = 160
+    report_table.render(result, console)
+    for label, path in (("plot", plot), ("report", html)):
+        if path:
+            console.print(f"[bold]Wrote[/] {label}: {path}")

@@ -1,0 +1,109 @@
+"""``kvstore trace stats|convert``: describe a trace, or convert it to another format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from kvstored.tools import reader, stats, writers
+from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors
+from kvstored.tools.errors import UsageProblem
+from rich.console import Console
+from rich.table import Table
+
+from kvstored.units import format_size
+
+
+@click.group("trace", context_settings={"help_option_names": ["-h", "--help"]})
+def trace() -> None:
+    """Describe traces and convert them between formats."""
+
+
+def _load(traces, fmt, block_size):
+    if not traces:
+        raise UsageProblem("give a trace")
+    with progress_bar(enabled=True) as progress:
+        if progress:
+            progress(0, 1, "reading the trace")
+        return reader.load(list(traces), fmt, block_size)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+@trace.command("stats")
+@click.argument("traces", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True)
+@click.option("--block-size", type=click.IntRange(min=1),
+              help="Tokens per block when the trace does not say.")
+@click.option("--warmup", type=float, default=0.5, show_default=True,
+              help="Warm-up share for the ceiling (as in kvstore sim).")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a PNG of the reuse-gap distribution.")
+@reports_errors
+def stats_command(traces, fmt, block_size, warmup, as_json, plot):
+    """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
+    if not 0 <= warmup < 1:
+        raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
+    loaded = _load(traces, fmt, block_size)
+    result = stats.describe(loaded, warmup=warmup)
+    if plot:
+        from kvstored.tools import plots
+
+        plots.save(stats.figure(result), plot)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    console = Console()
+    table = Table(show_header=False, title=", ".join(loaded.sources))
+    table.add_column(justify="left")
+    table.add_column(justify="right")
+    rows = [
+        ("format", loaded.format),
+        ("requests", f"{result['requests']:,}"),
+        ("block events", f"{result['blockEvents']:,}"),
+        ("unique prefix blocks", f"{result['uniqueBlocks']:,}"),
+        ("block size", f"{result['blockSize']} tokens"),
+        ("input tokens", f"{result['inputTokens']:,} (mean {result['meanInputTokens']:,.0f})"),
+        ("output tokens", f"{result['outputTokens']:,}"),
+        ("time span", _duration(result["timeSpanSeconds"])),
+        ("ceiling", f"{result['ceiling']['hitRate'] * 100:.2f}% of measured tokens "
+                    f"(warm-up {warmup:g}); {result['ceilingAllRequests']['hitRate'] * 100:.2f}%"
+                    " over all requests"),
+    ]
+    gaps = result["reuseGaps"]
+    rows.append(("block reuses", f"{gaps['reuses']:,}"))
+    rows += [(f"  reused after {b['label']}", f"{b['share'] * 100:.1f}%  ({b['reuses']:,})")
+             for b in gaps["bins"]]
+    if loaded.skipped:
+        rows.append(("records without blocks (skipped)", f"{loaded.skipped:,}"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if plot:
+        console.print(f"[bold]Wrote[/] plot: {plot}")
+
+
+@trace.command("convert")
+@click.argument("traces", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--to", "target", type=click.Choice(list(writers.TARGETS)), required=True,
+              help="Output format; binary is the compact event file kvstore sim reads fastest.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Output file (.gz compresses the JSON formats).")
+@click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True)
+@click.option("--block-size", type=click.IntRange(min=1),
+              help="Tokens per block when the trace does not say.")
+@reports_errors
+def convert_command(traces, target, output, fmt, block_size):
+    """Convert TRACE... to another format; the replay stays exactly the same."""
+    loaded = _load(traces, fmt, block_size)
+    if output.resolve() in {Path(t).resolve() for t in traces}:
+        raise UsageProblem(f"{output} is also an input; write elsewhere")
+    writers.write(loaded, target, output)
+    click.echo(f"wrote {output} ({target}): {loaded.requests:,} requests, "
+               f"{loaded.events:,} block events, {format_size(output.stat().st_size)}")

@@ -1,0 +1,89 @@
+"""The terminal report of a simulation: one rich table and a few lines around it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from kvstored.units import format_size
+
+
+def size_label(gib: float) -> str:
+    """``512 GiB``, ``2 TiB``, ``1.5 GiB``: budgets as people write them."""
+    for unit, scale in (("TiB", 1024.0), ("GiB", 1.0)):
+        if gib >= scale or unit == "GiB":
+            value = gib / scale
+            return f"{value:g} {unit}" if value == round(value, 3) else format_size(gib * 2**30)
+    raise AssertionError("unreachable")
+
+
+def budget_label(point: dict) -> str:
+    if point["gib"] is None:
+        return f"{point['cacheBlocks']:,} blocks"
+    return size_label(point["gib"])
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def render(result: dict, console: Console) -> None:
+    trace = result["trace"]
+    model = result["model"]
+    console.print(f"[bold]Trace[/]: {', '.join(trace['sources'])} ({trace['format']}): "
+                  f"{trace['requests']:,} requests, {trace['blockEvents']:,} block events, "
+                  f"{trace['uniqueBlocks']:,} unique prefix blocks of {result['blockSize']} "
+                  "tokens")
+    if model:
+        per_block = result["bytesPerBlock"]
+        console.print(f"[bold]Model[/]: {model['label']}"
+                      + (f" at {model['precision']}" if model.get("precision") else "")
+                      + f": {result['bytesPerToken']:,.0f} bytes/token, "
+                        f"{format_size(per_block)} per block")
+    console.print(f"[bold]Measured[/]: requests {result['warmupRequests']:,} onwards "
+                  f"(warm-up {result['warmupFraction']:g}); ceiling "
+                  f"{_pct(result['reuseCeiling'])} "
+                  f"({result['ceiling']['idealSpeedup']:.2f}x ideal prefill speedup)")
+    tier = result.get("tiered")
+    if tier:
+        ssd = format_size(tier["ssdGib"] * (1 << 30)) if tier["ssdGib"] else \
+            f"{tier['ssdBlocks']:,} blocks"
+        model_line = tier["ttftModel"]
+        console.print(f"[bold]Tiered[/]: DRAM = the budget, SSD {ssd}, {tier['mode']}, "
+                      f"promotion {'on' if tier['promotion'] else 'off'}; TTFT model: prefill "
+                      f"{model_line['prefillTokensPerSecond']:,.0f} tokens/s, DRAM "
+                      f"{model_line['dramGBps']:g} GB/s, SSD {model_line['ssdGBps']:g} GB/s")
+    policies = result["policies"]
+    table = Table(show_lines=False, header_style="bold")
+    table.add_column("Budget", justify="right", no_wrap=True)
+    table.add_column("Blocks", justify="right", no_wrap=True)
+    for policy in policies:
+        table.add_column(f"{policy}\nhit   speedup", justify="right", no_wrap=True)
+    if tier:
+        for name in ("DRAM share\nof hits", "2-point\nestimate", "TTFT\nspeedup"):
+            table.add_column(name, justify="right", no_wrap=True)
+    for point in result["points"]:
+        cells = [budget_label(point), f"{point['cacheBlocks']:,}"]
+        ceiling = point["mode"] == "ceiling_no_pressure"
+        for policy in policies:
+            r = point["results"][policy]
+            cells.append(f"{_pct(r['hitRate'])}{'*' if ceiling else ' '} "
+                         f"{r['idealSpeedup']:6.2f}x")
+        if tier:
+            t = point["results"]["tiered"]
+            ttft = t.get("ttft") or {}
+            cells += [_pct(t.get("dramShareOfHits")), _pct(t.get("twoPointDramShare")),
+                      f"{ttft['speedup']:.2f}x" if ttft.get("speedup") else "-"]
+        table.add_row(*cells)
+    if result["points"]:
+        console.print(table)
+    else:
+        console.print("No budget below the trace's unique blocks: every budget holds the "
+                      "whole trace (the ceiling).")
+    if any(p["mode"] == "ceiling_no_pressure" for p in result["points"]):
+        console.print("* the cache never filled during the warm-up: the point is the "
+                      "ceiling and the curve ends there")
+    rec = result["recommended"]
+    if rec.get("gib") is not None:
+        console.print(f"[bold]Recommended[/] ({rec['policy']}): {size_label(rec['gib'])}, "
+                      f"{rec['idealSpeedup']:.2f}x - {rec['reason']}")
