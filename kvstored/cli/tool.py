@@ -12,6 +12,8 @@ COMMANDS: dict[str, str] = {
     **{name: f"kvstored.cli.store_cmds:{name}" for name in (
         "status", "put", "get", "ls", "stat", "rm", "flush", "evict", "recover")},
     "bench": "kvstored.bench:bench",
+    "sim": "kvstored.tools.cli_sim:sim",
+    "trace": "kvstored.tools.cli_trace:trace",
 }
 
 
