@@ -160,13 +160,12 @@ class AsyncClient:
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
-        reply = await self._call("lookup", keys=[key], lease=False)
-        found = reply["objects"][0]
-        if found is None:
-            return None
-        buf = bytearray(found[0])
-        got = await self.get_into(key, buf)
-        return None if got == MISSING else bytes(memoryview(buf)[:got])
+        return (await self.batch_get([key]))[0]
+
+    async def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        bufs: list[Any] = []
+        results = await self._read(list(keys), bufs)
+        return [bytes(memoryview(b)[:n]) if n >= 0 else None for b, n in zip(bufs, results)]
 
     async def get_into(self, key: str, buf: Any) -> int:
         return (await self.batch_get_into([key], [buf]))[0]
@@ -175,11 +174,16 @@ class AsyncClient:
         keys = list(keys)
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        return await self._read(keys, list(buffers))
+
+    async def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
         check_keys(keys)
-        bufs = [memoryview(b).cast("B") for b in buffers]
         started = trio.current_time()
         reply = await self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
+        if not buffers:
+            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
+        bufs = [memoryview(b).cast("B") for b in buffers]
         plan = plan_reads(reply, bufs, keys, self.segments)
         results = list(plan.sizes)
         for i, node, offset, size in plan.shm:

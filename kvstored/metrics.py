@@ -44,6 +44,11 @@ class MasterMetrics:
             registry=r)
         self.quarantined = Gauge("kvstored_cluster_quarantined_records",
                                  "Records the nodes quarantined.", registry=r)
+        # Export every label value from the start, so dashboards see zeros, not gaps.
+        for tier in ("dram", "ssd"):
+            self.evictions.labels(tier=tier)
+        for result in ("hit_dram", "hit_ssd", "miss"):
+            self.lookups.counter.labels(result=result)
 
     def lookup_counts(self) -> dict[str, int]:
         return dict(self.lookups.tally)
@@ -73,6 +78,10 @@ class NodeMetrics:
                                registry=r)
         self.ssd_used = Gauge("kvstored_node_ssd_used_bytes", "SSD bytes in use (physical).",
                               registry=r)
+        for op in ("offload", "load"):
+            self.io_seconds.labels(op=op)
+        for tier in ("dram", "ssd"):
+            self.bytes_served.labels(tier=tier)
 
 
 class _TalliedCounter:

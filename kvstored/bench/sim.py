@@ -44,8 +44,10 @@ DEFAULT_TRACE = "mooncake_conversation.jsonl"
 
 
 def _default_trace() -> Path | None:
-    """The shared Mooncake conversation trace, when this checkout sits beside ../shared."""
-    for base in (Path.cwd(), *Path.cwd().parents):
+    """The shared Mooncake conversation trace, when the working directory or this checkout
+    sits beside ../shared."""
+    here = Path(__file__).resolve()
+    for base in (Path.cwd(), *Path.cwd().parents, *here.parents):
         candidate = base / "shared" / "traces" / DEFAULT_TRACE
         if candidate.exists():
             return candidate
@@ -271,11 +273,11 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
         binary_cells = (f"{t['kvstore-binary']['medianSeconds']:.2f} s",
                         f"{r['speedup_kvstore-binary']:.2f}x") if "kvstore-binary" in t \
             else ("-", "-")
+        same = "yes" if r["check"]["identical"] else "NO"
         table.add_row(r["trace"], f"{r['blockEvents']:,}",
                       f"{t['reference']['medianSeconds']:.2f} s",
                       f"{t['kvstore']['medianSeconds']:.2f} s", f"{r['speedup']:.2f}x",
-                      *binary_cells,
-                      f"{r['check']['pointsCompared']} pts {'yes' if r['check']['identical'] else 'NO'}",
+                      *binary_cells, f"{r['check']['pointsCompared']} pts {same}",
                       format_size(t["kvstore"]["peakRssBytes"]))
     Console().print(table)
     if large:

@@ -96,8 +96,12 @@ class Segments:
             return None
         with self._lock:
             existing = self._maps.get(node)
-            if existing is not None and existing[0] == info["segment"]:
-                return existing[1]
+            if existing is not None:
+                if existing[0] == (info["segment"], info["token"]):
+                    return existing[1]
+                # The node restarted with a new segment under the same name: the old
+                # mapping shows freed memory, never read through it again.
+                self._maps.pop(node)[1].close()
             if info.get("host") != host_id():
                 self._refused.add(node)
                 return None
@@ -109,7 +113,7 @@ class Segments:
                 log.info("node %s: shared memory unavailable (%s); using TCP", node, exc)
                 self._refused.add(node)
                 return None
-            self._maps[node] = (info["segment"], mapping)
+            self._maps[node] = ((info["segment"], info["token"]), mapping)
             return mapping
 
     def forget(self, node: str) -> None:

@@ -207,16 +207,14 @@ class Client:
 
     def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None."""
-        info = self.batch_sizes([key])[0]
-        if info is None:
-            return None
-        buf = bytearray(info)
-        got = self.get_into(key, buf)
-        return None if got == MISSING else bytes(memoryview(buf)[:got])
+        return self.batch_get([key])[0]
 
-    def batch_sizes(self, keys: Sequence[str]) -> list[int | None]:
-        reply = self._call("lookup", keys=list(keys), lease=False)
-        return [None if o is None else o[0] for o in reply["objects"]]
+    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of ``keys`` (None where missing), in one master round trip."""
+        keys = list(keys)
+        bufs: list[Any] = []
+        results = self._read(keys, bufs)
+        return [bytes(memoryview(b)[:n]) if n >= 0 else None for b, n in zip(bufs, results)]
 
     def get_into(self, key: str, buf: Any) -> int:
         """Read ``key`` into ``buf``; the number of bytes written, or -1 if missing."""
@@ -227,11 +225,18 @@ class Client:
         keys = list(keys)
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        return self._read(keys, list(buffers))
+
+    def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
+        """Look ``keys`` up (one master round trip), then copy each from a mapped segment
+        or fetch it from its node. An empty ``buffers`` is filled with new bytearrays."""
         check_keys(keys)
-        bufs = [memoryview(b).cast("B") for b in buffers]
         started = time.monotonic()
         reply = self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
+        if not buffers:
+            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
+        bufs = [memoryview(b).cast("B") for b in buffers]
         plan = plan_reads(reply, bufs, keys, self.segments)
         results = list(plan.sizes)
         for i, node, offset, size in plan.shm:
@@ -262,14 +267,6 @@ class Client:
         except (OSError, ConnectionClosed) as exc:
             conn.close()
             raise UnreachableError(f"get from node {node} failed: {exc}") from None
-
-    def batch_get(self, keys: Sequence[str]) -> list[bytes | None]:
-        sizes = self.batch_sizes(keys)
-        present = [(k, s) for k, s in zip(keys, sizes) if s is not None]
-        bufs = [bytearray(s) for _, s in present]
-        got = self.batch_get_into([k for k, _ in present], bufs) if present else []
-        values = iter(bytes(b) if n >= 0 else None for b, n in zip(bufs, got))
-        return [next(values) if s is not None else None for s in sizes]
 
     # -- metadata ----------------------------------------------------------------------
 

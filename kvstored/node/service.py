@@ -132,7 +132,8 @@ class Node:
         finally:
             if self.master is not None:
                 self.master.close()
-            await trio.to_thread.run_sync(self.backend.close)
+            with trio.CancelScope(shield=True):  # shutting down is itself cancelled
+                await trio.to_thread.run_sync(self.backend.close)
             if self.segment is not None:
                 self.segment.close()
 
@@ -243,19 +244,20 @@ class Node:
     async def _offloader(self) -> None:
         hint = self.backend.write_batch_hint()
         while True:
-            await self._offload_ready.wait()
-            oldest = min(self._offload_queue.values(), default=None)
-            if oldest is None:
+            if not self._offload_queue:
                 self._offload_ready = trio.Event()
+                await self._offload_ready.wait()
                 continue
+            oldest = min(self._offload_queue.values())
             queued_bytes = sum(o.size for k in self._offload_queue
                                if (o := self.dram.get(k)) is not None)
             due = (self._offload_urgent or len(self._offload_queue) >= hint.max_keys
                    or queued_bytes >= hint.max_bytes
                    or time.monotonic() - oldest >= hint.max_age)
             if not due:
+                # Wait for the age bound, or for more work (which may fill a batch).
+                self._offload_ready = trio.Event()
                 with trio.move_on_after(max(0.0, oldest + hint.max_age - time.monotonic())):
-                    self._offload_ready = trio.Event()
                     await self._offload_ready.wait()
                 continue
             await self._offload_batch(hint.max_keys, hint.max_bytes)

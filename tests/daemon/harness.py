@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-ADDRESS = re.compile(r"(?:listening on|data server on) ([\d.]+):(\d+)")
+ADDRESS = re.compile(
+    r"^kvstored (?:up|master|node): (?:listening on|data server on) ([\d.]+):(\d+)")
 
 
 class Daemon:
@@ -72,15 +73,31 @@ class Daemon:
         self._reader.join(5)
 
 
-def kvstore(*args: str, input: bytes | None = None, check: bool = False,
+def kvstore(*args: str, master: str | None = None, input: bytes | None = None,
             timeout: float = 120) -> subprocess.CompletedProcess:
-    run = subprocess.run([str(BIN / "kvstore"), *args], input=input, capture_output=True,
-                         timeout=timeout)
-    if check and run.returncode != 0:
+    """Run the `kvstore` tool against ``master``; returns the completed process."""
+    env = {**os.environ, "COLUMNS": "200"}
+    if master is not None:
+        env["KVSTORE_MASTER"] = master
+    return subprocess.run([str(BIN / "kvstore"), *args], input=input, capture_output=True,
+                          timeout=timeout, env=env)
+
+
+def kvstore_ok(*args: str, master: str | None = None, input: bytes | None = None) -> str:
+    run = kvstore(*args, master=master, input=input)
+    if run.returncode != 0:
         raise AssertionError(f"kvstore {' '.join(args)} exited {run.returncode}:\n"
                              f"{run.stdout.decode(errors='replace')}"
                              f"{run.stderr.decode(errors='replace')}")
-    return run
+    return run.stdout.decode()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):

@@ -63,7 +63,7 @@ def test_prefix_listing_pages_in_order():
         pages.append(page)
         after = page[-1]
     assert [len(p) for p in pages] == [10, 10, 5]
-    assert sum(pages, []) == [f"p/{i:02d}" for i in range(25)]
+    assert [k for page in pages for k in page] == [f"p/{i:02d}" for i in range(25)]
 
 
 class TableMachine(RuleBasedStateMachine):
