@@ -25,6 +25,7 @@ DEFAULT_BACKEND = "file-per-key"
 #: Built-in backends: name -> "module:Class".
 BUILTIN: dict[str, str] = {
     "file-per-key": "kvstored.backends.file_per_key:FilePerKeyBackend",
+    "offset": "kvstored.backends.offset:OffsetBackend",
     "bucket": "kvstored.backends.bucket:BucketBackend",
 }
 

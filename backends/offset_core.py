@@ -1,0 +1,771 @@
+"""The offset layout as a StorageBackend: shared by the ``offset`` and ``nvmeof`` backends.
+
+A subclass says where the volume is (:meth:`OffsetLayoutBackend._attach`); this class
+does the rest: formatting, recovery (:mod:`.offset_recovery`), the index, placement with
+:class:`~kvstored.allocator.OffsetAllocator`, eviction, checkpoints and ``check``
+(:mod:`.offset_check`). The byte layout is in :mod:`.offset_layout` and docs/format.md.
+
+Write path, per batch
+    1. Place: allocate each record's extent (header block + value padded to 4 KiB),
+       evicting by policy when the volume or the index area is full.
+    2. Enter the *journal gate*: reserve journal blocks and take sequence numbers. When
+       the journal is full, a checkpoint runs first and restarts it.
+    3. Write the records through the io engine, then one journal entry listing the
+       records that were written (offset + header CRC), then one ``fdatasync``.
+    4. Publish: only now are the objects visible, and the call returns.
+
+Deletes and evictions
+    Keys leave the index at once. A journal entry of tombstones is written and
+    fdatasync'd *before* their extents are freed, so a reused extent can never tear a
+    record that a crash would bring back, and a deleted key never returns. Extents of
+    keys being read are freed when the last read ends (read pins).
+
+Checkpoints
+    The index is written to the checkpoint slot not holding the newest checkpoint, then
+    fdatasync'd, then the journal restarts. A checkpoint runs when the journal is full,
+    when ``checkpoint_bytes`` were written since the last, at open after a replay, and at
+    close. It waits for operations inside the gate to finish (so its sequence number
+    covers everything acknowledged) and blocks new ones while it writes; reads go on.
+
+Locking
+    ``_lock`` guards every in-memory structure (index, order, allocator, counters) and is
+    never held across I/O, except that a checkpoint holds the gate (not the lock) while
+    it writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+from kvstored.backends.offset_layout import (
+    ALIGN,
+    JOURNAL_PUT,
+    MAX_ENTRY_PAYLOAD,
+    AlignedScratch,
+    Geometry,
+    GiB,
+    encode_checkpoint,
+    encode_journal,
+    entry_size,
+    header_crc_of,
+    journal_blocks,
+    tombstone_bytes,
+)
+from kvstored.backends.offset_recovery import Entry, Recovered, read_exact, recover
+from kvstored.backends.record import (
+    HEADER_SIZE,
+    VALUE_OFFSET,
+    decode_header,
+    encode_header,
+    record_size,
+)
+from kvstored.native import EngineUnavailableError, IoEngine, IoError, IoFile, get_engine
+from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.errors import (
+    BackendError,
+    CapacityError,
+    CorruptionError,
+    InvalidRequestError,
+    from_oserror,
+)
+from kvstored.sdk.types import (
+    DEFAULT_MAX_VALUE_SIZE,
+    Buffer,
+    Capabilities,
+    CheckReport,
+    EvictionGranularity,
+    Location,
+    ObjectRecord,
+    ReadStatus,
+    Usage,
+    WriteBatchHint,
+    WriteOutcome,
+    WriteResult,
+    encode_key,
+)
+
+from kvstored.allocator import OffsetAllocator
+
+log = logging.getLogger(__name__)
+
+#: Records per journal entry and per engine submission of a write batch.
+WRITE_CHUNK = MAX_ENTRY_PAYLOAD // JOURNAL_PUT.size
+#: Tombstones journalled per operation (a 1 KiB key takes about 1 KiB of journal).
+TOMBSTONE_CHUNK = 512
+#: Keys read per engine submission by scan(verify=True) and check().
+VERIFY_CHUNK = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    """What a subclass's :meth:`~OffsetLayoutBackend._attach` hands over."""
+
+    #: The volume, opened read-write through the engine (and locked against others).
+    file: IoFile
+    #: Bytes available on the volume right now (file size, or device size).
+    size: int
+    #: A block device rather than a regular file.
+    device: bool
+    #: True when a missing superblock means an unfinished format of ours (a file this
+    #: backend created or owns), so formatting cannot destroy anyone's data.
+    owned: bool
+
+
+class OffsetLayoutBackend(StorageBackend):
+    """Objects as records at allocator-chosen offsets of one volume; see the module doc.
+
+    Options beyond the common ones: ``policy`` (``fifo`` or ``lru``), ``auto_evict``
+    (a write that does not fit evicts instead of failing), ``engine`` and ``direct``
+    (the io engine and O_DIRECT), ``checkpoint_bytes`` (checkpoint after this much was
+    written, which bounds the work of recovery after a crash), ``index_bytes`` (the size
+    of each checkpoint slot, fixed when the volume is formatted).
+    """
+
+    #: The volume size used when a new volume is created without a capacity.
+    DEFAULT_VOLUME_SIZE = 1 * GiB
+
+    def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
+                 max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+                 on_evict: EvictionCallback | None = None,
+                 policy: str = "fifo", auto_evict: bool = True,
+                 engine: str | None = None, direct: bool | None = None,
+                 checkpoint_bytes: int = 1 * GiB, index_bytes: int | None = None) -> None:
+        super().__init__(path, capacity=capacity, max_value_size=max_value_size,
+                         on_evict=on_evict)
+        if policy not in ("fifo", "lru"):
+            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
+        if checkpoint_bytes <= 0:
+            raise InvalidRequestError(f"checkpoint_bytes must be positive, not {checkpoint_bytes}")
+        self.policy = policy
+        self.auto_evict = auto_evict
+        self.checkpoint_bytes = checkpoint_bytes
+        self.index_bytes = index_bytes
+        try:
+            self._engine: IoEngine = get_engine(engine, direct=direct)
+        except (ValueError, EngineUnavailableError) as exc:
+            raise InvalidRequestError(str(exc), path=path) from None
+        #: Reads that failed their checksum since open (a metric).
+        self.corrupt_reads = 0
+
+        self._lock = threading.Lock()
+        self._gate = threading.Condition(self._lock)
+        self._index: dict[str, Entry] = {}
+        self._order: OrderedDict[str, None] = OrderedDict()
+        self._pending: dict[str, threading.Event] = {}
+        self._scratch = AlignedScratch()
+        self._logical = 0
+        self._records_bytes = 0      # footprints of visible objects
+        self._index_used = 0         # checkpoint bytes of visible + placed objects
+        self._active = 0             # operations inside the journal gate
+        self._checkpointing = False
+        self._journal_next = 0       # next free journal block
+        self._since_checkpoint = 0   # bytes written since the last checkpoint
+
+        volume = self._attach()
+        self._file = volume.file
+        self.device = volume.device
+        try:
+            self._geometry = self._open_geometry(volume)
+            self._alloc = OffsetAllocator(self._geometry.data_size, ALIGN)
+            self._load(recover(self._engine, self._file, self._geometry,
+                               valid_end=volume.size))
+        except BaseException:
+            self._file.close()
+            raise
+
+    # -- subclass hooks ----------------------------------------------------------------
+
+    def _attach(self) -> Volume:
+        """Open (creating if need be) the volume. Implemented by each backend."""
+        raise NotImplementedError
+
+    def _volume_size_for_new(self, available: int) -> int:
+        """The size to format a volume with, given the bytes available."""
+        return self.capacity if self.capacity is not None else available
+
+    def _may_format(self, volume: Volume, first_block) -> bool:
+        """Whether a volume without a superblock may be formatted (subclasses widen it)."""
+        return volume.owned
+
+    @property
+    def quarantine_dir(self) -> Path:
+        """Where check(repair=True) copies bad records."""
+        raise NotImplementedError
+
+    # -- open: format or recover ------------------------------------------------------
+
+    def _open_geometry(self, volume: Volume) -> Geometry:
+        block = read_exact(self._engine, self._file, 0, ALIGN) if volume.size >= ALIGN \
+            else bytes(ALIGN)
+        try:
+            geometry = Geometry.decode(block, path=self._file.path)
+        except CorruptionError:
+            if block[:8] == b"KVSOFFVL" or not self._may_format(volume, block):
+                raise
+            return self._format(volume)
+        if self.capacity is not None and geometry.volume_size != self.capacity - \
+                self.capacity % ALIGN:
+            raise InvalidRequestError(
+                f"the volume was formatted with {geometry.volume_size} bytes, not the "
+                f"{self.capacity} asked for; resizing is not supported: open it with "
+                f"capacity={geometry.volume_size} (or none), or move it aside to start a "
+                "new one", path=self._file.path)
+        if volume.size < geometry.volume_size:
+            self._restore_size(volume, geometry)
+        return geometry
+
+    def _restore_size(self, volume: Volume, geometry: Geometry) -> None:
+        """A volume shorter than its superblock says: a device is refused, a regular file
+        (truncated by accident or by a test) is grown back; records past the cut are lost
+        and recovery drops them."""
+        if volume.device:
+            raise InvalidRequestError(
+                f"the device holds {volume.size} bytes but its volume was formatted with "
+                f"{geometry.volume_size}; is this the right device?", path=self._file.path)
+        log.warning("%s: the volume file is %d bytes, its superblock says %d; growing it "
+                    "back (records past the cut are lost)", self._file.path, volume.size,
+                    geometry.volume_size)
+        os.posix_fallocate(self._file.fd, 0, geometry.volume_size)
+
+    def _format(self, volume: Volume) -> Geometry:
+        size = self._volume_size_for_new(volume.size)
+        if size > volume.size:
+            if volume.device:
+                raise InvalidRequestError(
+                    f"capacity {size} exceeds the {volume.size} bytes of the device; "
+                    "give a capacity up to its size, or none to use all of it",
+                    path=self._file.path)
+            os.posix_fallocate(self._file.fd, 0, size)
+        geometry = Geometry.plan(size, self.index_bytes)
+        slot_a, slot_b = geometry.slot_offsets
+        first = encode_checkpoint(geometry, 0, 0, [])  # generation g lives in slot g % 2
+        # Metadata first, superblock last: a crash in between leaves no superblock, and
+        # an owned volume without one is simply formatted again.
+        self._write_sync([(self._file, slot_a, first), (self._file, slot_b, bytes(ALIGN))],
+                         "formatting the volume")
+        self._write_sync([(self._file, 0, geometry.encode())], "writing the superblock")
+        log.info("%s: formatted a %d-byte offset volume (index %d bytes per slot, journal "
+                 "%d bytes, data from %d)", self._file.path, geometry.volume_size,
+                 geometry.slot_size, geometry.journal_size, geometry.data_offset)
+        return geometry
+
+    def _load(self, found: Recovered) -> None:
+        data_offset = self._geometry.data_offset
+        for entry in sorted(found.entries.values(), key=lambda e: e.offset):
+            self._alloc.reserve(entry.offset - data_offset, entry.footprint)
+        for key, entry in found.entries.items():
+            self._index[key] = entry
+            self._order[key] = None
+            self._logical += entry.size
+            self._records_bytes += entry.footprint
+            self._index_used += len(entry.packed)
+        self._seq = found.last_seq
+        self._generation = found.generation
+        self._checkpoint_seq = found.checkpoint_seq
+        if found.replayed or found.notes:
+            # Restart the journal on a checkpoint of the recovered state, so that new
+            # entries never overwrite live ones.
+            log.info("%s: replayed %d journal entries; %d objects", self._file.path,
+                     found.replayed, len(self._index))
+            with self._gate:
+                self._checkpoint_locked()
+
+    # -- lifecycle, capabilities ------------------------------------------------------
+
+    def _close(self) -> None:
+        try:
+            with self._gate:
+                while self._active or self._checkpointing:
+                    self._gate.wait()
+                if self._journal_next or self._since_checkpoint:
+                    self._checkpoint_locked()
+        except BackendError as exc:
+            log.error("%s: the closing checkpoint failed (%s); the journal still holds "
+                      "everything, the next open replays it", self.path, exc)
+        finally:
+            self._file.close()
+            with self._lock:
+                self._index.clear()
+                self._order.clear()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
+                            aligned_values=True, persistent=True,
+                            max_value_size=self.max_value_size)
+
+    def write_batch_hint(self) -> WriteBatchHint:
+        """Any batch size works; a batch costs one journal entry and one fdatasync, so
+        a few hundred records per batch amortise both."""
+        return WriteBatchHint(max_bytes=64 << 20, max_keys=256, max_age=0.5)
+
+    # -- the journal gate and checkpoints ---------------------------------------------
+
+    def _enter_gate(self, nblocks: int) -> int:
+        """Reserve ``nblocks`` journal blocks; return the first. Sequence numbers are
+        taken after this (so they exceed any checkpoint that ran for the room). The
+        caller must call :meth:`_leave_gate`, and must not enter again before."""
+        with self._gate:
+            while True:
+                while self._checkpointing:
+                    self._gate.wait()
+                if self._journal_next + nblocks <= self._geometry.journal_blocks:
+                    break
+                self._checkpoint_locked()
+            block = self._journal_next
+            self._journal_next += nblocks
+            self._active += 1
+            return block
+
+    def _take_seqs_locked(self, n: int) -> int:
+        first = self._seq + 1
+        self._seq += n
+        return first
+
+    def _leave_gate(self, written: int = 0) -> None:
+        with self._gate:
+            self._active -= 1
+            self._since_checkpoint += written
+            due = (self._since_checkpoint >= self.checkpoint_bytes and not self._checkpointing)
+            self._gate.notify_all()
+            if due:
+                self._checkpoint_locked()
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint now (normally they happen on their own)."""
+        self._check_open()
+        with self._gate:
+            self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> None:
+        """Write the index to the idle slot and restart the journal. Called with
+        ``_lock`` held; releases it while waiting and writing."""
+        if self._checkpointing:
+            while self._checkpointing:  # someone else is writing one: that will do
+                self._gate.wait()
+            return
+        self._checkpointing = True
+        try:
+            while self._active:
+                self._gate.wait()
+            seq, generation = self._seq, self._generation + 1
+            entries = [self._index[key].packed for key in self._order]
+            self._lock.release()
+            try:
+                image = encode_checkpoint(self._geometry, generation, seq, entries)
+                slot = self._geometry.slot_offsets[generation % 2]
+                self._write_sync([(self._file, slot, image)], "writing a checkpoint")
+            finally:
+                self._lock.acquire()
+            self._generation, self._checkpoint_seq = generation, seq
+            self._journal_next = 0
+            self._since_checkpoint = 0
+        finally:
+            self._checkpointing = False
+            self._gate.notify_all()
+
+    def _write_sync(self, items: list, action: str) -> None:
+        """Write ``items`` and fdatasync, or raise (ENOSPC becomes CapacityError)."""
+        for result in self._engine.write(items):
+            if isinstance(result, IoError):
+                raise from_oserror(result, path=self._file.path, action=action)
+        [synced] = self._engine.fsync([self._file])
+        if isinstance(synced, IoError):
+            raise from_oserror(synced, path=self._file.path, action=action)
+
+    def _journal(self, block: int, seq: int, puts: list[tuple[int, int]],
+                 tombstones: list[bytes]) -> None:
+        """Write one operation's journal entries at its reserved blocks, then fdatasync
+        (which also makes the operation's records durable)."""
+        at = self._geometry.journal_offset + block * ALIGN
+        items = []
+        for entry in encode_journal(self._geometry, seq, puts, tombstones):
+            items.append((self._file, at, entry))
+            at += len(entry)
+        self._write_sync(items, "writing the journal")
+
+    # -- writes ------------------------------------------------------------------------
+
+    def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
+        self._check_open()
+        encoded = self._check_value_sizes(items)
+        results: list[WriteResult | None] = [None] * len(items)
+        claimed: list[tuple[int, str, bytes, memoryview]] = []
+        mine: dict[str, threading.Event] = {}
+        try:
+            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+                if key in mine:
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                    continue
+                event = self._claim(key)
+                if event is None:
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                    continue
+                mine[key] = event
+                claimed.append((i, key, key_bytes, memoryview(value).cast("B")))
+            for start in range(0, len(claimed), WRITE_CHUNK):
+                self._write_chunk(claimed[start:start + WRITE_CHUNK], results)
+        finally:
+            with self._lock:
+                for key, event in mine.items():
+                    del self._pending[key]
+                    event.set()
+        return results  # type: ignore[return-value]
+
+    def _claim(self, key: str) -> threading.Event | None:
+        """Mark ``key`` as being written by this thread, or return None if it exists."""
+        while True:
+            with self._lock:
+                if key in self._index:
+                    return None
+                other = self._pending.get(key)
+                if other is None:
+                    event = self._pending[key] = threading.Event()
+                    return event
+            other.wait()  # another thread is writing this key: see how it ends
+
+    def _write_chunk(self, chunk, results: list) -> None:
+        placed = []
+        for i, key, key_bytes, view in chunk:
+            where = self._place(key, record_size(view.nbytes), entry_size(key_bytes))
+            if isinstance(where, BackendError):
+                results[i] = WriteResult(key, WriteOutcome.FAILED, where)
+            else:
+                placed.append((i, key, key_bytes, view, where))
+        if not placed:
+            return
+        block = self._enter_gate(journal_blocks(len(placed), []))
+        written, abandoned = 0, None
+        try:
+            with self._lock:
+                first_seq = self._take_seqs_locked(len(placed))
+            records, io_items = [], []
+            for n, (i, key, key_bytes, view, offset) in enumerate(placed):
+                entry, head_crc = self._encode_record(key_bytes, view, offset, first_seq + n,
+                                                      io_items)
+                records.append((i, key, entry, head_crc, len(io_items)))
+            try:
+                outcomes = self._engine.write(io_items)
+            except BaseException:
+                for _, _, entry, _, _ in records:
+                    self._unplace(entry)
+                raise
+            good, start = [], 0
+            for i, key, entry, head_crc, end in records:
+                error = next((r for r in outcomes[start:end] if isinstance(r, IoError)), None)
+                start = end
+                if error is None:
+                    good.append((i, key, entry, head_crc))
+                    continue
+                # Not journalled, so never recovered: the space can be reused at once.
+                results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
+                    error, key=key, path=self._file.path, action="writing the record"))
+                self._unplace(entry)
+            if good:
+                try:
+                    self._journal(block, first_seq + len(placed) - 1,
+                                  [(e.offset, h) for _, _, e, h in good], [])
+                except BackendError as exc:
+                    abandoned = (good, exc)
+                else:
+                    self._publish(good, results)
+                    written = sum(e.footprint for _, _, e, _ in good)
+        finally:
+            self._leave_gate(written)
+        if abandoned is not None:  # outside the gate: cancelling needs the journal again
+            self._abandon(*abandoned, results)
+
+    def _encode_record(self, key_bytes: bytes, view: memoryview, offset: int, seq: int,
+                       io_items: list) -> tuple[Entry, int]:
+        """Append the engine items writing one record; return its index entry and its
+        header CRC (which the journal records)."""
+        crc = crc32c(view)
+        write_ns = time.time_ns()
+        header = encode_header(key_bytes, view.nbytes, seq, crc, write_ns=write_ns)
+        entry = Entry.build(key_bytes, offset, view.nbytes, seq, write_ns, crc)
+        io_items.append((self._file, offset, header))
+        body = view.nbytes - view.nbytes % ALIGN if self._file.direct else view.nbytes
+        if body:
+            io_items.append((self._file, offset + VALUE_OFFSET, view[:body]))
+        if body < view.nbytes:
+            # O_DIRECT: the tail goes in a zero-padded block, so the engine needs no
+            # read-modify-write of a partial block.
+            tail = bytearray(ALIGN)
+            tail[:view.nbytes - body] = view[body:]
+            io_items.append((self._file, offset + VALUE_OFFSET + body, tail))
+        return entry, header_crc_of(header)
+
+    def _publish(self, good, results: list) -> None:
+        with self._lock:
+            for i, key, entry, _ in good:
+                self._index[key] = entry
+                self._order[key] = None
+                self._logical += entry.size
+                self._records_bytes += entry.footprint
+                results[i] = WriteResult(key, WriteOutcome.WRITTEN)
+
+    def _abandon(self, good, error: BackendError, results: list) -> None:
+        """The journal write or fdatasync failed: fail the items and, since the journal
+        entry may still reach the disk, try to cancel them with tombstones before their
+        space is reused; if even that fails, keep their space until the next open."""
+        for i, key, _, _ in good:
+            results[i] = WriteResult(key, WriteOutcome.FAILED, error)
+        victims = [(key, entry) for _, key, entry, _ in good]
+        try:
+            self._tombstone(victims)
+        except BackendError as exc:
+            log.error("%s: could not cancel %d failed writes (%s); their space is held "
+                      "until the next open", self.path, len(victims), exc)
+            return
+        for _, entry in victims:
+            self._unplace(entry)
+
+    # -- placement and eviction --------------------------------------------------------
+
+    def _place(self, key: str, footprint: int, index_cost: int) -> int | BackendError:
+        """Allocate an extent for a record (evicting if allowed); return its volume
+        offset, or the CapacityError to report."""
+        geometry = self._geometry
+        if footprint > geometry.data_size or index_cost > geometry.index_capacity:
+            return CapacityError(
+                f"the object needs {footprint} bytes, more than the volume's whole data "
+                f"area of {geometry.data_size}", key=key, path=self._file.path)
+        while True:
+            with self._lock:
+                if self._index_used + index_cost <= geometry.index_capacity:
+                    offset = self._alloc.allocate(footprint)
+                    if offset is not None:
+                        self._index_used += index_cost
+                        return offset + geometry.data_offset
+                victims = []
+                if self.auto_evict:
+                    victims = self._choose_victims_locked(footprint, index_cost)
+                if not victims:
+                    return CapacityError(
+                        f"no room: {self._alloc.used_bytes} of {geometry.data_size} data "
+                        f"bytes and {self._index_used} of {geometry.index_capacity} index "
+                        "bytes in use, and nothing evictable; delete objects or give the "
+                        "volume more capacity", key=key, path=self._file.path)
+            self._retire(victims, self.on_evict, evicting=True)
+
+    def _unplace(self, entry: Entry) -> None:
+        """Give back an extent (and its index bytes) that no visible object uses."""
+        with self._lock:
+            self._alloc.free(entry.offset - self._geometry.data_offset)
+            self._index_used -= len(entry.packed)
+
+    def _choose_victims_locked(self, nbytes: int, index_cost: int = 0) -> list[tuple[str, Entry]]:
+        """Detach victims in policy order (skipping pinned keys) until they free
+        ``nbytes`` of data and ``index_cost`` of index beyond what is free."""
+        need_index = self._index_used + index_cost - self._geometry.index_capacity
+        victims, freed, freed_index = [], 0, 0
+        for key in self._order:
+            if freed >= nbytes and freed_index >= need_index:
+                break
+            if self._pins.is_pinned(key):
+                continue
+            entry = self._index[key]
+            victims.append((key, entry))
+            freed += entry.footprint
+            freed_index += len(entry.packed)
+        for key, entry in victims:
+            self._detach_locked(key, entry)
+        return victims
+
+    def _detach_locked(self, key: str, entry: Entry) -> None:
+        del self._index[key]
+        del self._order[key]
+        self._logical -= entry.size
+        self._records_bytes -= entry.footprint
+
+    def _retire(self, victims: list[tuple[str, Entry]], callback: EvictionCallback | None,
+                *, evicting: bool) -> None:
+        """Make the removal of detached ``victims`` durable, then free their space."""
+        if callback is not None:
+            callback([key for key, _ in victims])
+        try:
+            self._tombstone(victims)
+        except BackendError as exc:
+            if not evicting:
+                with self._lock:  # the delete did not happen: put the keys back
+                    for key, entry in victims:
+                        self._index[key] = entry
+                        self._order[key] = None
+                        self._logical += entry.size
+                        self._records_bytes += entry.footprint
+                raise
+            log.error("%s: evicting %d objects could not be made durable (%s); their "
+                      "space is held until the next open", self.path, len(victims), exc)
+            return
+        for key, entry in victims:
+            self._pins.when_released(key, lambda e=entry: self._unplace(e))
+
+    def _tombstone(self, victims: list[tuple[str, Entry]]) -> None:
+        """Journal a tombstone per victim and fdatasync."""
+        for start in range(0, len(victims), TOMBSTONE_CHUNK):
+            chunk = victims[start:start + TOMBSTONE_CHUNK]
+            lengths = [HEADER_SIZE + len(key.encode()) for key, _ in chunk]
+            block = self._enter_gate(journal_blocks(0, lengths))
+            try:
+                with self._lock:
+                    first = self._take_seqs_locked(len(chunk))
+                tombs = [tombstone_bytes(key.encode(), first + n)
+                         for n, (key, _) in enumerate(chunk)]
+                self._journal(block, first + len(chunk) - 1, [], tombs)
+            finally:
+                self._leave_gate()
+
+    def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
+        self._check_open()
+        with self._lock:
+            victims = self._choose_victims_locked(max(nbytes, 0)) if nbytes > 0 else []
+        if victims:
+            self._retire(victims, on_evict, evicting=True)
+        return [key for key, _ in victims]
+
+    def batch_delete(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        for key in keys:
+            encode_key(key)
+        removed: list[tuple[str, Entry]] = []
+        found = []
+        with self._lock:
+            for key in keys:
+                entry = self._index.get(key)
+                found.append(entry is not None)
+                if entry is not None:
+                    self._detach_locked(key, entry)
+                    removed.append((key, entry))
+        if removed:
+            self._retire(removed, None, evicting=False)
+        return found
+
+    # -- reads -------------------------------------------------------------------------
+
+    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
+        self._check_open()
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        results: list[int] = [ReadStatus.MISSING] * len(keys)
+        plan: list[tuple[int, str, Entry, memoryview]] = []
+        with self._lock:
+            for i, (key, buf) in enumerate(zip(keys, buffers)):
+                entry = self._index.get(key)
+                if entry is None:
+                    continue
+                target = memoryview(buf).cast("B")
+                if target.nbytes < entry.size:
+                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    continue
+                if self.policy == "lru":
+                    self._order.move_to_end(key)
+                plan.append((i, key, entry, target[:entry.size]))
+            pinned = self._pins.acquire([key for _, key, _, _ in plan])
+        try:
+            heads = self._scratch.take(len(plan) * ALIGN)
+            items = []
+            for n, (_, _, entry, target) in enumerate(plan):
+                items.append((self._file, entry.offset, heads[n * ALIGN:(n + 1) * ALIGN]))
+                items.append((self._file, entry.offset + VALUE_OFFSET, target))
+            outcomes = self._engine.read(items) if items else []
+            for n, (i, key, entry, target) in enumerate(plan):
+                results[i] = self._verify(key, entry, heads[n * ALIGN:(n + 1) * ALIGN],
+                                          target, outcomes[2 * n], outcomes[2 * n + 1])
+        finally:
+            self._pins.release(pinned)
+        return results
+
+    def _verify(self, key: str, entry: Entry, head, value, got_head, got_value) -> int:
+        if isinstance(got_head, IoError) or isinstance(got_value, IoError):
+            log.warning("%s: reading %r failed: %s", self.path, key,
+                        got_head if isinstance(got_head, IoError) else got_value)
+            return ReadStatus.IO_ERROR
+        problem = record_problem(key, entry, head, value, got_head, got_value)
+        if problem is None:
+            return entry.size
+        self.corrupt_reads += 1
+        log.warning("%s: %s of key %r at offset %d; reported as a miss (run "
+                    "check(repair=True) to quarantine it)", self.path, problem, key,
+                    entry.offset)
+        return ReadStatus.CORRUPT
+
+    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        with self._lock:
+            return [key in self._index for key in keys]
+
+    def stat(self, key: str) -> ObjectRecord | None:
+        self._check_open()
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._record(key, entry)
+
+    def _record(self, key: str, entry: Entry) -> ObjectRecord:
+        return ObjectRecord(key, entry.size, entry.crc, self._location(entry),
+                            entry.write_ns / 1e9, entry.seq)
+
+    def _location(self, entry: Entry) -> Location:
+        return Location(self._file.path, entry.offset + VALUE_OFFSET, entry.size,
+                        entry.offset, entry.footprint, device=self.device)
+
+    def locate(self, key: str) -> Location | None:
+        self._check_open()
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._location(entry)
+
+    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
+        self._check_open()
+        with self._lock:
+            snapshot = list(self._index.items())
+        for start in range(0, len(snapshot), VERIFY_CHUNK):
+            chunk = snapshot[start:start + VERIFY_CHUNK]
+            if verify:
+                buffers = [memoryview(bytearray(entry.size)) for _, entry in chunk]
+                got = self.batch_read([key for key, _ in chunk], buffers)
+                chunk = [c for c, n in zip(chunk, got) if n == c[1].size]
+            for key, entry in chunk:
+                yield self._record(key, entry)
+
+    def usage(self) -> Usage:
+        """Physical bytes are the volume's fixed metadata plus the records of visible
+        objects. Journalled tombstones and space awaiting the end of a read are not
+        counted: they are transient, and the preallocated volume bounds everything."""
+        self._check_open()
+        with self._lock:
+            return Usage(self._logical, self._geometry.data_offset + self._records_bytes,
+                         len(self._index), self._geometry.volume_size)
+
+    # -- check and repair ---------------------------------------------------------------
+
+    def check(self, repair: bool = False) -> CheckReport:
+        from kvstored.backends.offset_check import check_volume
+
+        self._check_open()
+        return check_volume(self, repair)
+
+
+def record_problem(key: str, entry: Entry, head, value, got_head: int,
+                   got_value: int) -> str | None:
+    """What is wrong with a record read back for ``entry``, or None if it checks."""
+    if got_head != ALIGN or got_value != entry.size:
+        return "the record is cut short"
+    try:
+        header = decode_header(head)
+    except CorruptionError as exc:
+        return exc.message
+    if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
+            or header.value_crc != entry.crc or header.tombstone):
+        return "the record header does not match the index"
+    if crc32c(value) != entry.crc:
+        return "the value fails its checksum"
+    return None
+

@@ -1,0 +1,296 @@
+"""Open-time recovery of an offset-layout volume: the last checkpoint, then the journal.
+
+The state at any moment is *the newest valid checkpoint* plus *every live journal entry*
+(uuid matches, ``seq`` above the checkpoint's) applied in sequence order:
+
+1. Read both checkpoint slots; take the valid one (header CRC, payload CRC) with the
+   highest generation. A torn checkpoint write leaves the other slot, and the journal
+   has not been restarted yet in that case, so nothing is lost.
+2. Read the whole journal region and keep the live entries. A block that is not the
+   start of a live entry is stepped over 4 KiB at a time, so entries written out of
+   order by concurrent batches are all found.
+3. Read the header of every journalled record. It counts only if its header CRC equals
+   the one the journal recorded (so a stale record of an earlier write, or of an earlier
+   format of the device, in the same place is never taken for it), it decodes, its seq
+   is above the checkpoint's, and its value matches its value CRC. A record that fails
+   was never acknowledged (the batch died before its fdatasync) or was damaged since.
+4. Apply puts and tombstones in seq order on top of the checkpoint: a tombstone removes
+   the key if its entry is older.
+5. Drop entries that leave the data area or the end of a truncated file, and resolve
+   overlapping extents in favour of the newer record (a defence: the write path never
+   produces overlaps).
+
+The cost is bounded by the index size plus what was written since the last checkpoint,
+never by the volume size.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+from kvstored.backends.offset_layout import (
+    CKPT_ENTRY,
+    SLOT_HEADER_SIZE,
+    AlignedScratch,
+    Geometry,
+    JournalEntry,
+    check_entry_bounds,
+    decode_journal_entry,
+    decode_slot_header,
+    header_crc_of,
+    pack_entry,
+)
+from kvstored.backends.record import (
+    ALIGN,
+    VALUE_OFFSET,
+    RecordHeader,
+    align_up,
+    decode_header,
+    record_size,
+)
+from kvstored.native import IoEngine, IoFile
+from kvstored.sdk.errors import BackendIOError, CorruptionError
+
+log = logging.getLogger(__name__)
+
+#: Headers read per engine submission, and the bytes of values verified per submission.
+HEADER_BATCH = 1024
+VALUE_BATCH_BYTES = 64 << 20
+
+_scratch = AlignedScratch()
+
+
+class Entry:
+    """One visible object: where its record is and what it must contain.
+
+    ``packed`` is the object's checkpoint entry, kept ready so that a checkpoint of a
+    large index is one ``b"".join``.
+    """
+
+    __slots__ = ("crc", "offset", "packed", "seq", "size", "write_ns")
+
+    def __init__(self, offset: int, size: int, seq: int, write_ns: int, crc: int,
+                 packed: bytes) -> None:
+        self.offset = offset
+        self.size = size
+        self.seq = seq
+        self.write_ns = write_ns
+        self.crc = crc
+        self.packed = packed
+
+    @property
+    def footprint(self) -> int:
+        """Bytes of the data area the record occupies (header block + padded value)."""
+        return record_size(self.size)
+
+    @classmethod
+    def build(cls, key_bytes: bytes, offset: int, size: int, seq: int, write_ns: int,
+              crc: int) -> Entry:
+        return cls(offset, size, seq, write_ns, crc,
+                   pack_entry(offset, size, seq, write_ns, crc, key_bytes))
+
+
+@dataclass
+class Recovered:
+    """What recovery found: the index in eviction order, and the counters to resume."""
+
+    generation: int
+    checkpoint_seq: int
+    last_seq: int
+    entries: dict[str, Entry]
+    #: Live journal entries that were replayed (0 after a clean close).
+    replayed: int = 0
+    #: Human-readable findings worth a warning (dropped records and why).
+    notes: list[str] = field(default_factory=list)
+
+
+def read_exact(engine: IoEngine, file: IoFile, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset`` of the volume, through the engine."""
+    view = _scratch.take(length)
+    [got] = engine.read([(file, offset, view)])
+    if isinstance(got, BaseException):
+        raise BackendIOError(f"reading {length} bytes at offset {offset} failed",
+                             errno=got.errno, path=file.path)
+    if got != length:
+        raise CorruptionError(f"the volume ends at {offset + got}, inside metadata that "
+                              f"should span {offset}..{offset + length}", path=file.path)
+    return bytes(view)
+
+
+def recover(engine: IoEngine, file: IoFile, geometry: Geometry, *,
+            valid_end: int | None = None) -> Recovered:
+    """Rebuild the index of the volume open as ``file`` (see the module docstring).
+
+    ``valid_end`` is where the volume's bytes really end when a regular file was found
+    truncated: records past it are dropped. Raises CorruptionError when neither
+    checkpoint slot is readable.
+    """
+    path = file.path
+    notes: list[str] = []
+    generation, cp_seq, entries = _load_checkpoint(engine, file, geometry, notes)
+    journal = _read_journal(engine, file, geometry, cp_seq)
+    last_seq = max([cp_seq, *(e.seq for e in journal)])
+    puts = [put for entry in journal for put in entry.puts]
+    found = _verify_records(engine, file, geometry, puts, cp_seq, notes)
+    events: list[tuple[int, str, Entry | None]] = [(e.seq, k, e) for k, e in found]
+    events += [(t.seq, t.key, None) for entry in journal for t in entry.tombstones]
+    events.sort(key=lambda event: event[0])
+    for seq, key, entry in events:
+        if entry is not None:
+            entries.pop(key, None)
+            entries[key] = entry  # appended: newest last, as the eviction order wants
+        else:
+            current = entries.get(key)
+            if current is not None and current.seq < seq:
+                del entries[key]
+    end = geometry.volume_size if valid_end is None else min(valid_end, geometry.volume_size)
+    for key, entry in list(entries.items()):
+        if entry.offset + entry.footprint > end:
+            del entries[key]
+            notes.append(f"dropped {key!r}: its record at {entry.offset} lies past the end "
+                         f"of the volume's data ({end} bytes); the file was truncated")
+    _drop_overlaps(entries, notes)
+    for note in notes:
+        log.warning("%s: %s", path, note)
+    return Recovered(generation, cp_seq, last_seq, entries, len(journal), notes)
+
+
+def _load_checkpoint(engine: IoEngine, file: IoFile, geometry: Geometry,
+                     notes: list[str]) -> tuple[int, int, dict[str, Entry]]:
+    slots = geometry.slot_offsets
+    heads = _scratch.take(2 * ALIGN)
+    results = engine.read([(file, slots[0], heads[:ALIGN]), (file, slots[1], heads[ALIGN:])])
+    candidates = []
+    for i, (offset, got) in enumerate(zip(slots, results)):
+        if isinstance(got, BaseException):
+            raise BackendIOError("reading a checkpoint slot failed", errno=got.errno,
+                                 path=file.path)
+        header = decode_slot_header(heads[i * ALIGN:(i + 1) * ALIGN], geometry)
+        if header is not None:
+            candidates.append((header.generation, offset, header))
+    candidates.sort(key=lambda c: c[0], reverse=True)
+    for rank, (generation, offset, header) in enumerate(candidates):
+        raw = read_exact(engine, file, offset, align_up(SLOT_HEADER_SIZE + header.payload_len))
+        payload = raw[SLOT_HEADER_SIZE:SLOT_HEADER_SIZE + header.payload_len]
+        if crc32c(payload) != header.payload_crc:
+            notes.append(f"checkpoint generation {generation} at {offset} fails its checksum "
+                         "(a torn checkpoint write); using the previous one")
+            continue
+        try:
+            entries = _parse_entries(payload, header.entries, geometry)
+        except CorruptionError as exc:
+            notes.append(f"checkpoint generation {generation} at {offset}: {exc.message}")
+            continue
+        if rank:
+            log.warning("%s: fell back to checkpoint generation %d", file.path, generation)
+        return generation, header.seq, entries
+    raise CorruptionError(
+        "neither checkpoint slot holds a valid checkpoint of this volume; the index is "
+        "lost. Copy the volume aside for analysis before formatting it again",
+        path=file.path)
+
+
+def _parse_entries(payload: bytes, count: int, geometry: Geometry) -> dict[str, Entry]:
+    entries: dict[str, Entry] = {}
+    unpack, fixed = CKPT_ENTRY.unpack_from, CKPT_ENTRY.size
+    pos = 0
+    for _ in range(count):
+        if pos + fixed > len(payload):
+            raise CorruptionError("the checkpoint's entries are shorter than its count")
+        offset, size, seq, write_ns, crc, key_len = unpack(payload, pos)
+        end = pos + fixed + key_len
+        if end > len(payload) or not check_entry_bounds(offset, size, key_len, geometry):
+            raise CorruptionError(f"checkpoint entry at byte {pos} is out of bounds")
+        try:
+            key = payload[pos + fixed:end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptionError(f"checkpoint entry at byte {pos} has a non-UTF-8 key") from None
+        if key in entries:
+            raise CorruptionError(f"checkpoint lists key {key!r} twice")
+        entries[key] = Entry(offset, size, seq, write_ns, crc, payload[pos:end])
+        pos = end
+    if pos != len(payload):
+        raise CorruptionError("the checkpoint has bytes after its last entry")
+    return entries
+
+
+def _read_journal(engine: IoEngine, file: IoFile, geometry: Geometry,
+                  after_seq: int) -> list[JournalEntry]:
+    raw = read_exact(engine, file, geometry.journal_offset, geometry.journal_size)
+    live, pos = [], 0
+    while pos < len(raw):
+        entry = decode_journal_entry(raw, pos, geometry)
+        if entry is not None and entry.seq > after_seq:
+            live.append(entry)
+            pos += entry.nblocks * ALIGN
+        else:
+            pos += ALIGN
+    return live
+
+
+def _verify_records(engine: IoEngine, file: IoFile, geometry: Geometry,
+                    puts: list[tuple[int, int]], after_seq: int,
+                    notes: list[str]) -> list[tuple[str, Entry]]:
+    """The journalled records that check completely, as (key, entry)."""
+    headers: list[tuple[int, RecordHeader]] = []
+    for start in range(0, len(puts), HEADER_BATCH):
+        chunk = [(o, c) for o, c in puts[start:start + HEADER_BATCH]
+                 if o % ALIGN == 0 and geometry.data_offset <= o
+                 and o + VALUE_OFFSET <= geometry.volume_size]
+        view = _scratch.take(len(chunk) * ALIGN)
+        blocks = [view[i * ALIGN:(i + 1) * ALIGN] for i in range(len(chunk))]
+        results = engine.read([(file, o, b) for (o, _), b in zip(chunk, blocks)])
+        for (offset, crc), block, got in zip(chunk, blocks, results):
+            if got != ALIGN or header_crc_of(block) != crc:
+                continue  # overwritten since, or never written: not this record
+            try:
+                header = decode_header(block, path=file.path, offset=offset)
+            except CorruptionError:
+                continue
+            if (header.tombstone or header.seq <= after_seq or not check_entry_bounds(
+                    offset, header.value_len, len(header.key.encode()), geometry)):
+                continue
+            headers.append((offset, header))
+    found: list[tuple[str, Entry]] = []
+    index = 0
+    while index < len(headers):
+        group, total = [], 0
+        while index < len(headers) and (not group or total + headers[index][1].value_len
+                                        <= VALUE_BATCH_BYTES):
+            group.append(headers[index])
+            total += headers[index][1].value_len
+            index += 1
+        view = _scratch.take(total)
+        items, position = [], 0
+        for offset, header in group:
+            items.append((file, offset + VALUE_OFFSET, view[position:position + header.value_len]))
+            position += header.value_len
+        results = engine.read(items) if items else []
+        for (offset, header), (_, _, value), got in zip(group, items, results):
+            if got != header.value_len or crc32c(value) != header.value_crc:
+                notes.append(f"left out {header.key!r} (seq {header.seq}) at {offset}: its "
+                             "value fails its checksum (a write that was never acknowledged, "
+                             "or damage)")
+                continue
+            found.append((header.key, Entry.build(header.key.encode(), offset,
+                                                  header.value_len, header.seq,
+                                                  header.write_ns, header.value_crc)))
+    return found
+
+
+def _drop_overlaps(entries: dict[str, Entry], notes: list[str]) -> None:
+    """Keep the newer of any two records whose extents overlap."""
+    by_offset = sorted(entries.items(), key=lambda item: item[1].offset)
+    kept_key, kept_end = None, -1
+    for key, entry in by_offset:
+        if entry.offset < kept_end and kept_key is not None:
+            loser = key if entries[kept_key].seq > entry.seq else kept_key
+            winner = kept_key if loser == key else key
+            notes.append(f"dropped {loser!r}: its record overlaps the newer one of "
+                         f"{winner!r}")
+            del entries[loser]
+            if loser == key:
+                continue
+        kept_key, kept_end = key, entry.offset + entry.footprint
