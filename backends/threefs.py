@@ -1,0 +1,818 @@
+"""``3fs``: a backend shared by a cluster, on a 3FS mount (or any shared file system).
+
+Layout under the directory given (a 3FS mount point, or a folder on it)::
+
+    <cluster>/KVSTORED-BACKEND.json      the stamp (backend "3fs", layout 1)
+    <cluster>/<node-id>/journal.kvj      the node's index (backends/threefs_journal.py)
+    <cluster>/<node-id>/shard-NNNNNNNN.dat   records (backends/record.py), appended
+    <cluster>/<node-id>/LOCK             flock'd while a process writes as this node
+    <cluster>/<node-id>/quarantine/      what check(repair=True) moved or copied aside
+
+Each node writes only under its own directory, so no two nodes ever write one file; any
+node reads any node's records directly (``capabilities.shared``), finding them through
+that node's journal. The SDK calls that describe "what is stored" (``scan``, ``stat``,
+``contains``, ``usage``, ``locate``, ``evict``, ``check``, deletes) concern this node's
+objects; ``batch_read`` also finds other nodes' objects (see backends/threefs_view.py for
+when they become visible), and :meth:`ThreeFsBackend.find`, :meth:`~ThreeFsBackend.nodes`
+and :meth:`~ThreeFsBackend.scan_cluster` expose the rest of the cluster.
+
+A batch is written as: records appended to the node's active shard (one engine
+submission), the shard fsync'd, the journal entries appended and fsync'd, and only then
+the objects are visible and acknowledged. Data I/O goes through 3FS's USRBIO where it is
+available (backends/threefs_usrbio.py), else through kvstored's io engine.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import cffi
+from kvstored.backends import threefs_check
+from kvstored.backends.record import (
+    VALUE_OFFSET,
+    align_up,
+    encode_header,
+    record_size,
+    value_checksum,
+)
+from kvstored.backends.stamp import STAMP_NAME, claim_directory, fsync_dir
+from kvstored.backends.threefs_files import HandleCache, ReadRequest, read_records, scratch
+from kvstored.backends.threefs_index import (
+    NodeIndex,
+    Slot,
+    check_name,
+    default_node_id,
+    shard_path,
+)
+from kvstored.backends.threefs_journal import (
+    ENTRY_SIZE,
+    HEADER_SIZE,
+    JOURNAL_NAME,
+    Entry,
+    Header,
+    JournalStuckError,
+    JournalWriter,
+    Kind,
+    entry_size,
+)
+from kvstored.backends.threefs_usrbio import choose_usrbio
+from kvstored.backends.threefs_view import ClusterView
+from kvstored.native import IoError, get_engine
+from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.errors import (
+    BackendError,
+    BackendIOError,
+    CapacityError,
+    InvalidRequestError,
+    from_oserror,
+)
+from kvstored.sdk.types import (
+    DEFAULT_MAX_VALUE_SIZE,
+    Buffer,
+    Capabilities,
+    CheckReport,
+    EvictionGranularity,
+    Location,
+    ObjectRecord,
+    ReadStatus,
+    Usage,
+    WriteBatchHint,
+    WriteOutcome,
+    WriteResult,
+    encode_key,
+)
+
+log = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 1
+DEFAULT_SHARD_BYTES = 256 << 20
+MIN_SHARD_BYTES = 64 << 10
+#: Compact the journal once its dead entries outweigh its live ones by this much.
+COMPACT_MIN_DEAD_BYTES = 1 << 20
+_ZERO_PAGE = mmap.mmap(-1, VALUE_OFFSET)  # page-aligned zeros for record tails
+_ffi = cffi.FFI()
+
+
+@dataclass(slots=True)
+class _Shard:
+    """One of this node's shard files, as the writer tracks it."""
+
+    number: int
+    path: str
+    #: Bytes allocated: the next record goes here.
+    end: int
+    #: Write batches with records placed here and not yet published.
+    inflight: int = 0
+    #: Reads in progress: the file must outlive them.
+    readers: int = 0
+    last_access: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedObject:
+    """An object anywhere in the cluster, as :meth:`ThreeFsBackend.find` reports it."""
+
+    node_id: str
+    record: ObjectRecord
+
+
+class ThreeFsBackend(StorageBackend):
+    """Per-node append-only shards plus a journal, on a file system every node mounts.
+
+    Options, besides ``capacity`` (this node's files), ``max_value_size`` and
+    ``on_evict``:
+
+    ``cluster``       the cluster's directory name under the path (default ``default``)
+    ``node_id``       this node's directory name (default: the host name)
+    ``shard_bytes``   a shard is sealed and a new one begun past this size (256 MiB; at
+                      most an eighth of ``capacity``, so eviction has several to choose)
+    ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read)
+    ``auto_evict``    let a write that does not fit evict shards (default True)
+    ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see threefs_usrbio)
+    ``shared_reads``  let ``batch_read`` find other nodes' objects (default True)
+    ``engine``, ``direct``  the io engine for POSIX I/O through the mount
+    """
+
+    name = "3fs"
+
+    def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
+                 max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
+                 on_evict: EvictionCallback | None = None,
+                 engine: str | None = None, direct: bool | None = None,
+                 cluster: str = "default", node_id: str | None = None,
+                 shard_bytes: int = DEFAULT_SHARD_BYTES, policy: str = "fifo",
+                 auto_evict: bool = True, usrbio: str = "auto",
+                 shared_reads: bool = True) -> None:
+        super().__init__(path, capacity=capacity, max_value_size=max_value_size,
+                         on_evict=on_evict)
+        if policy not in ("fifo", "lru"):
+            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
+        if shard_bytes < MIN_SHARD_BYTES:
+            raise InvalidRequestError(f"shard_bytes must be at least {MIN_SHARD_BYTES}, "
+                                      f"not {shard_bytes}")
+        self.policy = policy
+        self.auto_evict = auto_evict
+        self.cluster = check_name("cluster", cluster)
+        self.node_id = check_name("node_id", node_id) if node_id else default_node_id()
+        self.shard_bytes = (shard_bytes if capacity is None
+                            else max(MIN_SHARD_BYTES, min(shard_bytes, capacity // 8)))
+        self.root = Path(self.path)
+        self.cluster_dir = self.root / self.cluster
+        self.node_dir = self.cluster_dir / self.node_id
+        self.quarantine_dir = self.node_dir / "quarantine"
+        #: Reads of this node's records that failed their checks (a metric).
+        self.corrupt_reads = 0
+
+        choice = choose_usrbio(self.path, usrbio)
+        #: Why data I/O goes the way it goes (USRBIO or POSIX through the mount).
+        self.io_path = choice.reason
+        try:
+            self.io = choice.engine or get_engine(engine, direct=direct)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc), path=path) from None
+        self.files = HandleCache(self.io, direct=direct)
+
+        self._lock = threading.Lock()
+        self._published = threading.Condition(self._lock)
+        self._index = NodeIndex()
+        self._shards: dict[int, _Shard] = {}
+        self._active: _Shard | None = None
+        self._pending: dict[str, threading.Event] = {}
+        self._seq = 0
+        self._next_shard = 1
+        self._data_bytes = 0
+        self._pending_journal = 0
+        self._unpublished = 0
+        self._lock_fd = -1
+        self._stuck: JournalStuckError | None = None
+        self.journal: JournalWriter | None = None
+        #: Problems recovery found at open, for check() to report and repair.
+        self.open_problems: list = []
+        self.journal_damage: list[tuple[int, int]] = []
+        try:
+            self._claim()
+            threefs_check.recover(self)
+        except OSError as exc:
+            self._release_lock_file()
+            raise from_oserror(exc, path=self.node_dir, action="opening the backend") from exc
+        except BaseException:
+            self._release_lock_file()
+            raise
+        self.view = (ClusterView(self.cluster_dir, self.node_id, self.io, self.files)
+                     if shared_reads else None)
+        log.info("3fs: node %s of cluster %s at %s; %s", self.node_id, self.cluster,
+                 self.root, self.io_path)
+
+    # -- open ---------------------------------------------------------------------------
+
+    def _claim(self) -> None:
+        if (self.root / STAMP_NAME).exists():
+            # Another backend's directory: claim_directory refuses it, naming the owner.
+            claim_directory(self.root, self.name, LAYOUT_VERSION)
+        self.root.mkdir(parents=True, exist_ok=True)
+        _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION)
+        if not self.node_dir.is_dir():
+            self.node_dir.mkdir(exist_ok=True)
+            fsync_dir(self.cluster_dir)
+        self.quarantine_dir.mkdir(exist_ok=True)
+        self._lock_fd = os.open(self.node_dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InvalidRequestError(
+                f"node {self.node_id!r} of cluster {self.cluster!r} is already open in "
+                "another process or backend instance; a node id has one writer at a time",
+                path=self.node_dir) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            log.warning("3fs: %s does not support file locks (%s); nothing stops two "
+                        "processes from opening node %s: keep node ids unique",
+                        self.node_dir, exc.strerror, self.node_id)
+
+    def _release_lock_file(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def _close(self) -> None:
+        with self._lock:
+            while self._unpublished:
+                self._published.wait()
+            self._active = None
+        self.files.close_all()
+        if self.journal is not None:
+            self.journal.close()
+        self._release_lock_file()
+
+    # -- capabilities -----------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(shared=True, eviction=EvictionGranularity.BUCKET,
+                            aligned_values=True, persistent=True,
+                            max_value_size=self.max_value_size)
+
+    def write_batch_hint(self) -> WriteBatchHint:
+        # Each batch costs two fsyncs (shard, journal): big batches amortise them.
+        return WriteBatchHint(max_bytes=min(64 << 20, self.shard_bytes), max_keys=1024,
+                              max_age=0.5)
+
+    # -- writes -------------------------------------------------------------------------
+
+    def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
+        self._check_open()
+        encoded = self._check_value_sizes(items)
+        results: list[WriteResult | None] = [None] * len(items)
+        mine: dict[str, threading.Event] = {}
+        work = []
+        try:
+            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+                if key in mine:
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                    continue
+                claim = self._claim_key(key)
+                if isinstance(claim, WriteResult):
+                    results[i] = claim
+                    continue
+                mine[key] = claim
+                work.append((i, key, key_bytes, memoryview(value).cast("B")))
+            if work:
+                self._write(work, results)
+        finally:
+            with self._lock:
+                for key, event in mine.items():
+                    del self._pending[key]
+                    event.set()
+        return results  # type: ignore[return-value]
+
+    def _claim_key(self, key: str) -> threading.Event | WriteResult:
+        while True:
+            with self._lock:
+                if key in self._index.objects:
+                    return WriteResult(key, WriteOutcome.EXISTS)
+                other = self._pending.get(key)
+                if other is None:
+                    event = self._pending[key] = threading.Event()
+                    return event
+            other.wait()  # another thread is writing this key: see how it ends
+
+    def _write(self, work: list, results: list) -> None:
+        placed = []  # (i, key, key_bytes, view, shard, offset, seq, put entry size)
+        with self._lock:
+            self._check_writable()
+            for i, key, key_bytes, view in work:
+                size = record_size(view.nbytes)
+                meta = entry_size(key)
+                problem = self._make_room_locked(key, size, meta)
+                if problem is not None:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, problem)
+                    continue
+                try:
+                    shard = self._place_locked(size)
+                except (OSError, BackendError) as exc:
+                    error = exc if isinstance(exc, BackendError) else from_oserror(
+                        exc, key=key, action="starting a new shard")
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, error)
+                    continue
+                self._seq += 1
+                self._pending_journal += meta
+                placed.append((i, key, key_bytes, view, shard, shard.end - size, self._seq,
+                               meta))
+            if not placed:
+                return
+            self._unpublished += 1
+        entries: list[Entry] = []
+        try:
+            entries = self._store_records(placed, results)
+        finally:
+            with self._lock:
+                for *_, shard, _offset, _seq, meta in placed:
+                    shard.inflight -= 1
+                    self._pending_journal -= meta
+                for entry in entries:
+                    self._index.apply(entry)
+                self._unpublished -= 1
+                self._published.notify_all()
+        for i, key, *_ in placed:
+            if results[i] is None:
+                results[i] = WriteResult(key, WriteOutcome.WRITTEN)
+
+    def _store_records(self, placed: list, results: list) -> list[Entry]:
+        """Write, fsync and journal the placed records; return the journaled entries.
+        Items that fail get their result here; the rest are left for the caller."""
+        files: dict[int, object] = {}
+        try:
+            for *_, shard, _offset, _seq, _meta in placed:
+                if shard.number not in files:
+                    files[shard.number] = self.files.acquire(shard.path, os.O_RDWR)
+        except OSError as exc:
+            for file in files.values():
+                self.files.release(file)
+            error = from_oserror(exc, action="opening the shard")
+            for i, key, *_ in placed:
+                results[i] = WriteResult(key, WriteOutcome.FAILED, error)
+            return []
+        # Every item is 4 KiB-aligned in offset and length (a value's last partial block
+        # is copied, zero-padded, next to its header), and on O_DIRECT files in memory
+        # too (a value in unaligned memory is copied to aligned scratch first). The
+        # engine would bounce unaligned items itself, but its read-modify-write and its
+        # trimming of the file end are not safe against another batch appending to the
+        # same shard at the same time; the copy costs the same as its bounce.
+        items, spans, entries = [], [], []
+        copies = [bool(files[p[4].number].direct) and not _page_aligned(p[3]) for p in placed]
+        blocks = scratch(VALUE_OFFSET * 2 * len(placed)
+                         + sum(p[3].nbytes for p, copy in zip(placed, copies) if copy))
+        moved = VALUE_OFFSET * 2 * len(placed)
+        try:
+            for n, (_i, key, key_bytes, view, shard, offset, seq, _meta) in enumerate(placed):
+                checksum = value_checksum(view)
+                write_ns = time.time_ns()
+                header = blocks[2 * n * VALUE_OFFSET:(2 * n + 1) * VALUE_OFFSET]
+                header[:] = encode_header(key_bytes, view.nbytes, seq, checksum,
+                                          write_ns=write_ns)
+                file = files[shard.number]
+                first = len(items)
+                items.append((file, offset, header))
+                whole = view.nbytes - view.nbytes % VALUE_OFFSET
+                if whole:
+                    body = view[:whole]
+                    if copies[n]:
+                        body, moved = blocks[moved:moved + whole], moved + align_up(whole)
+                        body[:] = view[:whole]
+                    items.append((file, offset + VALUE_OFFSET, body))
+                if whole < view.nbytes:
+                    tail = blocks[(2 * n + 1) * VALUE_OFFSET:(2 * n + 2) * VALUE_OFFSET]
+                    rest = view.nbytes - whole
+                    tail[:rest] = view[whole:]
+                    tail[rest:] = _ZERO_PAGE[:VALUE_OFFSET - rest]
+                    items.append((file, offset + VALUE_OFFSET + whole, tail))
+                spans.append((first, len(items), shard.number))
+                entries.append(Entry(Kind.PUT, key, shard.number, seq, offset, view.nbytes,
+                                     write_ns, checksum))
+            outcomes = self.io.write(items)
+            numbers = list(files)
+            synced = dict(zip(numbers, self.io.fsync([files[n] for n in numbers],
+                                                     datasync=False)))
+        finally:
+            for file in files.values():
+                self.files.release(file)
+        good = []
+        for (i, key, *_), (first, last, number), entry in zip(placed, spans, entries):
+            failure = next((r for r in outcomes[first:last] if isinstance(r, IoError)), None)
+            if failure is None and isinstance(synced[number], IoError):
+                failure = synced[number]
+            if failure is not None:
+                results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
+                    failure, key=key, action="writing the record"))
+                continue
+            good.append(entry)
+        if not good:
+            return []
+        try:
+            self._journal_append(good)
+        except OSError as exc:
+            error = from_oserror(exc, path=self.journal.path, action="journaling the batch")
+            for i, key, *_ in placed:
+                if results[i] is None:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, error)
+            return []
+        return good
+
+    def _journal_append(self, entries: list[Entry]) -> None:
+        try:
+            self.journal.append(entries)
+        except JournalStuckError as exc:
+            self._stuck = exc
+            raise
+
+    def _check_writable(self) -> None:
+        stuck = self._stuck
+        if stuck is not None:
+            raise BackendIOError(str(stuck), errno=stuck.errno or errno.EIO,
+                                 path=self.journal.path)
+
+    def _place_locked(self, size: int) -> _Shard:
+        shard = self._active
+        if shard is None or (shard.end and shard.end + size > self.shard_bytes):
+            shard = self._rotate_locked()
+        shard.end += size
+        shard.inflight += 1
+        self._data_bytes += size
+        return shard
+
+    def _rotate_locked(self) -> _Shard:
+        """Seal the active shard and start the next: journal it first, then create it."""
+        number = self._next_shard
+        self._seq += 1
+        entry = Entry(Kind.SHARD_OPEN, shard=number, seq=self._seq)
+        self._journal_append([entry])
+        self._next_shard += 1
+        self._index.apply(entry)
+        path = str(shard_path(self.node_dir, number))
+        file = self.files.acquire(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        self.files.release(file)
+        fsync_dir(self.node_dir)
+        shard = self._shards[number] = _Shard(number, path, 0, last_access=time.monotonic())
+        self._active = shard
+        return shard
+
+    # -- capacity -----------------------------------------------------------------------
+
+    def _committed_locked(self) -> int:
+        """Bytes on disk now, plus those already promised: journal entries in flight, a
+        future delete entry per object and a future drop entry per shard."""
+        return (self._data_bytes + self.journal.size + self._pending_journal
+                + self._index.key_meta + ENTRY_SIZE * len(self._shards))
+
+    def _make_room_locked(self, key: str, size: int, meta: int) -> CapacityError | None:
+        if self.capacity is None:
+            return None
+        need = size + 2 * meta  # the record, its put entry, its future delete entry
+        active = self._active
+        if active is None or (active.end and active.end + size > self.shard_bytes):
+            need += 2 * ENTRY_SIZE  # a new shard's open entry and future drop entry
+        if need > self.capacity:
+            return CapacityError(f"the object needs {need} bytes, more than the whole "
+                                 f"capacity of {self.capacity}", key=key, path=self.node_dir)
+        shortfall = self._committed_locked() + need - self.capacity
+        if shortfall > 0 and self.auto_evict:
+            try:
+                self._evict_locked(shortfall, self.on_evict)
+                shortfall = self._committed_locked() + need - self.capacity
+                if shortfall > 0 and self._dead_journal_bytes_locked() > 0:
+                    self._compact_locked()
+                    shortfall = self._committed_locked() + need - self.capacity
+            except (OSError, BackendError) as exc:
+                log.warning("3fs: making room failed: %s", exc)
+        if shortfall > 0:
+            return CapacityError(
+                f"no room: {self._committed_locked()} of {self.capacity} bytes in use or "
+                "promised, and nothing evictable; delete objects or raise the capacity",
+                key=key, path=self.node_dir)
+        return None
+
+    def _dead_journal_bytes_locked(self) -> int:
+        live = HEADER_SIZE + self._index.key_meta + ENTRY_SIZE * len(self._index.shards)
+        return max(0, self.journal.size - live)
+
+    def _compact_locked(self) -> None:
+        """Rewrite the journal with only what is live (waits for unpublished appends,
+        whose entries are not in the index yet and must not be lost)."""
+        while self._unpublished:
+            self._published.wait()
+        header = Header(self.journal.header.generation + 1, self._seq, self._next_shard - 1)
+        self.journal.rewrite(header, self._index.live_entries())
+        self._index.dead_entries = 0
+
+    def _maybe_compact_locked(self) -> None:
+        dead = self._dead_journal_bytes_locked()
+        if dead > max(COMPACT_MIN_DEAD_BYTES, self.journal.size - dead):
+            self._compact_locked()
+
+    # -- reads --------------------------------------------------------------------------
+
+    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
+        """Read this node's objects, and with ``shared_reads`` other nodes' objects too
+        (a miss refreshes the view of the other nodes first; see threefs_view)."""
+        self._check_open()
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        asked_at = time.monotonic()
+        views = []
+        for buffer in buffers:
+            view = memoryview(buffer)
+            views.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
+        results = [int(ReadStatus.MISSING)] * len(keys)
+        own = self._read_own_keys(keys, views, results)
+        if self.view is not None and len(own) < len(keys):
+            others = [i for i in range(len(keys)) if i not in own]
+            got = self.view.read([keys[i] for i in others], [views[i] for i in others],
+                                 asked_at)
+            for i, status in zip(others, got):
+                results[i] = status
+        return results
+
+    def _read_own_keys(self, keys: Sequence[str], views: list[memoryview], results: list[int],
+                       *, details: dict[int, str] | None = None) -> set[int]:
+        """Read the keys this node holds into ``views`` (one engine submission), setting
+        their ``results``; return their positions. Keys are pinned, and their shards
+        marked as being read, for the duration."""
+        now = time.monotonic()
+        wanted, pinned, shards, own = [], [], [], set()
+        with self._lock:
+            for i, key in enumerate(keys):
+                slot = self._index.objects.get(key)
+                if slot is None:
+                    continue
+                own.add(i)
+                if len(views[i]) < slot.size:
+                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    continue
+                shard = self._shards[slot.shard]
+                shard.readers += 1
+                shard.last_access = now
+                shards.append(shard)
+                pinned.append(key)
+                wanted.append((i, key, slot, shard))
+            self._pins.acquire(pinned)
+        requests, where, held = [], [], []
+        try:
+            for i, key, slot, shard in wanted:
+                try:
+                    file = self.files.acquire(shard.path)
+                except OSError as exc:
+                    log.warning("3fs: cannot open %s for %r: %s", shard.path, key, exc)
+                    results[i] = ReadStatus.IO_ERROR
+                    continue
+                held.append(file)
+                requests.append(ReadRequest(key, slot, file, views[i]))
+                where.append(i)
+            for i, request, outcome in zip(where, requests, read_records(self.io, requests)):
+                results[i] = outcome.status
+                if outcome.status >= 0:
+                    continue
+                if details is not None:
+                    details[i] = outcome.detail
+                elif outcome.status == ReadStatus.CORRUPT:
+                    self.corrupt_reads += 1
+                    log.warning("3fs: %r in %s failed its check: %s; reported as corrupt "
+                                "(run check(repair=True) to quarantine it)", request.key,
+                                request.file.path, outcome.detail)
+                else:
+                    log.warning("3fs: reading %r failed: %s", request.key, outcome.detail)
+        finally:
+            for file in held:
+                self.files.release(file)
+            with self._lock:
+                for shard in shards:
+                    shard.readers -= 1
+            self._pins.release(pinned)
+        return own
+
+    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        with self._lock:
+            return [key in self._index.objects for key in keys]
+
+    def stat(self, key: str) -> ObjectRecord | None:
+        self._check_open()
+        with self._lock:
+            slot = self._index.objects.get(key)
+        return None if slot is None else self._record(key, slot, self.node_dir)
+
+    def locate(self, key: str) -> Location | None:
+        self._check_open()
+        with self._lock:
+            slot = self._index.objects.get(key)
+        return None if slot is None else _location(self.node_dir, slot)
+
+    def _record(self, key: str, slot: Slot, node_dir: Path) -> ObjectRecord:
+        return ObjectRecord(key, slot.size, slot.checksum, _location(node_dir, slot),
+                            slot.write_ns / 1e9, slot.seq)
+
+    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
+        """This node's objects (see :meth:`scan_cluster` for every node's)."""
+        self._check_open()
+        with self._lock:
+            snapshot = sorted(self._index.objects.items(), key=lambda item: item[1].seq)
+        for start in range(0, len(snapshot), 64):
+            chunk = snapshot[start:start + 64]
+            if verify:
+                buffers = [memoryview(bytearray(slot.size)) for _, slot in chunk]
+                statuses = self.batch_read([k for k, _ in chunk], buffers)
+                chunk = [item for item, got in zip(chunk, statuses) if got == item[1].size]
+            for key, slot in chunk:
+                yield self._record(key, slot, self.node_dir)
+
+    def usage(self) -> Usage:
+        """This node's objects and files (other nodes' are theirs to count)."""
+        self._check_open()
+        with self._lock:
+            return Usage(self._index.logical_bytes, self._data_bytes + self.journal.size,
+                         len(self._index.objects), self.capacity)
+
+    # -- the rest of the cluster --------------------------------------------------------
+
+    def find(self, key: str) -> SharedObject | None:
+        """Where ``key`` is stored in the cluster: this node first, else the node with
+        the newest copy (refreshing the view of other nodes on a miss)."""
+        self._check_open()
+        record = self.stat(key)
+        if record is not None:
+            return SharedObject(self.node_id, record)
+        if self.view is None:
+            return None
+        found = self.view.find_fresh(key, time.monotonic())
+        if found is None:
+            return None
+        return SharedObject(found.node_id, self._record(key, found.slot,
+                                                        Path(found.path).parent))
+
+    def nodes(self) -> list[str]:
+        """Every node of the cluster with a journal, this one included."""
+        self._check_open()
+        if self.view is None:
+            return [self.node_id]
+        self.view.refresh()
+        return sorted({self.node_id, *self.view.nodes()})
+
+    def refresh(self) -> None:
+        """Re-read the other nodes' journals now (reads do this by themselves on a miss)."""
+        self._check_open()
+        if self.view is not None:
+            self.view.refresh()
+
+    def scan_cluster(self) -> Iterator[SharedObject]:
+        """Every object of every node, this node's first, after a refresh."""
+        for record in self.scan():
+            yield SharedObject(self.node_id, record)
+        if self.view is None:
+            return
+        self.view.refresh()
+        for found in self.view.objects():
+            yield SharedObject(found.node_id, self._record(found.key, found.slot,
+                                                           Path(found.path).parent))
+
+    # -- deletes and eviction -----------------------------------------------------------
+
+    def batch_delete(self, keys: Sequence[str]) -> list[bool]:
+        self._check_open()
+        for key in keys:
+            encode_key(key)
+        answers = []
+        entries = []
+        seen = set()
+        with self._lock:
+            for key in keys:
+                hit = key in self._index.objects and key not in seen
+                seen.add(key)
+                answers.append(hit)
+                if hit:
+                    self._seq += 1
+                    entries.append(Entry(Kind.DELETE, key, seq=self._seq))
+            if not entries:
+                return answers
+            try:
+                self._journal_append(entries)
+            except OSError as exc:
+                raise from_oserror(exc, path=self.journal.path,
+                                   action="journaling the deletes") from exc
+            touched = {self._index.objects[e.key].shard for e in entries}
+            for entry in entries:
+                self._index.apply(entry)
+            emptied = [self._shards[n] for n in sorted(touched)
+                       if n in self._shards and not self._index.shards.get(n)]
+            self._drop_locked([s for s in emptied if self._droppable(s, empty_only=True)], None)
+            self._maybe_compact_locked()
+        return answers
+
+    def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
+        self._check_open()
+        with self._lock:
+            victims = self._evict_locked(nbytes, on_evict)
+            self._maybe_compact_locked()
+            return victims
+
+    def _droppable(self, shard: _Shard, *, empty_only: bool = False) -> bool:
+        if shard.inflight or shard.readers:
+            return False
+        keys = self._index.shards.get(shard.number, set())
+        if empty_only:
+            return not keys and shard is not self._active
+        return not any(self._pins.is_pinned(k) for k in keys)
+
+    def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
+        def order(shard: _Shard):
+            empty = not self._index.shards.get(shard.number)
+            age = shard.number if self.policy == "fifo" else shard.last_access
+            return (not empty, age)
+
+        chosen, freed = [], 0
+        for shard in sorted(self._shards.values(), key=order):
+            if freed >= nbytes:
+                break
+            if not self._droppable(shard):
+                continue
+            chosen.append(shard)
+            freed += shard.end + sum(entry_size(k) for k in
+                                     self._index.shards.get(shard.number, ()))
+        return self._drop_locked(chosen, on_evict)
+
+    def _drop_locked(self, shards: list[_Shard], on_evict: EvictionCallback | None) -> list[str]:
+        """Drop whole shards: journal it, tell ``on_evict``, then delete the files."""
+        if not shards:
+            return []
+        entries = []
+        for shard in shards:
+            self._seq += 1
+            entries.append(Entry(Kind.SHARD_DROP, shard=shard.number, seq=self._seq))
+        self._journal_append(entries)
+        victims = []
+        for shard, entry in zip(shards, entries):
+            victims.extend(self._index.apply(entry))
+            if shard is self._active:
+                self._active = None
+            del self._shards[shard.number]
+            self._data_bytes -= shard.end
+        if victims and on_evict is not None:
+            on_evict(list(victims))  # before the files go: their bytes are still there
+        for shard in shards:
+            self.files.forget(shard.path)
+            try:
+                os.unlink(shard.path)
+            except FileNotFoundError:
+                pass
+        return victims
+
+    # -- check and repair -------------------------------------------------------------
+
+    def check(self, repair: bool = False) -> CheckReport:
+        self._check_open()
+        return threefs_check.check(self, repair)
+
+
+def _page_aligned(view: memoryview) -> bool:
+    return not view.nbytes or int(_ffi.cast("uintptr_t", _ffi.from_buffer(view))) % 4096 == 0
+
+
+def _location(node_dir: Path, slot: Slot) -> Location:
+    return Location(str(shard_path(node_dir, slot.shard)), slot.offset + VALUE_OFFSET,
+                    slot.size, slot.offset, record_size(slot.size))
+
+
+def _claim_shared(cluster_dir: Path, backend: str, layout: int) -> None:
+    """:func:`claim_directory` for a directory that several nodes may create at once.
+
+    Two nodes starting together can find each other's half-made stamp (its temporary
+    file makes the directory "not empty") or lose the rename of the shared temporary
+    name. Both resolve within moments, so retry for a while before reporting them; a
+    stamp that names another backend or layout is reported at once.
+    """
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            claim_directory(cluster_dir, backend, layout)
+            return
+        except FileNotFoundError:
+            pass  # the other node renamed the shared temporary file first
+        except InvalidRequestError:
+            if (cluster_dir / STAMP_NAME).exists():
+                claim_directory(cluster_dir, backend, layout)  # the real verdict
+                return
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
+
+
+__all__ = ["JOURNAL_NAME", "SharedObject", "ThreeFsBackend"]
