@@ -26,6 +26,7 @@ DEFAULT_BACKEND = "file-per-key"
 BUILTIN: dict[str, str] = {
     "file-per-key": "kvstored.backends.file_per_key:FilePerKeyBackend",
     "offset": "kvstored.backends.offset:OffsetBackend",
+    "nvmeof": "kvstored.backends.nvmeof:NvmeofBackend",
     "3fs": "kvstored.backends.threefs:ThreeFsBackend",
     "bucket": "kvstored.backends.bucket:BucketBackend",
 }

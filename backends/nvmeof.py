@@ -1,0 +1,239 @@
+"""``nvmeof``: the offset layout written directly on a block device, or on a file.
+
+Meant for an NVMe-oF namespace attached with ``nvme connect`` (docs/nvmeof.md), it works
+on any block device (a local NVMe namespace, a loop device) and on a regular file. The
+bytes on the device are exactly an ``offset`` volume (:mod:`.offset_layout`): a
+superblock at offset 0 (magic, version, size, checkpoint and journal locations, uuid,
+CRC), two checkpoint slots, the journal, then records.
+
+Naming the volume
+    - ``path`` *is* the volume: a block device, or a regular file (created with
+      ``capacity`` bytes, or 1 GiB, when missing).
+    - ``path`` is a directory and the ``device`` option names the device (what a node
+      does: its backend path is a directory). The directory holds the stamp,
+      ``volume.json`` binding it to the volume's uuid, and ``quarantine/``. Device names
+      such as ``/dev/nvme1n1`` change when targets reconnect in another order; a device
+      holding a different volume is refused instead of being read as this one.
+
+Safety
+    - Block devices are opened with ``O_EXCL``: the kernel refuses while the device is
+      mounted, part of an md/LVM/device-mapper device, or open by another kvstored.
+    - A device without a superblock is formatted only if its first MiB is blank (all
+      zeros) or the ``format`` option is set; a device holding a file system is refused.
+      A device that holds a kvstored volume is never reformatted.
+    - ``direct`` (O_DIRECT) defaults to on for block devices: the page cache would only
+      duplicate the node's DRAM tier, and every record write is whole 4 KiB blocks.
+    - The device size comes from ``ioctl(BLKGETSIZE64)``; ``capacity`` may use less
+      than all of it, never more.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from kvstored.backends.offset import create_volume_file, lock_volume
+from kvstored.backends.offset_core import OffsetLayoutBackend, Volume
+from kvstored.backends.offset_layout import LAYOUT_VERSION, MiB, Geometry
+from kvstored.backends.offset_recovery import read_exact
+from kvstored.backends.record import ALIGN
+from kvstored.backends.stamp import claim_directory, write_atomically
+from kvstored.native import IoFile
+from kvstored.sdk.errors import InvalidRequestError, from_oserror
+
+log = logging.getLogger(__name__)
+
+#: ioctl numbers from <linux/fs.h>: the device size in bytes, its logical sector size.
+BLKGETSIZE64 = 0x80081272
+BLKSSZGET = 0x1268
+#: Where a bare block device's quarantine goes when no quarantine_dir is given.
+DEVICE_QUARANTINE_ROOT = Path("/var/lib/kvstored/quarantine")
+#: How long to retry a device that is busy because its previous user is still exiting.
+BUSY_WAIT = 5.0
+BINDING_NAME = "volume.json"
+
+
+class NvmeofBackend(OffsetLayoutBackend):
+    """The offset layout on a block device or file (see the module doc).
+
+    Options besides those of the offset layout: ``device`` (the device, when ``path`` is
+    a directory), ``format`` (format a device whose first MiB is not blank),
+    ``quarantine_dir`` (where check(repair=True) copies bad records).
+    """
+
+    name = "nvmeof"
+
+    def __init__(self, path: str | os.PathLike, *, device: str | None = None,
+                 format: bool = False, quarantine_dir: str | None = None,
+                 direct: bool | None = None, **options: Any) -> None:
+        self.device_option = device
+        self.format_allowed = format
+        self._quarantine_option = quarantine_dir
+        target = device if device is not None else os.fspath(path)
+        if direct is None and is_block_device(target):
+            direct = True
+        super().__init__(path, direct=direct, **options)
+
+    @property
+    def quarantine_dir(self) -> Path:
+        if self._quarantine_option:
+            return Path(self._quarantine_option)
+        if self.device_option is not None:
+            return Path(self.path) / "quarantine"
+        if self.device:
+            return DEVICE_QUARANTINE_ROOT / Path(self.path).name
+        return Path(f"{self.path}.quarantine")
+
+    # -- attaching the device ------------------------------------------------------------
+
+    def _attach(self) -> Volume:
+        if self.device_option is not None:
+            try:
+                claim_directory(Path(self.path), self.name, LAYOUT_VERSION)
+            except OSError as exc:
+                raise from_oserror(exc, path=self.path, action="preparing the directory") \
+                    from exc
+            target = self.device_option
+        else:
+            target = self.path
+            if os.path.isdir(target):
+                raise InvalidRequestError(
+                    "this is a directory: point the nvmeof backend at a block device or "
+                    "a file, or set its device option (the directory then keeps its "
+                    "stamp and quarantine)", path=target)
+        created = False
+        try:
+            info = os.stat(target)
+        except FileNotFoundError:
+            if self.device_option is not None:
+                raise InvalidRequestError(
+                    "the device does not exist; attach the NVMe-oF namespace first "
+                    "(nvme connect …; `nvme list` shows it)", path=target) from None
+            try:
+                create_volume_file(Path(target), self.capacity or self.DEFAULT_VOLUME_SIZE)
+            except OSError as exc:
+                raise from_oserror(exc, path=target, action="creating the volume file") \
+                    from exc
+            created = True
+            info = os.stat(target)
+        block = stat.S_ISBLK(info.st_mode)
+        if not block and not stat.S_ISREG(info.st_mode):
+            raise InvalidRequestError("not a block device or a regular file", path=target)
+        file = self._open_device(target) if block else self._open_file(target)
+        try:
+            size = device_size(file.fd) if block else os.fstat(file.fd).st_size
+            if block:
+                check_sector_size(file.fd, target)
+        except BaseException:
+            file.close()
+            raise
+        return Volume(file, size, device=block, owned=created)
+
+    def _open_file(self, target: str) -> IoFile:
+        try:
+            file = self._engine.open(target, os.O_RDWR)
+        except OSError as exc:
+            raise from_oserror(exc, path=target, action="opening the volume file") from exc
+        lock_volume(file)
+        return file
+
+    def _open_device(self, target: str) -> IoFile:
+        """O_EXCL: no mounted or otherwise claimed device is ever written."""
+        deadline = time.monotonic() + BUSY_WAIT
+        while True:
+            try:
+                return self._engine.open(target, os.O_RDWR | os.O_EXCL)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise from_oserror(exc, path=target, action="opening the device") from exc
+                if time.monotonic() >= deadline:
+                    raise InvalidRequestError(
+                        "the device is in use: mounted, part of an md/LVM/device-mapper "
+                        "device, or open by another kvstored; free it first (lsblk and "
+                        "`fuser -v` show who holds it)", path=target) from None
+                time.sleep(0.05)
+
+    def _may_format(self, volume: Volume, first_block) -> bool:
+        if volume.owned:
+            return True
+        head = read_exact(self._engine, self._file, 0, min(volume.size, 1 * MiB)
+                          - min(volume.size, 1 * MiB) % ALIGN)
+        if head == bytes(len(head)):
+            return True
+        if self.format_allowed:
+            log.warning("%s: formatting it although its first MiB holds data (format=true)",
+                        self._file.path)
+            return True
+        raise InvalidRequestError(
+            "it holds data that is not a kvstored volume (a file system, a partition "
+            "table, …); if it may be overwritten, wipe it (`wipefs --all`, `blkdiscard`) "
+            "or open it with the option format=true", path=self._file.path)
+
+    def _open_geometry(self, volume: Volume) -> Geometry:
+        geometry = super()._open_geometry(volume)
+        if volume.size > geometry.volume_size and volume.device:
+            log.info("%s: the volume uses %d of the device's %d bytes (capacity)",
+                     self._file.path, geometry.volume_size, volume.size)
+        if self.device_option is not None:
+            self._bind(geometry)
+        return geometry
+
+    def _bind(self, geometry: Geometry) -> None:
+        """Check (or record) which volume the directory belongs to."""
+        binding = Path(self.path) / BINDING_NAME
+        mine = {"device": self.device_option, "uuid": geometry.uuid.hex()}
+        try:
+            known = json.loads(binding.read_text())
+        except FileNotFoundError:
+            known = None
+        except ValueError:
+            raise InvalidRequestError(f"{BINDING_NAME} is unreadable; restore it or remove "
+                                      "it to adopt the device's volume", path=binding) from None
+        if known is not None and known.get("uuid") != mine["uuid"]:
+            raise InvalidRequestError(
+                f"{self.device_option} holds volume {mine['uuid']}, but this directory "
+                f"belongs to volume {known.get('uuid')} (last seen at {known.get('device')}). "
+                "Device names change when targets reconnect: point the device option at "
+                "the right one (a /dev/disk/by-id/ name is stable)", path=self.path)
+        if known != mine:
+            write_atomically(binding, json.dumps(mine).encode() + b"\n")
+
+
+def is_block_device(path: str) -> bool:
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def device_size(fd: int) -> int:
+    """The size of the block device open as ``fd``, in bytes."""
+    buf = bytearray(8)
+    try:
+        fcntl.ioctl(fd, BLKGETSIZE64, buf, True)
+    except OSError:
+        return os.lseek(fd, 0, os.SEEK_END)  # the same answer, where the ioctl is missing
+    return struct.unpack("<Q", buf)[0]
+
+
+def check_sector_size(fd: int, path: str) -> None:
+    """Refuse devices whose logical sectors exceed the layout's 4 KiB alignment: O_DIRECT
+    writes of 4 KiB blocks would fail on them."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, BLKSSZGET, buf, True)
+    except OSError:
+        return
+    sector = struct.unpack("<i", buf)[0]
+    if sector > ALIGN:
+        raise InvalidRequestError(
+            f"the device has {sector}-byte logical sectors; the offset layout needs "
+            f"{ALIGN} or less", path=path)
