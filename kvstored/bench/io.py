@@ -115,11 +115,19 @@ def run_fio(fio: str, pattern: Pattern, path: Path, size: int, runtime: float) -
                        cpu_seconds=(job["usr_cpu"] + job["sys_cpu"]) / 100 * seconds)
 
 
+def make_staging(size: int) -> mmap.mmap:
+    """The buffer every engine run reads into and writes from: allocated and touched once
+    (fresh pages are slow here), filled with incompressible bytes."""
+    staging = mmap.mmap(-1, min(STAGING_BYTES, size))
+    tile = np.random.default_rng(0).bytes(1 << 20)
+    for start in range(0, len(staging), len(tile)):
+        staging[start:start + len(tile)] = tile[:len(staging) - start]
+    return staging
+
+
 def run_engine(engine: IoEngine, pattern: Pattern, path: Path, size: int,
-               runtime: float, seed: int) -> Measurement:
-    batch = max(QUEUE_DEPTH, min(1024, STAGING_BYTES // pattern.block))
-    staging = mmap.mmap(-1, batch * pattern.block)
-    memoryview(staging)[:] = np.random.default_rng(seed).bytes(len(staging))
+               runtime: float, staging: mmap.mmap, seed: int) -> Measurement:
+    batch = max(QUEUE_DEPTH, min(1024, len(staging) // pattern.block))
     engine.register_buffer(staging)  # False on posix, or when RLIMIT_MEMLOCK is too low
     views = [memoryview(staging)[i * pattern.block:(i + 1) * pattern.block]
              for i in range(batch)]
@@ -174,14 +182,12 @@ def prepare_file(path: Path, size: int, say: Callable[[str], None]) -> None:
                          f"--size.", ExitCode.NO_SPACE)
     say(f"writing the {format_size(size)} benchmark file {path} ...")
     engine = PosixEngine(queue_depth=QUEUE_DEPTH)
-    chunk = np.random.default_rng(0).bytes(64 << 20)
-    staging = mmap.mmap(-1, len(chunk))
-    staging[:] = chunk
+    staging = make_staging(64 << 20)
     with engine.open(path, os.O_RDWR | os.O_CREAT, direct=True) as f:
         step = 1 << 20
-        for start in range(0, size, len(chunk)):
+        for start in range(0, size, len(staging)):
             items = [(f, at, memoryview(staging)[at - start:at - start + step])
-                     for at in range(start, min(size, start + len(chunk)), step)]
+                     for at in range(start, min(size, start + len(staging)), step)]
             for result in engine.write(items):
                 if isinstance(result, IoError):
                     raise BenchError(f"could not write the benchmark file: {result}",
@@ -302,6 +308,7 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
         file_path = temporary / "data"
     try:
         prepare_file(file_path, size_bytes, say)
+        staging = make_staging(size_bytes)
         results: dict = {p.name: {name: {"rounds": []} for name in active} for p in PATTERNS}
         for round_number in range(rounds):
             order = list(active)
@@ -312,7 +319,7 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
                         m = run_fio(active[name], pattern, file_path, size_bytes, runtime)
                     else:
                         m = run_engine(active[name], pattern, file_path, size_bytes, runtime,
-                                       seed=round_number)
+                                       staging, seed=round_number)
                     figures = m.figures
                     results[pattern.name][name]["rounds"].append({**asdict(m), **figures})
                     say(f"round {round_number + 1}/{rounds} {pattern.name:<15} {name:<10} "
