@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvstored.backends.bucket.check import Checker
+from kvstored.backends.bucket.handles import ReadHandles
 from kvstored.backends.bucket.index import (
     FLAG_DELETED,
     encode_index,
@@ -38,10 +39,11 @@ from kvstored.backends.bucket.index import (
     write_indexes,
 )
 from kvstored.backends.bucket.layout import BUCKETS_DIR, LAYOUT_VERSION, QUARANTINE_DIR
-from kvstored.backends.bucket.records import NewRecord, ReadOutcome, read_records, write_items
+from kvstored.backends.bucket.records import NewRecord, ReadOutcome, read_records
 from kvstored.backends.bucket.recovery import recover
-from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.backends.record import align_up, record_size, value_checksum
+from kvstored.backends.bucket.state import Bucket, Slot, chunked
+from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
+from kvstored.backends.record import align_up, record_size
 from kvstored.backends.stamp import claim_directory, fsync_dir
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
@@ -65,8 +67,6 @@ from kvstored.sdk.types import (
 log = logging.getLogger("kvstored.backends.bucket")
 
 MiB = 1024 * 1024
-#: Read handles kept open at most; more buckets than this reopen their file on a read.
-MAX_OPEN_FILES = 256
 
 
 class BucketBackend(StorageBackend):
@@ -145,7 +145,7 @@ class BucketBackend(StorageBackend):
         # visible): their files are busy, not orphans.
         self._writing: set[int] = set()
         self._removing: set[int] = set()
-        self._open_files: OrderedDict[int, Bucket] = OrderedDict()
+        self._handles = ReadHandles(self.engine)
         self._physical = self._logical = self._reserved = 0
         try:
             claim_directory(self.root, self.name, LAYOUT_VERSION)
@@ -168,11 +168,7 @@ class BucketBackend(StorageBackend):
 
     def _close(self) -> None:
         with self._lock:
-            for bucket in self._open_files.values():
-                if bucket.file is not None:
-                    bucket.file.close()
-                    bucket.file = None
-            self._open_files.clear()
+            self._handles.close_all_locked()
             self._keys = {}
             self._buckets.clear()
 
@@ -194,7 +190,7 @@ class BucketBackend(StorageBackend):
         results: list[WriteResult | None] = [None] * len(items)
         mine: dict[str, threading.Event] = {}
         try:
-            claimed: list[tuple[int, str, bytes, memoryview]] = []
+            claimed: list[Claimed] = []
             for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
                 if key in mine:
                     results[i] = WriteResult(key, WriteOutcome.EXISTS)
@@ -206,7 +202,8 @@ class BucketBackend(StorageBackend):
                 mine[key] = outcome
                 claimed.append((i, key, key_bytes, memoryview(value).cast("B")))
             if claimed:
-                self._write_buckets(self._cut(claimed), results)
+                self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes),
+                                    results)
         finally:
             with self._lock:
                 for key, event in mine.items():
@@ -226,23 +223,10 @@ class BucketBackend(StorageBackend):
                     return event
             other.wait()  # another thread is writing this key: see how it ends
 
-    def _cut(self, claimed: list) -> list[list]:
-        """Split the claimed items into buckets by the key-count and size thresholds."""
-        groups: list[list] = [[]]
-        size = 0
-        for item in claimed:
-            footprint = record_size(item[3].nbytes)
-            group = groups[-1]
-            if group and (len(group) >= self.bucket_keys or size + footprint > self.bucket_bytes):
-                groups.append([])
-                group, size = groups[-1], 0
-            group.append(item)
-            size += footprint
-        return groups
-
-    def _write_buckets(self, groups: list[list], results: list) -> None:
-        """Reserve, write, sync and publish one bucket per group; fill in ``results``."""
-        planned: list[tuple[list, Bucket, list[NewRecord], int]] = []
+    def _write_buckets(self, groups: list[list[Claimed]], results: list) -> None:
+        """Reserve room for each group, write them all as buckets (writer.py), and
+        publish those that became durable; fill in ``results``."""
+        planned: list[tuple[list[Claimed], Bucket, list[NewRecord], int]] = []
         for group in groups:
             data_len = sum(record_size(item[3].nbytes) for item in group)
             need = self._footprint(data_len, index_size(len(group),
@@ -251,117 +235,33 @@ class BucketBackend(StorageBackend):
                 error = self._reserve(need, group[0][1])
             if error is not None:
                 for i, key, _, _ in group:
-                    results[i] = WriteResult(key, WriteOutcome.FAILED,
-                                             CapacityError(error.message, key=key,
-                                                           path=self.path))
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, CapacityError(
+                        error.message, key=key, path=self.path))
                 continue
-            planned.append((group, *self._plan_bucket(group, data_len), need))
+            with self._lock:
+                bucket_id, first_seq = self._next_bucket, self._next_seq
+                self._next_bucket += 1
+                self._next_seq += len(group)
+                self._writing.add(bucket_id)
+            bucket, records = new_bucket(self.buckets_dir, bucket_id, first_seq,
+                                         time.time_ns(), group)
+            planned.append((group, bucket, records, need))
         if not planned:
             return
-        failures = self._write_data(planned)
-        done = [p for p in planned if p[1].id not in failures]
-        try:
-            if done:
-                write_indexes(self.buckets_dir, [(b.tmp_index_name, b.index_name,
-                                                  b.index_bytes()) for _, b, _, _ in done])
-        except OSError as exc:
-            for _, bucket, _, _ in done:
-                failures[bucket.id] = exc
-                _unlink_quietly(bucket.index_path)
-            done = []
-        for _, bucket, _, _ in done:
-            try:
-                bucket.physical = (os.stat(bucket.data_path).st_blocks
-                                   + os.stat(bucket.index_path).st_blocks) * 512
-            except OSError as exc:
-                failures[bucket.id] = exc
-        self._fail(planned, failures, results)
-        self._publish([p for p in planned if p[1].id not in failures], results)
-
-    def _footprint(self, data_len: int, index_len: int) -> int:
-        """The most disk a new bucket may take: its files rounded up to blocks, plus one
-        block for the file system's own bookkeeping of a large extent map."""
-        return (align_up(data_len, self._block) + align_up(index_len, self._block)
-                + self._block)
-
-    def _plan_bucket(self, group: list, data_len: int) -> tuple[Bucket, list[NewRecord]]:
-        with self._lock:
-            bucket_id = self._next_bucket
-            self._next_bucket += 1
-            seq = self._next_seq
-            self._next_seq += len(group)
-            self._writing.add(bucket_id)
-        now = time.time_ns()
-        bucket = Bucket(self.buckets_dir, bucket_id, data_len, now)
-        records = []
-        offset = 0
-        for n, (_, key, key_bytes, view) in enumerate(group):
-            crc = value_checksum(view)
-            records.append(NewRecord(offset, key_bytes, view, seq + n, now, crc))
-            bucket.add(Slot(bucket, key, offset, view.nbytes, seq + n, now, crc))
-            offset += record_size(view.nbytes)
-        return bucket, records
-
-    def _write_data(self, planned: list) -> dict[int, OSError]:
-        """Write and fdatasync every planned data file; returns the failures by bucket."""
-        failures: dict[int, OSError] = {}
-        files: list[tuple[Bucket, IoFile]] = []
-        for _, bucket, _, _ in planned:
-            try:
-                file = self.engine.open(bucket.data_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            except OSError as exc:
-                failures[bucket.id] = exc
-                continue
-            files.append((bucket, file))
-            try:
-                # Ask for all the blocks first: ENOSPC surfaces before any writing, and
-                # the file gets as few extents as the file system can manage.
-                os.posix_fallocate(file.fd, 0, bucket.data_len)
-            except OSError as exc:
-                if exc.errno not in (95, 22):  # EOPNOTSUPP, EINVAL: just write
-                    failures[bucket.id] = exc
-        try:
-            records = {b.id: r for _, b, r, _ in planned}
-            writing = [(f, records[b.id]) for b, f in files if b.id not in failures]
-            items = write_items(writing)
-            outcomes = self.engine.write(items)
-            for (file, _, _), outcome in zip(items, outcomes):
-                if isinstance(outcome, OSError):
-                    owner = next(b for b, f in files if f is file)
-                    failures.setdefault(owner.id, outcome)
-            syncing = [(b, f) for b, f in files if b.id not in failures]
-            synced = self.engine.fsync([f for _, f in syncing], datasync=True)
-            for (bucket, _), outcome in zip(syncing, synced):
-                if isinstance(outcome, OSError):
-                    failures[bucket.id] = outcome
-        finally:
-            for _, file in files:
-                file.close()
-        return failures
-
-    def _fail(self, planned: list, failures: dict[int, OSError], results: list) -> None:
-        """Undo the buckets that failed: remove their files, free their reservations."""
-        if not failures:
-            return
-        for group, bucket, _, need in planned:
-            exc = failures.get(bucket.id)
-            if exc is None:
-                continue
-            _unlink_quietly(bucket.data_path)
-            for i, key, _, _ in group:
-                results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
-                    exc, key=key, path=bucket.data_path, action="writing the bucket"))
-            with self._lock:
-                self._reserved -= need
-                self._writing.discard(bucket.id)
-            log.warning("bucket: writing bucket %016x failed: %s", bucket.id, exc)
-
-    def _publish(self, planned: list, results: list) -> None:
+        failures = write_buckets(self.engine, self.buckets_dir,
+                                 [(bucket, records) for _, bucket, records, _ in planned])
         over = 0
         with self._lock:
             for group, bucket, _, need in planned:
                 self._writing.discard(bucket.id)
                 self._reserved -= need
+                exc = failures.get(bucket.id)
+                if exc is not None:
+                    for i, key, _, _ in group:
+                        results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
+                            exc, key=key, path=bucket.data_path, action="writing the bucket"))
+                    log.warning("bucket: writing bucket %016x failed: %s", bucket.id, exc)
+                    continue
                 self._physical += bucket.physical
                 self._logical += bucket.logical
                 self._buckets[bucket.id] = bucket
@@ -369,13 +269,18 @@ class BucketBackend(StorageBackend):
                     self._keys[slot.key] = slot
                 for i, key, _, _ in group:
                     results[i] = WriteResult(key, WriteOutcome.WRITTEN)
-                if bucket.physical > need:
-                    log.warning("bucket: bucket %016x takes %d bytes, %d were reserved",
-                                bucket.id, bucket.physical, need)
             if self.capacity is not None:
                 over = self._physical + self._reserved - self.capacity
-        if over > 0:  # only if the file system allocated more than the estimate
+        if over > 0:  # only if the file system allocated more than _footprint allowed
+            log.warning("bucket: the file system allocated more than estimated; evicting "
+                        "%d bytes to stay within the capacity", over)
             self.evict(over, self.on_evict)
+
+    def _footprint(self, data_len: int, index_len: int) -> int:
+        """The most disk a new bucket may take: its files rounded up to blocks, plus one
+        block for the file system's own bookkeeping of a large extent map."""
+        return (align_up(data_len, self._block) + align_up(index_len, self._block)
+                + self._block)
 
     # -- capacity and eviction --------------------------------------------------------
 
@@ -468,10 +373,7 @@ class BucketBackend(StorageBackend):
         """Stop counting a removed bucket's space, and drop its read handle."""
         self._physical -= bucket.physical
         bucket.physical = 0
-        if bucket.file is not None:
-            closing.append(bucket.file)
-            bucket.file = None
-        self._open_files.pop(bucket.id, None)
+        self._handles.drop_locked(bucket, closing)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -540,38 +442,10 @@ class BucketBackend(StorageBackend):
 
     def _files_of(self, buckets: set[Bucket]) -> dict[int, IoFile | OSError]:
         """A read handle for each bucket (held by the caller), opened if not cached."""
-        opened: dict[int, IoFile | OSError] = {}
-        for bucket in buckets:
-            if bucket.file is None:
-                try:
-                    opened[bucket.id] = self.engine.open(bucket.data_path, os.O_RDONLY)
-                except OSError as exc:
-                    opened[bucket.id] = exc
+        opened = self._handles.open_missing(buckets)
         closing: list[IoFile] = []
-        files: dict[int, IoFile | OSError] = {}
         with self._lock:
-            for bucket in buckets:
-                fresh = opened.get(bucket.id)
-                if isinstance(fresh, IoFile):
-                    if bucket.file is None and not bucket.files_gone:
-                        bucket.file = fresh
-                    else:
-                        closing.append(fresh)  # another thread was quicker
-                if bucket.file is not None:
-                    files[bucket.id] = bucket.file
-                    self._open_files[bucket.id] = bucket
-                    self._open_files.move_to_end(bucket.id)
-                else:
-                    files[bucket.id] = fresh if isinstance(fresh, OSError) else \
-                        FileNotFoundError(2, "removed", bucket.data_path)
-            for bucket_id in list(self._open_files):
-                if len(self._open_files) <= MAX_OPEN_FILES:
-                    break
-                idle = self._open_files[bucket_id]
-                if idle.readers == 0 and idle.file is not None:
-                    closing.append(idle.file)
-                    idle.file = None
-                    del self._open_files[bucket_id]
+            files = self._handles.adopt_locked(buckets, opened, closing)
         for file in closing:
             file.close()
         return files
@@ -612,7 +486,7 @@ class BucketBackend(StorageBackend):
             for slot in snapshot:
                 yield slot.record()
             return
-        for chunk in _chunks(snapshot, 64 * MiB):
+        for chunk in chunked(snapshot, 64 * MiB):
             for slot, outcome in zip(chunk, self._read_slots(chunk)):
                 if outcome is not None and outcome.status >= 0:
                     yield slot.record()
@@ -694,18 +568,4 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _chunks(slots: list[Slot], budget: int) -> Iterator[list[Slot]]:
-    """``slots`` in runs whose values add up to about ``budget`` bytes."""
-    chunk: list[Slot] = []
-    size = 0
-    for slot in slots:
-        if chunk and size + slot.size > budget:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(slot)
-        size += slot.size
-    if chunk:
-        yield chunk
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from kvstored.backends.bucket.index import FLAG_QUARANTINED, FLAGS_GONE, read_index
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.bucket.quarantine import copy_out, move_aside
-from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.backends.bucket.state import Bucket, Slot, chunked
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
 
@@ -118,20 +118,13 @@ class Checker:
         with self.backend._lock:
             slots = bucket.live_slots()
         bad: list[tuple[Slot, str]] = []
-        chunk: list[Slot] = []
-        size = 0
-        for slot in [*slots, None]:
-            if slot is not None and (not chunk or size + slot.size <= CHECK_CHUNK_BYTES):
-                chunk.append(slot)
-                size += slot.size
-                continue
-            for checked, outcome in zip(chunk, self.backend._read_slots(chunk)):
+        for chunk in chunked(slots, CHECK_CHUNK_BYTES):
+            for slot, outcome in zip(chunk, self.backend._read_slots(chunk)):
                 if outcome is None:
                     continue  # deleted or evicted meanwhile
                 report.records_checked += 1
                 if outcome.status < 0:
-                    bad.append((checked, outcome.reason or "unreadable"))
-            chunk, size = ([slot], slot.size) if slot is not None else ([], 0)
+                    bad.append((slot, outcome.reason or "unreadable"))
         if not bad:
             return
         actions = self._quarantine(bucket, bad) if repair else {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator, Sequence
 
 from kvstored.backends.bucket.index import (
     FLAGS_GONE,
@@ -129,3 +130,18 @@ class Bucket:
     def __repr__(self) -> str:
         return (f"<Bucket {self.id:016x}: {self.live}/{len(self.slots)} live, "
                 f"{self.data_len} bytes>")
+
+
+def chunked(slots: Sequence[Slot], budget: int) -> Iterator[list[Slot]]:
+    """``slots`` in runs whose values add up to at most ``budget`` bytes (a larger value
+    makes a run of its own): one engine submission each, with bounded memory."""
+    chunk: list[Slot] = []
+    size = 0
+    for slot in slots:
+        if chunk and size + slot.size > budget:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(slot)
+        size += slot.size
+    if chunk:
+        yield chunk

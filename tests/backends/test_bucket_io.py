@@ -1,0 +1,161 @@
+"""Record I/O of the bucket backend: batched reads, both read paths (contiguous and
+split), O_DIRECT with unaligned buffers, records swapped on disk, I/O errors, and a real
+full file system."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import subprocess
+from pathlib import Path
+
+import kvstored.native
+import pytest
+from kvstored.backends import open_backend
+from kvstored.backends.bucket.records import SPLIT_READ_MIN
+from kvstored.native import IoError
+from kvstored.sdk.errors import CapacityError
+from kvstored.sdk.testing import flip_byte, payload
+from kvstored.sdk.types import ReadStatus, WriteOutcome
+
+from tests.conftest import require
+
+KiB = 1024
+SIZES = [0, 1, 4095, 4096, 4097, SPLIT_READ_MIN, SPLIT_READ_MIN + 1, 3 * SPLIT_READ_MIN + 4096]
+
+
+@pytest.fixture(params=["posix", "uring"])
+def engine(request) -> str:
+    if request.param == "uring":
+        require("uring", *kvstored.native.uring_status())
+    return request.param
+
+
+class _CountingEngine:
+    """Counts the engine submissions a backend makes (and can fail reads with EIO)."""
+
+    def __init__(self, engine, fail_reads: bool = False) -> None:
+        self._engine = engine
+        self.reads: list[int] = []
+        self.fail_reads = fail_reads
+
+    def read(self, items):
+        items = list(items)
+        self.reads.append(len(items))
+        if self.fail_reads:
+            return [IoError(errno.EIO, f.path, off, op="read", length=len(buf))
+                    for f, off, buf in items]
+        return self._engine.read(items)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_one_submission_for_a_batch_across_buckets(tmp_path, engine):
+    backend = open_backend("bucket", tmp_path / "s", engine=engine, bucket_keys=3)
+    items = [(f"k{n}", payload(f"k{n}", size)) for n, size in enumerate(SIZES)]
+    backend.batch_write(items)
+    assert len({backend.locate(k).path for k, _ in items}) == 3
+    counting = backend.engine = _CountingEngine(backend.engine)
+    keys = [k for k, _ in items][::-1]
+    bufs = [memoryview(bytearray(len(dict(items)[k]) + 10)) for k in keys]
+    assert backend.batch_read(keys, bufs) == [len(dict(items)[k]) for k in keys]
+    assert len(counting.reads) == 1, counting.reads
+    for key, buf in zip(keys, bufs):
+        assert bytes(buf[:len(dict(items)[key])]) == dict(items)[key]
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_unaligned_caller_buffers(tmp_path, engine, direct):
+    """Values written from and read into buffers at odd addresses, with O_DIRECT or not."""
+    backend = open_backend("bucket", tmp_path / "s", engine=engine, direct=direct)
+    arena = mmap.mmap(-1, 4 * 1024 * KiB)
+    items, at = [], 1
+    for n, size in enumerate(SIZES):
+        value = payload(f"u{n}", size)
+        arena[at:at + size] = value
+        items.append((f"u{n}", memoryview(arena)[at:at + size]))
+        at += size + 3
+    assert all(r.outcome is WriteOutcome.WRITTEN for r in backend.batch_write(items))
+    out = mmap.mmap(-1, 4 * 1024 * KiB)
+    bufs, at = [], 5
+    for size in SIZES:
+        bufs.append(memoryview(out)[at:at + size + 1])
+        at += size + 7
+    assert backend.batch_read([k for k, _ in items], bufs) == SIZES
+    for (key, _), buf, size in zip(items, bufs, SIZES):
+        assert bytes(buf[:size]) == payload(key, size)
+    del items, bufs
+    backend.close()
+
+
+@pytest.mark.parametrize("where", ["body", "tail", "header"])
+def test_split_read_reports_corrupt_and_clears_the_buffer(tmp_path, where):
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    size = 3 * SPLIT_READ_MIN + 100
+    backend.batch_write([("big", payload("big", size)), ("ok", payload("ok", size))])
+    loc = backend.locate("big")
+    offset = {"body": loc.offset + 10, "tail": loc.offset + size - 5,
+              "header": loc.record_offset + 8}[where]
+    flip_byte(loc.path, offset)
+    buf = bytearray(b"\xaa" * size)
+    assert backend.batch_read(["big"], [memoryview(buf)]) == [ReadStatus.CORRUPT]
+    assert buf == bytes(size), "bytes that failed their check were left in the buffer"
+    assert backend.read("ok") == payload("ok", size)
+    assert backend.corrupt_reads == 1
+
+
+def test_records_swapped_on_disk_are_never_returned_as_each_other(tmp_path):
+    """Both records check on their own; only the header's key and seq tell them apart."""
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    backend.batch_write([("a", payload("a", 5000)), ("b", payload("b", 5000))])
+    a, b = backend.locate("a"), backend.locate("b")
+    with open(a.path, "r+b") as f:
+        first = os.pread(f.fileno(), a.record_length, a.record_offset)
+        second = os.pread(f.fileno(), b.record_length, b.record_offset)
+        os.pwrite(f.fileno(), second, a.record_offset)
+        os.pwrite(f.fileno(), first, b.record_offset)
+    bufs = [memoryview(bytearray(5000)) for _ in range(2)]
+    assert backend.batch_read(["a", "b"], bufs) == [ReadStatus.CORRUPT] * 2
+
+
+def test_io_errors_are_reported_per_item(tmp_path):
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    backend.batch_write([("x", b"value")])
+    backend.engine = _CountingEngine(backend.engine, fail_reads=True)
+    buf = memoryview(bytearray(10))
+    assert backend.batch_read(["x", "missing"], [buf, buf]) == [ReadStatus.IO_ERROR,
+                                                                ReadStatus.MISSING]
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs, to run out of space for real."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "kvstored-bucket-test",
+                              str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a machine limit")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_full_file_system_fails_the_bucket_with_capacity_error(small_fs: Path):
+    store = small_fs / "s"
+    backend = open_backend("bucket", store, engine="posix")
+    assert all(r.ok for r in backend.batch_write([("small", b"x" * 1000)]))
+    results = backend.batch_write([(f"big{n}", payload(f"big{n}", 512 * KiB))
+                                   for n in range(6)])
+    assert all(r.outcome is WriteOutcome.FAILED for r in results)
+    assert isinstance(results[0].error, CapacityError), results[0].error
+    assert results[0].error.key == "big0"
+    assert sorted(p.name for p in (store / "buckets").iterdir()) == [
+        "0000000000000001.data", "0000000000000001.idx"], "a failed bucket left files"
+    assert backend.read("small") == b"x" * 1000
+    assert backend.usage().objects == 1
+    backend.close()
+    assert open_backend("bucket", store, engine="posix").usage().objects == 1
