@@ -72,6 +72,7 @@ from kvstored.sdk.errors import (
     BackendError,
     BackendIOError,
     CapacityError,
+    CorruptionError,
     InvalidRequestError,
     from_oserror,
 )
@@ -658,6 +659,26 @@ class ThreeFsBackend(StorageBackend):
             return None
         return SharedObject(found.node_id, self._record(key, found.slot,
                                                         Path(found.path).parent))
+
+    def read(self, key: str) -> bytes | None:
+        """The value of ``key`` from any node (this one first), or None; raises
+        CorruptionError or BackendIOError as :meth:`StorageBackend.read` does."""
+        for _attempt in range(3):
+            found = self.find(key)
+            if found is None:
+                return None
+            buf = bytearray(found.record.size)
+            got = self.batch_read([key], [memoryview(buf)])[0]
+            if got >= 0:
+                return bytes(buf[:got])
+            if got == ReadStatus.CORRUPT:
+                raise CorruptionError("the stored value failed its checksum", key=key,
+                                      path=found.record.location.path)
+            if got == ReadStatus.IO_ERROR:
+                raise BackendIOError("reading failed", errno=errno.EIO, key=key,
+                                     path=found.record.location.path)
+            # MISSING or BUFFER_TOO_SMALL: it changed between find and read; look again.
+        return None
 
     def nodes(self) -> list[str]:
         """Every node of the cluster with a journal, this one included."""
