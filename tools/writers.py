@@ -88,8 +88,8 @@ def write_sessions(trace: EventTrace, path: Path) -> None:
                            "cannot hold; keep it as mooncake or binary")
     start = float(trace.timestamps[0]) if trace.requests else 0.0
     with _open(path) as out:
-        out.write('{"id": "converted", "block_size": %d, "hash_id_scope": "global", '
-                  '"requests": [' % trace.block_size)
+        out.write(f'{{"id": "converted", "block_size": {trace.block_size}, '
+                  '"hash_id_scope": "global", "requests": [')
         for r, ids, weights in _requests(trace, names=False):
             if weights is not None:
                 raise UsageProblem(f"request {r} has explicit block weights, which session "

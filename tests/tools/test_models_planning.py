@@ -1,0 +1,65 @@
+"""The model table (data, not code) and the capacity arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from kvstored.tools import models, planning
+from kvstored.tools.errors import UsageProblem
+
+# docs/simulator.md (from the reference's semantics page): bytes per token at BF16.
+PUBLISHED = {"qwen3-32b": 262_144, "llama-3.1-70b": 327_680, "llama-3.1-8b": 131_072,
+             "qwen3-8b": 147_456, "deepseek-v3": 70_272, "deepseek-r1": 70_272,
+             "kimi-k2.5": 70_272, "deepseek-v3.2": 85_888, "glm-5.1": 109_824}
+
+
+def test_published_values():
+    table = models.load()
+    for model_id, expected in PUBLISHED.items():
+        assert table.bytes_per_token(model_id, "bf16") == expected, model_id
+        assert table.bytes_per_token(model_id, "fp8") == expected // 2
+        assert table.bytes_per_token(model_id, "fp4") == expected // 4
+
+
+def test_every_formula_is_covered():
+    table = models.load()
+    assert {m.formula for m in table.models.values()} == {"gqa", "mla", "mla_indexer"}
+    assert set(table.precisions) == {"bf16", "fp8", "fp4"}
+    assert all(m.source for m in table.models.values())
+
+
+def test_user_table_adds_and_overrides(tmp_path):
+    extra = tmp_path / "mine.toml"
+    extra.write_text('[models."tiny"]\nformula = "gqa"\nlayers = 2\nkv_heads = 1\n'
+                     'head_dim = 4\n[models."glm-5.1"]\nformula = "mla"\nlayers = 1\n'
+                     'kv_lora_rank = 10\nrope_dim = 6\n[precisions]\nfp32 = 4.0\n')
+    table = models.load(extra)
+    assert table.bytes_per_token("tiny") == 2 * 2 * 1 * 4 * 2
+    assert table.bytes_per_token("glm-5.1", "fp32") == 64
+    extra.write_text('[models."bad"]\nformula = "gqa"\nlayers = 2\n')
+    with pytest.raises(UsageProblem, match="needs a positive integer kv_heads"):
+        models.load(extra)
+    with pytest.raises(UsageProblem, match="unknown model"):
+        models.load().bytes_per_token("gpt-9")
+
+
+def test_cache_blocks_and_speedup():
+    assert planning.cache_blocks(1, 109_824 * 512) == 19
+    assert planning.cache_blocks(16384, 109_824 * 512) == 312_861
+    assert planning.cache_blocks(0.5, 0) == 0
+    assert planning.ideal_speedup(0.0) == 1.0
+    assert planning.ideal_speedup(0.9) == pytest.approx(10.0)
+    assert planning.ideal_speedup(1.0) == 1000.0
+
+
+def test_knee():
+    # The published Weka curve (GiB, speedup): steep to 1 TiB, then flattening.
+    weka = [(512, 6.34), (1024, 7.91), (2048, 8.67), (4096, 8.99)]
+    assert planning.knee(weka, 1.0)["gib"] == 1024       # 1->2 TiB adds 0.76x per TiB
+    assert planning.knee(weka, 0.5)["gib"] == 2048       # 2->4 TiB adds 0.16x per TiB
+    assert planning.knee(weka, 0.1)["gib"] == 4096       # still gaining at the end
+    assert "try larger budgets" in planning.knee(weka, 0.1)["reason"]
+    assert planning.knee(weka, 10)["gib"] == 512         # never steep enough
+    assert planning.knee([], 1)["gib"] is None
+    assert math.isclose(planning.knee(weka, 1.0)["idealSpeedup"], 7.91)
