@@ -42,7 +42,7 @@ from typing import Any
 
 from kvstored.backends.offset import create_volume_file, lock_volume
 from kvstored.backends.offset_core import OffsetLayoutBackend, Volume
-from kvstored.backends.offset_layout import LAYOUT_VERSION, MiB, Geometry
+from kvstored.backends.offset_layout import LAYOUT_VERSION, Geometry, MiB
 from kvstored.backends.offset_recovery import read_exact
 from kvstored.backends.record import ALIGN
 from kvstored.backends.stamp import claim_directory, write_atomically

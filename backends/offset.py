@@ -75,12 +75,12 @@ def create_volume_file(target: Path, size: int) -> None:
     fsync_dir(target.parent)
 
 
-def lock_volume(file: IoFile, wait: float = LOCK_WAIT) -> None:
+def lock_volume(file: IoFile, wait: float | None = None) -> None:
     """Take an exclusive lock on the volume: two processes writing one volume would
     corrupt it. The kernel drops the lock when the holder dies, but only once the dead
     process's io_uring has been torn down (asynchronously, after in-flight writes ended),
     so a busy lock is retried for ``wait`` seconds before giving up."""
-    deadline = time.monotonic() + wait
+    deadline = time.monotonic() + (LOCK_WAIT if wait is None else wait)
     while True:
         try:
             fcntl.flock(file.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
