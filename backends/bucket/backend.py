@@ -188,40 +188,49 @@ class BucketBackend(StorageBackend):
         self._check_open()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        mine: dict[str, threading.Event] = {}
-        try:
-            claimed: list[Claimed] = []
-            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-                if key in mine:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                    continue
-                outcome = self._claim(key)
-                if isinstance(outcome, WriteResult):
-                    results[i] = outcome
-                    continue
-                mine[key] = outcome
-                claimed.append((i, key, key_bytes, memoryview(value).cast("B")))
-            if claimed:
-                self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes),
-                                    results)
-        finally:
-            with self._lock:
-                for key, event in mine.items():
-                    del self._pending[key]
-                    event.set()
+        todo: list[Claimed] = []
+        seen: set[str] = set()
+        for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+            if key in seen:
+                results[i] = WriteResult(key, WriteOutcome.EXISTS)
+            else:
+                seen.add(key)
+                todo.append((i, key, key_bytes, memoryview(value).cast("B")))
+        while todo:
+            claimed, waiting = self._claim(todo, results)
+            try:
+                if claimed:
+                    self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes),
+                                        results)
+            finally:
+                with self._lock:
+                    for _, key, _, _ in claimed:
+                        self._pending.pop(key).set()
+            # Keys another thread was writing: wait for it only now, holding no claim of
+            # our own (two batches naming the same keys in opposite orders would
+            # deadlock otherwise), then see whether it stored them.
+            for _, event in waiting:
+                event.wait()
+            todo = [item for item, _ in waiting]
         return results  # type: ignore[return-value]
 
-    def _claim(self, key: str) -> threading.Event | WriteResult:
-        """Mark ``key`` as being written by this thread, or say it exists already."""
-        while True:
-            with self._lock:
+    def _claim(self, todo: list[Claimed], results: list
+               ) -> tuple[list[Claimed], list[tuple[Claimed, threading.Event]]]:
+        """Mark the keys of ``todo`` as being written by this call. Returns those
+        claimed, and those another call is writing (with its event); keys already
+        stored get EXISTS in ``results``."""
+        claimed, waiting = [], []
+        with self._lock:
+            for item in todo:
+                i, key = item[0], item[1]
                 if key in self._keys:
-                    return WriteResult(key, WriteOutcome.EXISTS)
-                other = self._pending.get(key)
-                if other is None:
-                    event = self._pending[key] = threading.Event()
-                    return event
-            other.wait()  # another thread is writing this key: see how it ends
+                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                elif key in self._pending:
+                    waiting.append((item, self._pending[key]))
+                else:
+                    self._pending[key] = threading.Event()
+                    claimed.append(item)
+        return claimed, waiting
 
     def _write_buckets(self, groups: list[list[Claimed]], results: list) -> None:
         """Reserve room for each group, write them all as buckets (writer.py), and

@@ -197,3 +197,29 @@ def test_reads_in_flight_block_eviction(tmp_path):
     reader.join()
     assert sorted(backend.evict(10**9)) == ["r/0", "r/1"]
     assert backend.batch_read(["r/0"], [memoryview(buf)]) == [ReadStatus.MISSING]
+
+
+
+def test_batches_naming_the_same_keys_in_opposite_orders_do_not_deadlock(tmp_path):
+    """Each key is written exactly once, whichever batch claims it first."""
+    backend = _open(tmp_path / "s", bucket_keys=1)
+    keys = [f"x/{n}" for n in range(40)]
+    written: list[str] = []
+    lock = threading.Lock()
+
+    def writer(order: list[str]) -> None:
+        results = backend.batch_write([(k, payload(k, 3000)) for k in order])
+        assert all(r.ok for r in results)
+        with lock:
+            written.extend(r.key for r in results if r.outcome is WriteOutcome.WRITTEN)
+
+    threads = [threading.Thread(target=writer, args=(keys if n % 2 else keys[::-1],))
+               for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads), "batch writers deadlocked"
+    assert sorted(written) == sorted(keys), "a key was written twice or never"
+    for key in keys:
+        assert backend.read(key) == payload(key, 3000)
