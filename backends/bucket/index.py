@@ -173,6 +173,8 @@ def write_indexes(directory: str, files: Sequence[tuple[str, str, bytes]]) -> No
     leftover temporary files are removed at the next open. Raises OSError, after
     removing the temporary files it made.
     """
+    if not files:
+        return
     made: list[str] = []
     try:
         for tmp_name, _, data in files:
