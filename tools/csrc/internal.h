@@ -54,12 +54,26 @@ static inline int frame_begin(replay_frame *f, int64_t r) {
     return SIM_OK;
 }
 
+/* The tokens of the measured requests, all of them: what hit rates divide by. */
+static inline uint64_t measured_tokens(const sim_trace *t) {
+    uint64_t total = 0;
+    int64_t from = t->warmup_requests < t->n_req ? t->req_off[t->warmup_requests]
+                                                 : t->req_off[t->n_req];
+    for (int64_t i = from; i < t->req_off[t->n_req]; i++) total += t->tokens[i];
+    return total;
+}
+
 /* Called after the last request. */
 static inline int frame_end(replay_frame *f) {
     if (f->p->progress) *f->p->progress = f->t->n_req;
     if (!f->filled || f->out->total_tokens == 0) f->out->underfilled = 1;
     return SIM_OK;
 }
+
+/* Single-tier policies with the trie rule (lru, optimal, s3fifo) keep every cached
+ * node's parent cached, so a request's cached nodes are always a prefix of its path:
+ * their replay loops stop the lookup at the first miss and insert from there on, and a
+ * new node's parent is either that prefix (protected) or the node inserted just before. */
 
 int run_fifo(sim_workspace *ws, replay_frame *f);
 int run_lru(sim_workspace *ws, replay_frame *f);

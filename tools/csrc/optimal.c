@@ -136,9 +136,10 @@ static uint32_t first_unprotected(opt_cache *c) {
     return best;
 }
 
-/* Evict for a newcomer whose next use is `candidate`; 0 when nothing may leave (all
- * protected, or bypass: the best victim is needed no later than the newcomer). */
-static int evict(opt_cache *c, uint32_t candidate) {
+/* Evict for a newcomer whose next use is `candidate`; returns the victim, 0 when nothing
+ * may leave (all protected, or bypass: the best victim is needed no later than the
+ * newcomer). */
+static uint32_t evict(opt_cache *c, uint32_t candidate) {
     uint32_t at = first_unprotected(c);
     if (at == UINT32_MAX || c->heap[at].key <= candidate) return 0;
     uint32_t slot = c->heap[at].slot, node = c->heap[at].node;
@@ -153,7 +154,7 @@ static int evict(opt_cache *c, uint32_t candidate) {
         uint32_t up_slot = c->slot_of[up];
         if (--c->s[up_slot].kids == 0) heap_push(c, up_slot);
     }
-    return 1;
+    return node;
 }
 
 int run_optimal(sim_workspace *ws, replay_frame *f) {
@@ -168,41 +169,30 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
     c.stack = ws_get(ws, WS_STACK_A, ((size_t)c.capacity + 2) * sizeof(uint32_t), 0);
     if (!c.slot_of || !c.s || !c.heap || !c.stack) return SIM_ENOMEM;
     const uint32_t *next = t->next_use;
+    f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
         int rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int alive = 1;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (measured) {
-                f->out->total_tokens += t->tokens[i];
-                if (alive && slot) f->out->hit_tokens += t->tokens[i];
-            }
-            if (alive && slot) set_key(&c, slot, next[i]);
-            else if (!slot) alive = 0;
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
+        for (; k < hi; k++) {
+            uint32_t slot = c.slot_of[t->node_of_event[k]];
+            if (!slot) break;
+            if (measured) f->out->hit_tokens += t->tokens[k];
+            set_key(&c, slot, next[k]);
         }
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (slot) c.s[slot].state |= OPT_PROT;
-        }
-        for (int64_t i = lo; i < hi; i++) {
+        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].state |= OPT_PROT;
+        for (int64_t i = k; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
-            if (c.slot_of[node]) continue;
-            if (c.used >= c.capacity && !evict(&c, next[i])) break;
-            uint32_t up = t->parent[node];
-            if (c.used < c.capacity && (up == 0 || c.slot_of[up])) {
-                insert(&c, node, next[i]);
-                if (c.used >= c.capacity && !measured) f->filled = 1;
-            } else {
-                break;
+            if (c.used >= c.capacity) {
+                uint32_t victim = evict(&c, next[i]);
+                if (!victim || (i > k && victim == t->node_of_event[i - 1])) break;
             }
+            insert(&c, node, next[i]);
+            if (c.used >= c.capacity && !measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (slot) c.s[slot].state &= ~(uint32_t)OPT_PROT;
-        }
+        for (int64_t i = lo; i < k; i++)
+            c.s[c.slot_of[t->node_of_event[i]]].state &= ~(uint32_t)OPT_PROT;
     }
     f->out->evictions = c.evictions;
     return frame_end(f);

@@ -210,43 +210,32 @@ int run_lru(sim_workspace *ws, replay_frame *f) {
     int rc = plru_init(&tier, ws, WS_REF_A, -1, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
                        f->p->capacity);
     if (rc) return rc;
+    f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
         rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int alive = 1;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
-        /* Lookup: prefix hits count and are refreshed root to leaf. */
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
-            if (measured) {
-                f->out->total_tokens += t->tokens[i];
-                if (alive && slot) f->out->hit_tokens += t->tokens[i];
-            }
-            if (alive && slot) plru_touch(&tier, slot);
-            else if (!slot) alive = 0;
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
+        /* Lookup: the cached prefix hits, refreshed root to leaf. */
+        for (; k < hi; k++) {
+            uint32_t slot = tier.slot_of[t->node_of_event[k]];
+            if (!slot) break;
+            if (measured) f->out->hit_tokens += t->tokens[k];
+            plru_touch(&tier, slot);
         }
-        /* Insert: the request's cached nodes are protected while it inserts. */
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
-            if (slot) plru_protect(&tier, slot);
-        }
-        for (int64_t i = lo; i < hi; i++) {
+        /* Insert the rest; the cached prefix is protected meanwhile. */
+        for (int64_t i = lo; i < k; i++) plru_protect(&tier, tier.slot_of[t->node_of_event[i]]);
+        for (int64_t i = k; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
-            if (plru_slot_of(&tier, node)) continue;
-            if (tier.used >= tier.capacity && !plru_evict(&tier)) break;
-            uint32_t up = t->parent[node];
-            if (tier.used < tier.capacity && (up == 0 || plru_slot_of(&tier, up))) {
-                plru_insert(&tier, node);
-                if (tier.used >= tier.capacity && !measured) f->filled = 1;
-            } else {
-                break;
+            if (tier.used >= tier.capacity) {
+                uint32_t victim = plru_evict(&tier);
+                /* nothing evictable, or the victim was this node's parent */
+                if (!victim || (i > k && victim == t->node_of_event[i - 1])) break;
             }
+            plru_insert(&tier, node);
+            if (tier.used >= tier.capacity && !measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = plru_slot_of(&tier, t->node_of_event[i]);
-            if (slot) plru_unprotect(&tier, slot);
-        }
+        for (int64_t i = lo; i < k; i++) plru_unprotect(&tier, tier.slot_of[t->node_of_event[i]]);
     }
     f->out->evictions = tier.evictions;
     return frame_end(f);

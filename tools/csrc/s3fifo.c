@@ -231,48 +231,31 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
     if (deque_init(&c, &c.small, WS_RING_A, c.small_target * 2ull) ||
         deque_init(&c, &c.main, WS_RING_B, (uint64_t)c.capacity + 1))
         return SIM_ENOMEM;
+    f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
         int rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int alive = 1;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (measured) {
-                f->out->total_tokens += t->tokens[i];
-                if (alive && slot) f->out->hit_tokens += t->tokens[i];
-            }
-            if (alive && slot) {
-                if (c.s[slot].freq < 3) c.s[slot].freq++;
-            } else if (!slot) {
-                alive = 0;
-            }
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
+        for (; k < hi; k++) {
+            uint32_t slot = c.slot_of[t->node_of_event[k]];
+            if (!slot) break;
+            if (measured) f->out->hit_tokens += t->tokens[k];
+            if (c.s[slot].freq < 3) c.s[slot].freq++;
         }
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (slot) c.s[slot].prot = 1;
-        }
-        for (int64_t i = lo; i < hi; i++) {
+        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 1;
+        for (int64_t i = k; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
-            if (c.slot_of[node]) continue;
             if (c.used >= c.capacity) {
                 int ev = evict(&c);
                 if (ev < 0) return ev;
-                if (!ev) break;
+                /* nothing evictable, or this node's parent (inserted just before) left */
+                if (!ev || (i > k && !c.slot_of[t->node_of_event[i - 1]])) break;
             }
-            uint32_t up = t->parent[node];
-            if (c.used < c.capacity && (up == 0 || c.slot_of[up])) {
-                if (insert(&c, node) != SIM_OK) return SIM_ENOMEM;
-                if (c.used >= c.capacity && !measured) f->filled = 1;
-            } else {
-                break;
-            }
+            if (insert(&c, node) != SIM_OK) return SIM_ENOMEM;
+            if (c.used >= c.capacity && !measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < hi; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            if (slot) c.s[slot].prot = 0;
-        }
+        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 0;
     }
     f->out->evictions = c.evictions;
     return frame_end(f);

@@ -52,8 +52,10 @@ int64_t sim_build_trie(const int64_t *ids, const int64_t *req_off, int64_t n_req
     int64_t *key_id = malloc(((size_t)n_events + 1) * sizeof(int64_t));
     if (!key_id) return SIM_ENOMEM;
     edge_table table;
+    /* Sized for as many nodes as half the events (no rehash for most traces); grows by
+     * doubling past that. */
     uint64_t size = 1u << 16;
-    while (size < (uint64_t)n_events / 4 && size < (1ull << 26)) size <<= 1;
+    while (size < (uint64_t)n_events) size <<= 1;
     if (table_alloc(&table, size) != SIM_OK) {
         free(key_id);
         return SIM_ENOMEM;
