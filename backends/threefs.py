@@ -202,11 +202,13 @@ class ThreeFsBackend(StorageBackend):
         try:
             self._claim()
             threefs_check.recover(self)
-        except OSError as exc:
+        except BaseException as exc:
+            if self.journal is not None:
+                self.journal.close()
             self._release_lock_file()
-            raise from_oserror(exc, path=self.node_dir, action="opening the backend") from exc
-        except BaseException:
-            self._release_lock_file()
+            if isinstance(exc, OSError) and not isinstance(exc, BackendError):
+                raise from_oserror(exc, path=self.node_dir,
+                                   action="opening the backend") from exc
             raise
         self.view = (ClusterView(self.cluster_dir, self.node_id, self.io, self.files)
                      if shared_reads else None)
@@ -311,7 +313,12 @@ class ThreeFsBackend(StorageBackend):
     def _write(self, work: list, results: list) -> None:
         placed = []  # (i, key, key_bytes, view, shard, offset, seq, put entry size)
         with self._lock:
-            self._check_writable()
+            if self._stuck is not None:
+                error = BackendIOError(str(self._stuck), errno=self._stuck.errno or errno.EIO,
+                                       path=self.journal.path)
+                for i, key, *_ in work:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, error)
+                return
             for i, key, key_bytes, view in work:
                 size = record_size(view.nbytes)
                 meta = entry_size(key)
@@ -437,12 +444,6 @@ class ThreeFsBackend(StorageBackend):
             self._stuck = exc
             raise
 
-    def _check_writable(self) -> None:
-        stuck = self._stuck
-        if stuck is not None:
-            raise BackendIOError(str(stuck), errno=stuck.errno or errno.EIO,
-                                 path=self.journal.path)
-
     def _place_locked(self, size: int) -> _Shard:
         shard = self._active
         if shard is None or (shard.end and shard.end + size > self.shard_bytes):
@@ -491,7 +492,7 @@ class ThreeFsBackend(StorageBackend):
             try:
                 self._evict_locked(shortfall, self.on_evict)
                 shortfall = self._committed_locked() + need - self.capacity
-                if shortfall > 0 and self._dead_journal_bytes_locked() > 0:
+                if 0 < shortfall <= self._dead_journal_bytes_locked():
                     self._compact_locked()
                     shortfall = self._committed_locked() + need - self.capacity
             except (OSError, BackendError) as exc:
@@ -734,15 +735,22 @@ class ThreeFsBackend(StorageBackend):
                 self._index.apply(entry)
             emptied = [self._shards[n] for n in sorted(touched)
                        if n in self._shards and not self._index.shards.get(n)]
-            self._drop_locked([s for s in emptied if self._droppable(s, empty_only=True)], None)
-            self._maybe_compact_locked()
+            try:  # housekeeping: the deletes themselves are durable already
+                self._drop_locked([s for s in emptied if self._droppable(s, empty_only=True)],
+                                  None)
+                self._maybe_compact_locked()
+            except OSError as exc:
+                log.warning("3fs: tidying up after deletes failed (retried later): %s", exc)
         return answers
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
         self._check_open()
         with self._lock:
-            victims = self._evict_locked(nbytes, on_evict)
-            self._maybe_compact_locked()
+            try:
+                victims = self._evict_locked(nbytes, on_evict)
+                self._maybe_compact_locked()
+            except OSError as exc:
+                raise from_oserror(exc, path=self.journal.path, action="evicting") from exc
             return victims
 
     def _droppable(self, shard: _Shard, *, empty_only: bool = False) -> bool:
