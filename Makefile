@@ -6,7 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # What pip must redo when these change.
-INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py)
+INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py) \
+                  $(wildcard tools/csrc/*.c tools/csrc/*.h tools/build_*.py)
 
 .PHONY: setup sysdeps demo test lint clean
 
