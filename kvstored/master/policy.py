@@ -44,6 +44,9 @@ class Plan:
     offload: list[str]
     drop_now: list[str]
     promote: list[str]
+    #: Eviction waits on offloads: the node should write them now, not when its batch
+    #: would have filled or aged.
+    offload_urgent: bool = False
 
 
 def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float) -> Plan:
@@ -72,7 +75,8 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
                 break
             meta = table.objects[key]
             if key in node.evict_after_offload:
-                need -= meta.size  # already on its way out
+                need -= meta.size  # already on its way out, once its offload lands
+                plan.offload_urgent = True
                 continue
             if meta.leased(now):
                 continue
@@ -81,6 +85,7 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
                 plan.drop_now.append(key)
             else:
                 node.evict_after_offload.add(key)
+                plan.offload_urgent = True
                 if key not in node.offload_queued:
                     plan.offload.append(key)
             need -= meta.size

@@ -195,8 +195,8 @@ class Master:
         node.pending_bytes = 0
         self._apply_done(node, h.get("done", {}), now)
         plan = plan_node(node, self.table, self.policy, now)
-        if plan.offload:
-            self._queue_offload(node, plan.offload)
+        if plan.offload or plan.offload_urgent:
+            self._queue_offload(node, plan.offload, urgent=plan.offload_urgent)
         if plan.drop_now:
             self.metrics.evictions.labels(tier=DRAM).inc(len(plan.drop_now))
             self._queue(node, {"t": "drop", "tier": DRAM, "keys": plan.drop_now})
@@ -264,7 +264,8 @@ class Master:
         if meta is None or self.table.mark_removing(key, node_id, tier) is None:
             return
         self.deferred.append((meta.lease_until, node_id, tier, key))
-        self.housekeeping(now) if meta.lease_until <= now else None
+        if meta.lease_until <= now:
+            self.housekeeping(now)  # unleased: send the drop with this reply
 
     async def op_ssd_evicted(self, conn: FramedSocket, h: dict[str, Any]):
         node = self._node(h)
