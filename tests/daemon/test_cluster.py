@@ -41,8 +41,8 @@ def _live_nodes(master: str) -> int:
 
 def test_three_nodes_share_one_namespace(spawn, tmp_path):
     master = spawn("master", "--listen", "127.0.0.1:0")
-    for name in ("n1", "n2", "n3"):
-        _start_node(spawn, tmp_path, master.addr, name)
+    for name in ("n1", "n2", "n3"):  # room for everything: the shm read below needs DRAM
+        _start_node(spawn, tmp_path, master.addr, name, dram="96MiB")
     wait_for(lambda: _live_nodes(master.addr) == 3, what="three nodes")
     values = {f"x{i}": os.urandom(random.randrange(1, 2 * MiB)) for i in range(60)}
     with kvstored.connect(master.addr, transport="tcp") as c:
