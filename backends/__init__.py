@@ -20,7 +20,7 @@ from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.errors import InvalidRequestError, UnknownBackendError
 
 ENTRY_POINT_GROUP = "kvstored.backends"
-DEFAULT_BACKEND = "file-per-key"
+DEFAULT_BACKEND = "bucket"
 
 #: Built-in backends: name -> "module:Class".
 BUILTIN: dict[str, str] = {
