@@ -259,14 +259,13 @@ class OffsetLayoutBackend(StorageBackend):
 
     def _load(self, found: Recovered) -> None:
         data_offset = self._geometry.data_offset
-        for entry in sorted(found.entries.values(), key=lambda e: e.offset):
-            self._alloc.reserve(entry.offset - data_offset, entry.footprint)
-        for key, entry in found.entries.items():
-            self._index[key] = entry
-            self._order[key] = None
-            self._logical += entry.size
-            self._records_bytes += entry.footprint
-            self._index_used += len(entry.packed)
+        self._alloc.reserve_many((offset - data_offset, footprint)
+                                 for offset, footprint in found.extents)
+        self._index = found.entries  # already in eviction order
+        self._order = OrderedDict.fromkeys(found.entries)
+        self._logical = sum(entry.size for entry in found.entries.values())
+        self._records_bytes = sum(offset[1] for offset in found.extents)
+        self._index_used = sum(len(entry.packed) for entry in found.entries.values())
         self._seq = found.last_seq
         self._generation = found.generation
         self._checkpoint_seq = found.checkpoint_seq

@@ -44,6 +44,7 @@ from kvstored.backends.record import (
     align_up,
     decode_header,
     encode_header,
+    record_size,
 )
 from kvstored.sdk.errors import CorruptionError, InvalidRequestError
 from kvstored.sdk.types import MAX_KEY_BYTES
@@ -347,8 +348,6 @@ def decode_journal_entry(buf: bytes, pos: int, geometry: Geometry) -> JournalEnt
 def check_entry_bounds(offset: int, value_len: int, key_len: int,
                        geometry: Geometry) -> bool:
     """Whether a record of these sizes at ``offset`` lies inside the data area."""
-    from kvstored.backends.record import record_size
-
     return (offset % ALIGN == 0 and offset >= geometry.data_offset
             and offset + record_size(value_len) <= geometry.volume_size
             and 0 < key_len <= MAX_KEY_BYTES)

@@ -36,7 +36,7 @@ around every call (the allocator never blocks and never does I/O, so a plain
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from operator import index as _as_int
 
 #: log2 of the number of classes per power of two (64): a class spans at most 1/64 of its
@@ -310,6 +310,50 @@ class OffsetAllocator:
             self._insert_free(end, extent_end - end)
         self._used[start] = end - start
         self._used_granules += end - start
+
+    def reserve_many(self, extents: Iterable[tuple[int, int]]) -> None:
+        """Mark many ``(offset, nbytes)`` extents allocated at once, exactly as a
+        :meth:`reserve` of each would, on an allocator that has no allocations yet.
+
+        For rebuilding a large state (a checkpoint of 100k records) in O(n) with a small
+        constant, where n reserves would cost far more. ``extents`` must come in
+        ascending offset order. Raises ValueError, changing nothing, when the allocator
+        already has allocations, or an extent is misaligned, outside ``[0, capacity)``,
+        out of order or overlapping the one before. TypeError for non-integers.
+        """
+        if self._used:
+            raise ValueError("reserve_many() needs an allocator without allocations")
+        alignment, granules = self._alignment, self._granules
+        used: dict[int, int] = {}
+        gaps: list[tuple[int, int]] = []
+        position = 0
+        for offset, nbytes in extents:
+            offset, nbytes = _as_int(offset), _as_int(nbytes)
+            start, misalignment = divmod(offset, alignment)
+            if nbytes < 0 or misalignment or offset < 0:
+                raise ValueError(f"reserve_many: extent ({offset}, {nbytes}) is misaligned "
+                                 "or negative")
+            length = -(-nbytes // alignment) or 1
+            if start < position:
+                raise ValueError(f"reserve_many: extent at offset {offset} overlaps the one "
+                                 "before or is out of order")
+            if start + length > granules:
+                raise ValueError(f"reserve_many: extent ({offset}, {nbytes}) is outside the "
+                                 f"allocator's range [0, {self.capacity})")
+            if start > position:
+                gaps.append((position, start - position))
+            used[start] = length
+            position = start + length
+        if position < granules:
+            gaps.append((position, granules - position))
+        # No allocations means the whole range is one coalesced free extent.
+        if granules:
+            self._remove_free(0, granules)
+        for start, length in gaps:
+            self._insert_free(start, length)
+        self._used = used
+        self._used_granules = sum(used.values())
+        self._free_starts = None
 
     @property
     def size(self) -> int:
