@@ -8,7 +8,9 @@ the rest to its ``_run``. Subclasses supply ``_run`` (and may supply fixed buffe
 from __future__ import annotations
 
 import abc
+import errno
 import logging
+import operator
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -26,6 +28,7 @@ except ImportError:  # not built: the POSIX engine needs addresses only
 
 FSYNC, FDATASYNC = 2, 3  # the KV_OP_* codes of io_uring_core.h
 _ALIGN_MASK = ALIGN - 1
+_MAX_END = 2**63 - 1  # off_t
 
 #: ``(file, offset, buffer)``: one item of a read or write batch.
 Item = tuple["IoFile", int, Any]
@@ -75,6 +78,13 @@ class IoFile:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"fd={self.fd}"
         return f"IoFile({self.path!r}, {state}, direct={self.direct})"
+
+
+def _as_offset(offset: Any, index: int) -> int:
+    try:
+        return operator.index(offset)  # numpy integers are welcome
+    except TypeError:
+        raise ValueError(f"item {index}: the offset must be an int >= 0, got {offset!r}") from None
 
 
 def _byte_view(buffer: Any, index: int, writable: bool) -> memoryview:
@@ -203,12 +213,15 @@ class IoEngine(abc.ABC):
                                 f"got {item!r:.80}") from None
             if not isinstance(file, IoFile):
                 raise TypeError(f"item {index}: expected an IoFile, got {type(file).__name__}")
-            if type(offset) is not int or offset < 0:
-                raise ValueError(f"item {index}: the offset must be an int >= 0, got {offset!r}")
+            if type(offset) is not int:
+                offset = _as_offset(offset, index)
             view = buffer
             if (type(view) is not memoryview or view.format != "B" or view.ndim != 1
                     or not view.c_contiguous or (writable and view.readonly)):
                 view = _byte_view(buffer, index, writable)
+            if offset < 0 or offset + view.nbytes > _MAX_END:
+                raise ValueError(f"item {index}: the offset must be >= 0 and the item end "
+                                 f"before 2**63, got offset {offset} for {view.nbytes} bytes")
             if file.direct and view.nbytes:
                 pointer = from_buffer(view)
                 if (offset | view.nbytes | int(cast("uintptr_t", pointer))) & _ALIGN_MASK:
@@ -226,13 +239,18 @@ class IoEngine(abc.ABC):
             outcomes = direct.write_through_bounce(self._run, ops, bounced)
         op = "read" if code == READ else "write"
         results: list[int | IoError] = []
-        for item, (result, done) in zip(items, outcomes):
+        for index, (item, (result, done)) in enumerate(zip(items, outcomes)):
             if result >= 0:
                 results.append(result)
-            else:
-                file, offset, buffer = item
-                results.append(_error(-result, file, offset, op, memoryview(buffer).nbytes,
-                                      done))
+                continue
+            file, offset, buffer = item
+            error = _error(-result, file, offset, op, memoryview(buffer).nbytes, done)
+            if index in bounced and code == WRITE and error.errno == errno.EBADF \
+                    and not file.closed:
+                error = _error(-result, file, offset, op, memoryview(buffer).nbytes, done,
+                               "an unaligned write to an O_DIRECT file reads its edge "
+                               "blocks first: open the file O_RDWR, not O_WRONLY")
+            results.append(error)
         return results
 
     @abc.abstractmethod
@@ -241,7 +259,8 @@ class IoEngine(abc.ABC):
         ``(bytes or -errno, bytes done)`` for each, completing short transfers."""
 
 
-def _error(errno: int, file: IoFile, offset: int | None, op: str, length: int,
-           done: int) -> IoError:
-    detail = "the IoFile was closed" if file.closed else ""
-    return IoError(errno, file.path, offset, op=op, length=length, done=done, detail=detail)
+def _error(number: int, file: IoFile, offset: int | None, op: str, length: int,
+           done: int, detail: str = "") -> IoError:
+    if file.closed:
+        detail = "the IoFile was closed"
+    return IoError(number, file.path, offset, op=op, length=length, done=done, detail=detail)

@@ -241,13 +241,13 @@ def test_many_threads_at_once(engine, tmp_path, direct):
     assert not errors, errors[0]
 
 
-def test_numpy_and_typed_buffers(engine, tmp_path):
+def test_numpy_buffers_and_offsets(engine, tmp_path):
     path = tmp_path / "data"
     values = np.arange(1000, dtype=np.float32)
     with engine.open(path, os.O_RDWR | os.O_CREAT) as f:
-        assert engine.write([(f, 0, values)]) == [values.nbytes]
+        assert engine.write([(f, np.int64(8), values)]) == [values.nbytes]
         back = np.empty_like(values)
-        assert engine.read([(f, 0, back)]) == [values.nbytes]
+        assert engine.read([(f, np.uint32(8), back)]) == [values.nbytes]
     assert np.array_equal(back, values)
 
 
@@ -257,8 +257,12 @@ def test_malformed_batches_raise_before_any_io(engine, tmp_path):
     with engine.open(path, os.O_RDWR) as f:
         with pytest.raises(TypeError, match="item 1: a read needs a writable buffer"):
             engine.read([(f, 0, bytearray(2)), (f, 0, b"read-only")])
-        with pytest.raises(ValueError, match="item 1: the offset must be an int >= 0"):
+        with pytest.raises(ValueError, match="item 1: the offset must be >= 0"):
             engine.write([(f, 0, b"after!"), (f, -1, b"x")])
+        with pytest.raises(ValueError, match="item 0: the offset must be >= 0"):
+            engine.write([(f, 2**63 - 2, b"xy")])
+        with pytest.raises(ValueError, match="item 0: the offset must be an int"):
+            engine.write([(f, 1.5, b"x")])
         with pytest.raises(TypeError, match="item 0: expected an IoFile"):
             engine.write([(f.fd, 0, b"x")])
         with pytest.raises(TypeError, match=r"item 0: expected \(IoFile, offset, buffer\)"):
@@ -308,6 +312,17 @@ def test_a_file_system_without_o_direct_falls_back_to_buffered(engine, ramfs, ca
     assert all(bytes(b) == b"\0hello" for b in buffers)
     for f in files:
         f.close()
+
+
+def test_unaligned_direct_write_to_a_write_only_file_says_what_to_do(engine, tmp_path):
+    path = tmp_path / "data"
+    fill(path, bytes(BLOCK))
+    with engine.open(path, os.O_WRONLY, direct=True) as f:
+        aligned_block = aligned(BLOCK)
+        result, = engine.write([(f, 10, b"unaligned")])
+        assert engine.write([(f, 0, aligned_block)]) == [BLOCK]  # aligned needs no read
+    assert isinstance(result, IoError) and result.errno == errno.EBADF
+    assert "open the file O_RDWR" in str(result)
 
 
 def test_open_names_the_file_it_cannot_open(engine, tmp_path):
