@@ -54,10 +54,9 @@ def sim_figure(result: dict):
                         fontsize=8)
     top.set_ylabel("hit rate (% of measured tokens)")
     bottom.set_ylabel("ideal prefill speedup (x)")
-    bottom.set_xlabel("cache budget (GiB)" if by_gib else "cache capacity (blocks)")
+    bottom.set_xlabel("cache budget" if by_gib else "cache capacity (blocks)")
     for axis in (top, bottom):
-        axis.set_xscale("log", base=2)
-        axis.grid(True, which="both", alpha=0.3)
+        _budget_axis(axis, by_gib)
         axis.legend(fontsize=8, loc="upper left")
     model = result.get("model") or {}
     title = ", ".join(result["trace"]["sources"])
@@ -83,7 +82,7 @@ def tier_figure(result: dict):
         left.plot(xs, [p["results"]["lru"]["hitRate"] * 100 for p in points], color="black",
                   lw=1, ls="--", label="DRAM-only LRU")
     left.set_ylabel("% of measured tokens")
-    left.set_xlabel("DRAM budget (GiB)")
+    left.set_xlabel("DRAM budget")
     left.legend(fontsize=8, loc="upper left")
     if tiers and "ttft" in tiers[0]:
         right.plot(xs, [t["ttft"]["meanSeconds"] for t in tiers], marker="o", ms=3,
@@ -92,12 +91,22 @@ def tier_figure(result: dict):
                       label="no cache")
         right.set_ylabel("modelled prefill time per request (s)")
         right.legend(fontsize=8)
-    right.set_xlabel("DRAM budget (GiB)")
+    right.set_xlabel("DRAM budget")
     for axis in (left, right):
-        axis.set_xscale("log", base=2)
-        axis.grid(True, which="both", alpha=0.3)
+        _budget_axis(axis, True)
     fig.tight_layout()
     return fig
+
+
+def _budget_axis(axis, by_gib: bool) -> None:
+    """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB)."""
+    from kvstored.tools.report_table import size_label
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_xscale("log", base=2)
+    axis.grid(True, which="both", alpha=0.3)
+    if by_gib:
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: size_label(x)))
 
 
 def save(fig, path: Path) -> None:

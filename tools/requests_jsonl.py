@@ -26,7 +26,7 @@ from kvstored.tools.textio import json_lines
 
 #: Block size and timestamp unit (seconds per unit) of each format.
 DEFAULTS = {"mooncake": (512, 1e-3), "bailian": (16, 1.0)}
-_FLUSH_IDS = 1 << 22
+_FLUSH_IDS = 1 << 20
 
 
 def _positive_int(value: object) -> int | None:

@@ -99,6 +99,9 @@ def figure(stats: dict):
     for minutes in (10, 20, 30):
         left.axvline(minutes, color="#d62728", lw=1, ls="--")
     left.set_xscale("log")
+    drawn = np.flatnonzero(share)
+    if len(drawn):  # only the range where reuses happen
+        left.set_xlim(lo[drawn[0]] / MINUTE / 1.5, max(hi[drawn[-1]] / MINUTE * 1.5, 45))
     left.set_xlabel("time since the block's previous use (minutes)")
     left.set_ylabel("% of block reuses")
     left.set_title(f"reuse gaps ({gaps['reuses']:,} reuses; "

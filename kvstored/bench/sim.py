@@ -37,7 +37,6 @@ from rich.table import Table
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.tools import binfile, events
-from kvstored.tools.reader import load
 from kvstored.units import format_size
 
 DEFAULT_TRACE = "mooncake_conversation.jsonl"
@@ -106,18 +105,34 @@ def synthetic_sessions(target_events: int, seed: int = 7) -> events.EventTrace:
                         "sessions", sources=[f"synthetic sessions ({session} sessions)"])
 
 
+def _peak_rss(pid: int) -> int | None:
+    """The process's resident-set high-water mark (VmHWM), in bytes. Read from /proc while
+    it runs: the rusage of wait4 would also count the parent's memory, since Linux keeps
+    the high-water mark across the fork and exec that start a child."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _timed(argv: list[str], stdout_path: Path) -> dict:
     """Run a process to completion: wall seconds, peak RSS, exit status."""
     started = time.perf_counter()
+    peak = 0
     with stdout_path.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(process.pid, 0)
+        while process.poll() is None:
+            peak = max(peak, _peak_rss(process.pid) or 0)
+            time.sleep(0.02)
     elapsed = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
     stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
     if process.returncode != 0:
         raise click.ClickException(f"{argv[0]} failed ({process.returncode}): {stderr[-2000:]}")
-    return {"seconds": elapsed, "peakRssBytes": usage.ru_maxrss * 1024}
+    return {"seconds": elapsed, "peakRssBytes": peak}
 
 
 def _kvstore() -> list[str]:
@@ -249,7 +264,8 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
         events_written = replicate_jsonl(trace, replicate, replicated)
         console.print(f"replicated x{replicate}: {events_written:,} block events")
         binary = work / "replicated.kvtrace"
-        binfile.write(load([replicated], "mooncake", block_size), binary)
+        _timed([*_kvstore(), "trace", "convert", str(replicated), "--block-size",
+                str(block_size), "--to", "binary", "-o", str(binary)], work / "convert.txt")
         extra = {"kvstore-binary": [*_kvstore(), "sim", str(binary), "--model", model,
                                     "--json"]}
         results.append(_bench_trace(f"replicated-{replicate}x", replicated, model, block_size,
