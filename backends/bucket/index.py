@@ -36,11 +36,13 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from typing import NamedTuple
 
+import numpy as np
 from crc32c import crc32c
-from kvstored.backends.record import ALIGN, record_size
+from kvstored.backends.record import ALIGN, VALUE_OFFSET
 from kvstored.backends.stamp import fsync_dir
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import MAX_KEY_BYTES
@@ -122,46 +124,85 @@ def decode_index_header(data: bytes | memoryview, *, path: str) -> IndexHeader:
     return IndexHeader(bucket_id, data_len, count, created_ns)
 
 
+#: The entries as a numpy structured type, to check them all at once.
+_ENTRY_DTYPE = np.dtype([("record_offset", "<u8"), ("value_len", "<u8"), ("seq", "<u8"),
+                         ("write_ns", "<u8"), ("value_crc", "<u4"), ("key_len", "<u2"),
+                         ("flags", "<u2")])
+assert _ENTRY_DTYPE.itemsize == ENTRY.size
+
+
 def decode_entries(data: bytes | memoryview, header: IndexHeader, *,
-                   path: str) -> Iterator[IndexEntry]:
-    """The entries of an index whose header :func:`decode_index_header` accepted.
+                   path: str) -> list[IndexEntry]:
+    """The entries of an index whose header :func:`decode_index_header` accepted."""
+    return list(map(IndexEntry._make, decode_rows(data, header, path=path)))
+
+
+def decode_rows(data: bytes | memoryview, header: IndexHeader, *,
+                path: str) -> list[tuple[str, int, int, int, int, int, int]]:
+    """The entries as plain tuples in :class:`IndexEntry` order: what opening a store
+    uses, since it builds its own objects from them.
 
     Raises :class:`CorruptionError` on an entry that cannot be right even though the
     CRC matched (a writer bug, or a file crafted by hand): a misaligned or overlapping
     record, a record past ``data_len``, an impossible key.
+
+    Opening a store decodes every entry of every index, so the checks run vectorised
+    (numpy) and the loop only builds the entries: about 1 µs each.
     """
     view = memoryview(data)
     entries_end = HEADER.size + header.count * ENTRY.size
-    key_at = entries_end
-    next_free = 0
-    for (offset, value_len, seq, write_ns, value_crc, key_len,
-         flags) in ENTRY.iter_unpack(view[HEADER.size:entries_end]):
-        end = offset + record_size(value_len)
-        if offset % ALIGN or offset < next_free or end > header.data_len:
-            raise CorruptionError(f"index entry at record offset {offset} (value of "
-                                  f"{value_len} bytes) does not fit the data file's "
-                                  f"{header.data_len} bytes in order", path=path)
-        if not 0 < key_len <= MAX_KEY_BYTES:
-            raise CorruptionError(f"index entry at record offset {offset} has an impossible "
-                                  f"key length {key_len}", path=path)
-        try:
-            key = str(view[key_at:key_at + key_len], "utf-8")
-        except UnicodeDecodeError:
-            raise CorruptionError(f"index entry at record offset {offset} has a key that is "
-                                  "not UTF-8", path=path) from None
-        key_at += key_len
-        next_free = end
-        yield IndexEntry(key, offset, value_len, seq, write_ns, value_crc, flags)
-    if key_at != len(data) - TRAILER.size:
+    table = np.frombuffer(view, _ENTRY_DTYPE, header.count, HEADER.size)
+    offsets, lengths = table["record_offset"], table["key_len"]
+    ends = offsets + VALUE_OFFSET + ((table["value_len"] + (ALIGN - 1)) & ~np.uint64(ALIGN - 1))
+    # Offsets and lengths past data_len are refused first, so that the sums above
+    # cannot have wrapped around without being caught.
+    misfit = ((offsets % ALIGN != 0) | (ends > header.data_len)
+              | (offsets > header.data_len) | (table["value_len"] > header.data_len))
+    misfit[1:] |= offsets[1:] < ends[:-1]
+    if misfit.any():
+        n = int(misfit.argmax())
+        raise CorruptionError(f"index entry at record offset {int(offsets[n])} (value of "
+                              f"{int(table['value_len'][n])} bytes) does not fit the data "
+                              f"file's {header.data_len} bytes in order", path=path)
+    bad_key = (lengths == 0) | (lengths > MAX_KEY_BYTES)
+    if bad_key.any():
+        n = int(bad_key.argmax())
+        raise CorruptionError(f"index entry at record offset {int(offsets[n])} has an "
+                              f"impossible key length {int(lengths[n])}", path=path)
+    if entries_end + int(lengths.sum()) != len(data) - TRAILER.size:
         raise CorruptionError("index key lengths do not add up to its key blob", path=path)
+    blob = bytes(view[entries_end:len(data) - TRAILER.size])
+    bounds = list(accumulate(lengths.tolist(), initial=0))
+    try:
+        text = blob.decode()
+    except UnicodeDecodeError:
+        text = ""
+    if len(text) == len(blob):  # all ASCII: byte bounds are str bounds, slice one str
+        keys = [text[a:b] for a, b in pairwise(bounds)]
+    else:
+        keys = [_decode_key(blob[a:b], offset, path)
+                for (a, b), offset in zip(pairwise(bounds), offsets.tolist())]
+    return list(zip(keys, offsets.tolist(), table["value_len"].tolist(),
+                    table["seq"].tolist(), table["write_ns"].tolist(),
+                    table["value_crc"].tolist(), table["flags"].tolist()))
 
 
-def read_index(path: str) -> tuple[IndexHeader, list[IndexEntry]]:
-    """Load and verify the index at ``path`` (OSError if it cannot be read)."""
+def _decode_key(raw: bytes, offset: int, path: str) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CorruptionError(f"index entry at record offset {offset} has a key that is "
+                              "not UTF-8", path=path) from None
+
+
+def read_index(path: str, *, rows: bool = False) -> tuple[IndexHeader, list]:
+    """Load and verify the index at ``path``: its header and its entries (as
+    :class:`IndexEntry`, or plain tuples with ``rows=True``). OSError if unreadable."""
     with open(path, "rb", buffering=0) as f:
         data = f.read()
     header = decode_index_header(data, path=path)
-    return header, list(decode_entries(data, header, path=path))
+    decode = decode_rows if rows else decode_entries
+    return header, decode(data, header, path=path)
 
 
 def write_indexes(directory: str, files: Sequence[tuple[str, str, bytes]]) -> None:

@@ -98,7 +98,7 @@ def _load(directory: str, quarantine: str, bucket_id: int, index_entry: os.DirEn
                                 action=f"moved to {', '.join(moved)} at open"))
 
     try:
-        header, entries = read_index(index_entry.path)
+        header, entries = read_index(index_entry.path, rows=True)
         if header.bucket_id != bucket_id:
             raise CorruptionError(f"index names bucket {header.bucket_id:016x}",
                                   path=index_entry.path)

@@ -104,7 +104,7 @@ def test_unknown_version_names_itself():
         _decode(bytes(data))
 
 
-@pytest.mark.parametrize("bad", ["overlap", "misaligned", "past_end"])
+@pytest.mark.parametrize("bad", ["overlap", "misaligned", "past_end", "wraps"])
 def test_impossible_entries_are_refused_despite_a_good_crc(bad):
     """A writer bug must not make the backend read outside the records."""
     entries = _entries([5000, 10])
@@ -113,8 +113,10 @@ def test_impossible_entries_are_refused_despite_a_good_crc(bad):
         entries[1] = entries[1]._replace(record_offset=4096)
     elif bad == "misaligned":
         entries[1] = entries[1]._replace(record_offset=entries[1].record_offset + 8)
-    else:
+    elif bad == "past_end":
         data_len -= 4096
+    else:  # offset + record length overflows 64 bits back into range
+        entries[1] = entries[1]._replace(record_offset=2**64 - 4096)
     with pytest.raises(CorruptionError, match="does not fit"):
         _decode(encode_index(1, data_len, 0, entries))
 
