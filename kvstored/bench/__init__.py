@@ -14,6 +14,8 @@ from kvstored.cli.lazy import LazyGroup
 # Each benchmark lives in its own module; adding one is a line here.
 BENCHMARKS: dict[str, str] = {
     "io": "kvstored.bench.io:io_command",
+    "store": "kvstored.bench.store:store_command",
+    "backend": "kvstored.bench.backend:backend_command",
     "sim": "kvstored.bench.sim:sim",
 }
 
