@@ -391,6 +391,11 @@ class BucketBackend(StorageBackend):
         if len(keys) != len(buffers):
             raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
         views = [memoryview(buf).cast("B") for buf in buffers]
+        for key, view in zip(keys, views):
+            if view.readonly:
+                raise InvalidRequestError("batch_read needs writable buffers; this one is "
+                                          "read-only (pass a bytearray or a writable view)",
+                                          key=key, path=self.path)
         results: list[int] = [ReadStatus.MISSING] * len(keys)
         wanted: list[tuple[int, Slot]] = []
         with self._lock:

@@ -15,7 +15,7 @@ import pytest
 from kvstored.backends import open_backend
 from kvstored.backends.bucket.records import SPLIT_READ_MIN
 from kvstored.native import IoError
-from kvstored.sdk.errors import CapacityError
+from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
 
@@ -159,3 +159,12 @@ def test_full_file_system_fails_the_bucket_with_capacity_error(small_fs: Path):
     assert backend.usage().objects == 1
     backend.close()
     assert open_backend("bucket", store, engine="posix").usage().objects == 1
+
+
+def test_read_only_buffers_are_refused_before_any_io(tmp_path):
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    backend.batch_write([("k", b"value")])
+    with pytest.raises(InvalidRequestError, match="writable") as caught:
+        backend.batch_read(["k", "k"], [memoryview(bytearray(8)), memoryview(bytes(8))])
+    assert caught.value.key == "k"
+    assert backend.read("k") == b"value"
