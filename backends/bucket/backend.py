@@ -340,9 +340,13 @@ class BucketBackend(StorageBackend):
             for bucket in victims:
                 self._retire_locked(bucket)
                 keys.extend(slot.key for slot in bucket.slots if slot.live)
-        if keys and on_evict is not None:
-            on_evict(list(keys))  # before the files go: their space is not reused yet
-        self._remove_files(victims)
+        try:
+            if keys and on_evict is not None:
+                on_evict(list(keys))  # before the files go: their space is not reused yet
+        finally:
+            # The keys are invisible already: the files go even if the callback failed,
+            # so that memory and disk still agree.
+            self._remove_files(victims)
         if victims:
             log.info("bucket: evicted %d bucket(s), %d keys", len(victims), len(keys))
         return keys
