@@ -42,8 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Records verified per engine submission, and the largest chunk copied out at once.
+#: Records (and value bytes) verified per engine submission, and the largest chunk
+#: copied out at once.
 CHECK_BATCH = 32
+CHECK_BYTES = 64 << 20
 COPY_CHUNK = 16 << 20
 
 
@@ -53,8 +55,16 @@ def check_volume(backend: OffsetLayoutBackend, repair: bool) -> CheckReport:
     _check_checkpoint(backend, report, repair)
     with backend._lock:
         snapshot = list(backend._index.items())
-    for start in range(0, len(snapshot), CHECK_BATCH):
-        _check_records(backend, snapshot[start:start + CHECK_BATCH], report, repair)
+    chunk: list[tuple[str, Entry]] = []
+    chunk_bytes = 0
+    for key, entry in snapshot:
+        if chunk and (len(chunk) == CHECK_BATCH or chunk_bytes + entry.size > CHECK_BYTES):
+            _check_records(backend, chunk, report, repair)
+            chunk, chunk_bytes = [], 0
+        chunk.append((key, entry))
+        chunk_bytes += entry.size
+    if chunk:
+        _check_records(backend, chunk, report, repair)
     _check_index(backend, report)
     return report
 

@@ -336,7 +336,11 @@ class OffsetLayoutBackend(StorageBackend):
             due = (self._since_checkpoint >= self.checkpoint_bytes and not self._checkpointing)
             self._gate.notify_all()
             if due:
-                self._checkpoint_locked()
+                try:
+                    self._checkpoint_locked()
+                except BackendError as exc:  # the operation itself succeeded; retried later
+                    log.error("%s: a checkpoint failed (%s); the journal still holds "
+                              "everything", self.path, exc)
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (normally they happen on their own)."""
@@ -441,7 +445,16 @@ class OffsetLayoutBackend(StorageBackend):
                 placed.append((i, key, key_bytes, view, where))
         if not placed:
             return
-        block = self._enter_gate(journal_blocks(len(placed), []))
+        try:
+            block = self._enter_gate(journal_blocks(len(placed), []))
+        except BackendError as exc:  # a checkpoint for journal room failed
+            for i, key, _, _, offset in placed:
+                results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
+                with self._lock:
+                    self._alloc.free(offset - self._geometry.data_offset)
+            with self._lock:
+                self._index_used -= sum(entry_size(kb) for _, _, kb, _, _ in placed)
+            return
         written, abandoned = 0, None
         try:
             with self._lock:
@@ -588,14 +601,24 @@ class OffsetLayoutBackend(StorageBackend):
     def _retire(self, victims: list[tuple[str, Entry]], callback: EvictionCallback | None,
                 *, evicting: bool) -> None:
         """Make the removal of detached ``victims`` durable, then free their space."""
-        if callback is not None:
-            callback([key for key, _ in victims])
+        try:
+            if callback is not None:
+                callback([key for key, _ in victims])
+        finally:  # a failing callback must not leave the removal half done
+            self._make_durable(victims, evicting)
+
+    def _make_durable(self, victims: list[tuple[str, Entry]], evicting: bool) -> None:
+        """Journal the victims' tombstones, then free their extents (when unpinned).
+        If the journal cannot be written, a delete is undone and raises; an eviction
+        keeps its space held (a crash could bring the records back) and logs."""
         try:
             self._tombstone(victims)
         except BackendError as exc:
             if not evicting:
                 with self._lock:  # the delete did not happen: put the keys back
                     for key, entry in victims:
+                        if key in self._index or key in self._pending:
+                            continue  # written again meanwhile: keep the new one
                         self._index[key] = entry
                         self._order[key] = None
                         self._logical += entry.size
