@@ -1,18 +1,19 @@
 """Moving records between memory and bucket data files through the io engine.
 
-Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple (the
-record format of backends/record.py with its value padded to 4 KiB). Every item handed
-to the engine starts and ends on a 4 KiB boundary: header blocks and the zero-padded last
-block of each value are built in page-aligned scratch memory, and the value's whole
-blocks go straight from the caller's buffer. With O_DIRECT nothing then needs a
+Small and large values are moved differently. A value of up to :data:`SMALL_VALUE_MAX`
+travels with its header block as one contiguous I/O through page-aligned scratch memory
+(one request per record; the copy is cheap at that size). A larger one is split into its
+header block, its whole 4 KiB blocks straight from or into the caller's buffer, and its
+last partial block through scratch memory: adjacent requests in the same submission,
+which saves copying megabytes for the price of a second request. Every item handed to
+the engine starts and ends on a 4 KiB boundary, so with O_DIRECT nothing needs a
 read-modify-write, and the caller's memory is bounced only if it is itself unaligned.
 
+Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple (the
+record format of backends/record.py with its value padded to 4 KiB), padding zeroed.
+
 Reading: every record asked for in one call is read in one engine submission. A small
-value is read together with its header block in one contiguous read into scratch memory,
-checked, and only then copied to the caller. A large value (over
-:data:`SPLIT_READ_MIN`) is read as its header block, its whole blocks straight into the
-caller's buffer and its last partial block, all adjacent and all in the same submission:
-this saves copying megabytes for the price of a second request. Either way the header
+value is checked in scratch memory before it is copied to the caller. Either way the header
 CRC (header and key) and the value CRC are both checked, and the header must name the
 key, size and sequence number the index holds. A record that fails is reported CORRUPT,
 and the caller's bytes are zeroed rather than left holding a value that failed.
@@ -32,8 +33,8 @@ from kvstored.native import IoEngine, IoError, IoFile
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import ReadStatus
 
-#: Values larger than this are read straight into the caller's buffer (see above).
-SPLIT_READ_MIN = 64 * 1024
+#: Values up to this size move with their header in one contiguous I/O (see above).
+SMALL_VALUE_MAX = 64 * 1024
 
 # Scratch memory up to this size is kept by its thread for the next call: touching
 # fresh pages is slow (DESIGN.md), and a thread's batches tend to look alike.
@@ -74,30 +75,41 @@ def write_items(buckets: Sequence[tuple[IoFile, Sequence[NewRecord]]]
     """The engine write items that lay each bucket's records into its file, every item
     4 KiB-aligned, for one submission.
 
-    The header blocks and padded tails live in this thread's scratch memory, which stays
-    valid until the thread's next call into this module: submit them before that.
+    Headers, small values and padded tails are built in this thread's scratch memory,
+    which stays valid until the thread's next call into this module: submit the items
+    before that.
     """
-    blocks = sum(1 + (1 if r.value.nbytes % ALIGN else 0)
-                 for _, records in buckets for r in records)
-    scratch = _scratch.take(blocks * ALIGN)
+    need = 0
+    for _, records in buckets:
+        for record in records:
+            size = record.value.nbytes
+            need += (VALUE_OFFSET + align_up(size) if size <= SMALL_VALUE_MAX
+                     else VALUE_OFFSET + (ALIGN if size % ALIGN else 0))
+    scratch = _scratch.take(need)
     items: list[tuple[IoFile, int, memoryview]] = []
     at = 0
     for file, records in buckets:
         for record in records:
-            head = scratch[at:at + ALIGN]
-            at += ALIGN
-            head[:] = encode_header(record.key_bytes, record.value.nbytes, record.seq,
-                                    record.crc, write_ns=record.write_ns)
+            size = record.value.nbytes
+            small = size <= SMALL_VALUE_MAX
+            head_len = VALUE_OFFSET + align_up(size) if small else VALUE_OFFSET
+            head = scratch[at:at + head_len]
+            at += head_len
+            head[:VALUE_OFFSET] = encode_header(record.key_bytes, size, record.seq,
+                                                record.crc, write_ns=record.write_ns)
+            if small:
+                head[VALUE_OFFSET:VALUE_OFFSET + size] = record.value
+                head[VALUE_OFFSET + size:] = bytes(head_len - VALUE_OFFSET - size)
+                items.append((file, record.offset, head))
+                continue
             items.append((file, record.offset, head))
-            whole = record.value.nbytes & ~(ALIGN - 1)
-            if whole:
-                items.append((file, record.offset + VALUE_OFFSET, record.value[:whole]))
-            rest = record.value.nbytes - whole
-            if rest:
+            whole = size & ~(ALIGN - 1)
+            items.append((file, record.offset + VALUE_OFFSET, record.value[:whole]))
+            if size != whole:
                 tail = scratch[at:at + ALIGN]
                 at += ALIGN
-                tail[:rest] = record.value[whole:]
-                tail[rest:] = bytes(ALIGN - rest)
+                tail[:size - whole] = record.value[whole:]
+                tail[size - whole:] = bytes(ALIGN - (size - whole))
                 items.append((file, record.offset + VALUE_OFFSET + whole, tail))
     return items
 
@@ -119,7 +131,7 @@ def read_records(engine: IoEngine,
     """
     need = 0
     for slot, _, _ in requests:
-        need += (VALUE_OFFSET + align_up(slot.size) if slot.size <= SPLIT_READ_MIN
+        need += (VALUE_OFFSET + align_up(slot.size) if slot.size <= SMALL_VALUE_MAX
                  else VALUE_OFFSET + (ALIGN if slot.size % ALIGN else 0))
     scratch = _scratch.take(need)
     items: list[tuple[IoFile, int, memoryview]] = []
@@ -129,7 +141,7 @@ def read_records(engine: IoEngine,
     at = 0
     for slot, file, dest in requests:
         first = len(items)
-        if slot.size <= SPLIT_READ_MIN:
+        if slot.size <= SMALL_VALUE_MAX:
             span = scratch[at:at + VALUE_OFFSET + align_up(slot.size)]
             at += span.nbytes
             items.append((file, slot.offset, span))

@@ -13,7 +13,7 @@ from pathlib import Path
 import kvstored.native
 import pytest
 from kvstored.backends import open_backend
-from kvstored.backends.bucket.records import SPLIT_READ_MIN
+from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
@@ -22,7 +22,7 @@ from kvstored.sdk.types import ReadStatus, WriteOutcome
 from tests.conftest import require
 
 KiB = 1024
-SIZES = [0, 1, 4095, 4096, 4097, SPLIT_READ_MIN, SPLIT_READ_MIN + 1, 3 * SPLIT_READ_MIN + 4096]
+SIZES = [0, 1, 4095, 4096, 4097, SMALL_VALUE_MAX, SMALL_VALUE_MAX + 1, 3 * SMALL_VALUE_MAX + 4096]
 
 
 @pytest.fixture(params=["posix", "uring"])
@@ -93,7 +93,7 @@ def test_unaligned_caller_buffers(tmp_path, engine, direct):
 @pytest.mark.parametrize("where", ["body", "tail", "header"])
 def test_split_read_reports_corrupt_and_clears_the_buffer(tmp_path, where):
     backend = open_backend("bucket", tmp_path / "s", engine="posix")
-    size = 3 * SPLIT_READ_MIN + 100
+    size = 3 * SMALL_VALUE_MAX + 100
     backend.batch_write([("big", payload("big", size)), ("ok", payload("ok", size))])
     loc = backend.locate("big")
     offset = {"body": loc.offset + 10, "tail": loc.offset + size - 5,
