@@ -83,7 +83,8 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
                    "own workspace, about 4 bytes per unique block.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a PNG of hit rate and speedup against budget.")
+              help="Write a PNG of hit rate and speedup against budget (and, with tiered, "
+                   "NAME-tiers.png: hits by tier and the TTFT model).")
 @click.option("--html", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a self-contained HTML report.")
 @click.option("--list-models", is_flag=True, help="Print the model table and exit.")
@@ -115,8 +116,12 @@ def sim(traces, fmt, block_size, model, bytes_per_token, precision, models_file,
         knee_speedup_per_tib=knee_per_tib, knee_policy=knee_policy, jobs=jobs)
     with progress_bar(enabled=True) as progress:
         result = simulate(list(traces), options, progress=progress)
+    tier_plot = None
     if plot:
         plots.save(plots.sim_figure(result), plot)
+        if result["tiered"] and any(p["mode"] == "fixed_window" for p in result["points"]):
+            tier_plot = plot.with_name(f"{plot.stem}-tiers{plot.suffix}")
+            plots.save(plots.tier_figure(result), tier_plot)
     if html:
         html_report.write(result, html)
     if as_json:
@@ -126,6 +131,6 @@ def sim(traces, fmt, block_size, model, bytes_per_token, precision, models_file,
     if not console.is_terminal:  # a file or a pipe: no reason to wrap at 80 columns
         console.width = 160
     report_table.render(result, console)
-    for label, path in (("plot", plot), ("report", html)):
+    for label, path in (("plot", plot), ("tier plot", tier_plot), ("report", html)):
         if path:
             console.print(f"[bold]Wrote[/] {label}: {path}")
