@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,13 @@ from kvstored.backends.record import (
     value_checksum,
 )
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, fsync_dir
-from kvstored.backends.threefs_files import HandleCache, ReadRequest, read_records, scratch
+from kvstored.backends.threefs_files import (
+    PIPELINE_CHUNK,
+    HandleCache,
+    ReadRequest,
+    read_records,
+    scratch,
+)
 from kvstored.backends.threefs_index import (
     NodeIndex,
     Slot,
@@ -181,6 +188,9 @@ class ThreeFsBackend(StorageBackend):
         except ValueError as exc:
             raise InvalidRequestError(str(exc), path=path) from None
         self.files = HandleCache(self.io, direct=direct)
+        #: Where big batches' I/O runs while the caller prepares or checks the next chunk.
+        self._io_threads = ThreadPoolExecutor(max_workers=2,
+                                              thread_name_prefix="kvstored-3fs-io")
 
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
@@ -203,6 +213,7 @@ class ThreeFsBackend(StorageBackend):
             self._claim()
             threefs_check.recover(self)
         except BaseException as exc:
+            self._io_threads.shutdown()
             if self.journal is not None:
                 self.journal.close()
             self._release_lock_file()
@@ -210,8 +221,8 @@ class ThreeFsBackend(StorageBackend):
                 raise from_oserror(exc, path=self.node_dir,
                                    action="opening the backend") from exc
             raise
-        self.view = (ClusterView(self.cluster_dir, self.node_id, self.io, self.files)
-                     if shared_reads else None)
+        self.view = (ClusterView(self.cluster_dir, self.node_id, self.io, self.files,
+                                 self._io_threads) if shared_reads else None)
         log.info("3fs: node %s of cluster %s at %s; %s", self.node_id, self.cluster,
                  self.root, self.io_path)
 
@@ -253,6 +264,7 @@ class ThreeFsBackend(StorageBackend):
             while self._unpublished:
                 self._published.wait()
             self._active = None
+        self._io_threads.shutdown()
         self.files.close_all()
         if self.journal is not None:
             self.journal.close()
@@ -377,11 +389,15 @@ class ThreeFsBackend(StorageBackend):
         # engine would bounce unaligned items itself, but its read-modify-write and its
         # trimming of the file end are not safe against another batch appending to the
         # same shard at the same time; the copy costs the same as its bounce.
-        items, spans, entries = [], [], []
+        items, spans, entries, futures = [], [], [], []
         copies = [bool(files[p[4].number].direct) and not _page_aligned(p[3]) for p in placed]
         blocks = scratch(VALUE_OFFSET * 2 * len(placed)
                          + sum(p[3].nbytes for p, copy in zip(placed, copies) if copy))
         moved = VALUE_OFFSET * 2 * len(placed)
+        # Big batches go out in chunks on the I/O threads while this thread checksums
+        # and lays out the next chunk: the CPU work overlaps the disk's.
+        pipelined = sum(record_size(p[3].nbytes) for p in placed) > 2 * PIPELINE_CHUNK
+        submitted, chunk_bytes = 0, 0
         try:
             for n, (_i, key, key_bytes, view, shard, offset, seq, _meta) in enumerate(placed):
                 checksum = value_checksum(view)
@@ -408,11 +424,17 @@ class ThreeFsBackend(StorageBackend):
                 spans.append((first, len(items), shard.number))
                 entries.append(Entry(Kind.PUT, key, shard.number, seq, offset, view.nbytes,
                                      write_ns, checksum))
-            outcomes = self.io.write(items)
+                chunk_bytes += record_size(view.nbytes)
+                if pipelined and chunk_bytes >= PIPELINE_CHUNK:
+                    futures.append(self._io_threads.submit(self.io.write, items[submitted:]))
+                    submitted, chunk_bytes = len(items), 0
+            rest = self.io.write(items[submitted:]) if submitted < len(items) else []
+            outcomes = [r for future in futures for r in future.result()] + rest
             numbers = list(files)
             synced = dict(zip(numbers, self.io.fsync([files[n] for n in numbers],
                                                      datasync=False)))
         finally:
+            wait(futures)  # never release a file, or the scratch, under a write in flight
             for file in files.values():
                 self.files.release(file)
         good = []
@@ -580,7 +602,8 @@ class ThreeFsBackend(StorageBackend):
                 held.append(file)
                 requests.append(ReadRequest(key, slot, file, views[i]))
                 where.append(i)
-            for i, request, outcome in zip(where, requests, read_records(self.io, requests)):
+            outcomes = read_records(self.io, requests, self._io_threads)
+            for i, request, outcome in zip(where, requests, outcomes):
                 results[i] = outcome.status
                 if outcome.status >= 0:
                     continue

@@ -11,6 +11,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -24,6 +25,8 @@ from kvstored.sdk.types import ReadStatus
 #: scratch memory, and copied out: one I/O instead of two costs less than the copy.
 #: Larger values are read straight into the caller's buffer, the header apart.
 COMBINED_READ_MAX = 128 * 1024
+#: With an executor, batches move in chunks of about this many bytes (see read_records).
+PIPELINE_CHUNK = 8 << 20
 _KEEP_ARENA_BYTES = 64 << 20
 
 
@@ -161,37 +164,64 @@ class ReadOutcome:
     errno: int = 0
 
 
-def read_records(engine: IoEngine, requests: list[ReadRequest]) -> list[ReadOutcome]:
-    """Read and verify every request's record in one engine submission."""
+def read_records(engine: IoEngine, requests: list[ReadRequest],
+                 executor: Executor | None = None) -> list[ReadOutcome]:
+    """Read and verify every request's record.
+
+    Without ``executor`` the batch is one engine submission. With one, a batch of more
+    than :data:`PIPELINE_CHUNK` bytes goes in chunks: while the executor reads chunk
+    ``k + 1``, this thread checks chunk ``k``, so checksums and copies overlap the I/O.
+    """
     if not requests:
         return []
-    plans = []  # (header view, value view or None when it went straight to dest)
-    items = []
-    total = sum(VALUE_OFFSET + (record_size(r.slot.size) - VALUE_OFFSET
-                                if r.slot.size <= COMBINED_READ_MAX else 0)
-                for r in requests)
+    total = sum(_arena_bytes(r.slot.size) for r in requests)
     arena = scratch(total)
-    pos = 0
-    for r in requests:
-        if r.slot.size <= COMBINED_READ_MAX:
-            length = record_size(r.slot.size)
-            block = arena[pos:pos + length]
-            items.append((r.file, r.slot.offset, block))
-            plans.append((block, block[VALUE_OFFSET:VALUE_OFFSET + r.slot.size], length))
-        else:
-            block = arena[pos:pos + VALUE_OFFSET]
-            length = VALUE_OFFSET
-            items.append((r.file, r.slot.offset, block))
+    plans = []  # per request: (first item, header block, value in the arena or None)
+    chunks: list[tuple[int, int, list]] = []  # (first request, end request, items)
+    items: list = []
+    first, pos, chunk_bytes = 0, 0, 0
+    for n, r in enumerate(requests):
+        length = _arena_bytes(r.slot.size)
+        block = arena[pos:pos + length]
+        plans.append((len(items), block, block[VALUE_OFFSET:VALUE_OFFSET + r.slot.size]
+                      if r.slot.size <= COMBINED_READ_MAX else None))
+        items.append((r.file, r.slot.offset, block))
+        if r.slot.size > COMBINED_READ_MAX:
             items.append((r.file, r.slot.offset + VALUE_OFFSET, r.dest[:r.slot.size]))
-            plans.append((block, None, length))
         pos += length
-    results = engine.read(items)
+        chunk_bytes += record_size(r.slot.size)
+        if executor is not None and chunk_bytes >= PIPELINE_CHUNK:
+            chunks.append((first, n + 1, items))
+            first, items, chunk_bytes = n + 1, [], 0
+    if items:
+        chunks.append((first, len(requests), items))
+    outcomes: list[ReadOutcome] = []
+    if executor is None or len(chunks) == 1:
+        for first, end, chunk in chunks:
+            outcomes.extend(_check(requests[first:end], plans[first:end], engine.read(chunk)))
+        return outcomes
+    pending = executor.submit(engine.read, chunks[0][2])
+    for k, (first, end, _chunk) in enumerate(chunks):
+        results = pending.result()
+        if k + 1 < len(chunks):
+            pending = executor.submit(engine.read, chunks[k + 1][2])
+        outcomes.extend(_check(requests[first:end], plans[first:end], results))
+    return outcomes
+
+
+def _arena_bytes(size: int) -> int:
+    """Scratch a record's read needs: the whole record when it is read in one piece,
+    else its header block."""
+    return record_size(size) if size <= COMBINED_READ_MAX else VALUE_OFFSET
+
+
+def _check(requests: list[ReadRequest], plans: list, results: list) -> list[ReadOutcome]:
     outcomes = []
-    at = 0
-    for r, (block, value, _length) in zip(requests, plans):
+    base = plans[0][0] if plans else 0
+    for r, (at, block, value) in zip(requests, plans):
+        at -= base
         got_head = results[at]
         got_value = results[at + 1] if value is None else None
-        at += 1 if value is not None else 2
         failure = next((g for g in (got_head, got_value) if isinstance(g, IoError)), None)
         if failure is not None:
             outcomes.append(ReadOutcome(ReadStatus.IO_ERROR, str(failure), failure.errno))

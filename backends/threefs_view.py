@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,8 +98,9 @@ class ClusterView:
     """Every other node of the cluster, read through their journals. Thread-safe."""
 
     def __init__(self, cluster_dir: Path, own_node: str, engine: IoEngine,
-                 files: HandleCache) -> None:
+                 files: HandleCache, executor: Executor | None = None) -> None:
         self.cluster_dir = cluster_dir
+        self.executor = executor
         self.own_node = own_node
         self.engine = engine
         self.files = files
@@ -213,7 +215,8 @@ class ClusterView:
                 held.append(file)
                 requests.append(ReadRequest(f.key, f.slot, file, buffers[i]))
                 where.append(i)
-            for i, request, outcome in zip(where, requests, read_records(self.engine, requests)):
+            outcomes = read_records(self.engine, requests, self.executor)
+            for i, request, outcome in zip(where, requests, outcomes):
                 if outcome.status == ReadStatus.CORRUPT and not final:
                     retry.add(i)
                     continue

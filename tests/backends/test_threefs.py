@@ -8,10 +8,10 @@ test_threefs_usrbio.py.
 
 from __future__ import annotations
 
-import pytest
-
 import kvstored.native
+import pytest
 from kvstored.sdk.testing import BackendConformance
+
 from tests.conftest import require
 
 
@@ -38,3 +38,25 @@ class TestThreeFsUringDirectLru(BackendConformance):
     @pytest.fixture(autouse=True)
     def _needs_uring(self) -> None:
         require("uring", *kvstored.native.uring_status())
+
+
+@pytest.mark.parametrize("engine,direct", [("posix", False), ("uring", True)])
+def test_big_batches_are_pipelined_in_order(tmp_path, engine, direct):
+    """Batches past two pipeline chunks move through the I/O threads in chunks; every
+    value lands in its own place and every result is in its item's slot."""
+    from kvstored.backends import open_backend
+    from kvstored.backends.threefs_files import PIPELINE_CHUNK
+    from kvstored.sdk.testing import payload
+
+    if engine == "uring":
+        require("uring", *kvstored.native.uring_status())
+    sizes = [1 << 20, 5, 300_000, 128 * 1024, 0, 4096, 777_777] * 8
+    items = [(f"big/{n}", payload(f"big/{n}", size)) for n, size in enumerate(sizes)]
+    assert sum(len(v) for _, v in items) > 2 * PIPELINE_CHUNK
+    with open_backend("3fs", tmp_path, engine=engine, direct=direct) as backend:
+        assert all(r.ok for r in backend.batch_write(items))
+        buffers = [memoryview(bytearray(len(v) + 10)) for _, v in items]
+        got = backend.batch_read([k for k, _ in items], buffers)
+        assert got == [len(v) for _, v in items]
+        assert all(bytes(b[:len(v)]) == v for b, (_, v) in zip(buffers, items))
+        assert not backend.check().problems
