@@ -425,7 +425,8 @@ class ThreeFsBackend(StorageBackend):
                 entries.append(Entry(Kind.PUT, key, shard.number, seq, offset, view.nbytes,
                                      write_ns, checksum))
                 chunk_bytes += record_size(view.nbytes)
-                if pipelined and chunk_bytes >= PIPELINE_CHUNK:
+                if (pipelined and chunk_bytes >= PIPELINE_CHUNK
+                        and len(items) - submitted >= self.io.queue_depth):
                     futures.append(self._io_threads.submit(self.io.write, items[submitted:]))
                     submitted, chunk_bytes = len(items), 0
             rest = self.io.write(items[submitted:]) if submitted < len(items) else []

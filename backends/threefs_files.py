@@ -10,8 +10,8 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections import OrderedDict
-from concurrent.futures import Executor
+from collections import OrderedDict, deque
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -27,6 +27,8 @@ from kvstored.sdk.types import ReadStatus
 COMBINED_READ_MAX = 128 * 1024
 #: With an executor, batches move in chunks of about this many bytes (see read_records).
 PIPELINE_CHUNK = 8 << 20
+#: Chunks of a read kept in flight ahead of the one being checked.
+READ_AHEAD = 2
 _KEEP_ARENA_BYTES = 64 << 20
 
 
@@ -168,9 +170,10 @@ def read_records(engine: IoEngine, requests: list[ReadRequest],
                  executor: Executor | None = None) -> list[ReadOutcome]:
     """Read and verify every request's record.
 
-    Without ``executor`` the batch is one engine submission. With one, a batch of more
-    than :data:`PIPELINE_CHUNK` bytes goes in chunks: while the executor reads chunk
-    ``k + 1``, this thread checks chunk ``k``, so checksums and copies overlap the I/O.
+    Without ``executor`` the batch is one engine submission. With one, a big batch goes
+    in chunks of at least :data:`PIPELINE_CHUNK` bytes and a queue depth of requests:
+    while the executor reads the next :data:`READ_AHEAD` chunks, this thread checks the
+    one that arrived, so checksums and copies overlap the I/O.
     """
     if not requests:
         return []
@@ -190,7 +193,8 @@ def read_records(engine: IoEngine, requests: list[ReadRequest],
             items.append((r.file, r.slot.offset + VALUE_OFFSET, r.dest[:r.slot.size]))
         pos += length
         chunk_bytes += record_size(r.slot.size)
-        if executor is not None and chunk_bytes >= PIPELINE_CHUNK:
+        if (executor is not None and chunk_bytes >= PIPELINE_CHUNK
+                and len(items) >= engine.queue_depth):
             chunks.append((first, n + 1, items))
             first, items, chunk_bytes = n + 1, [], 0
     if items:
@@ -200,12 +204,17 @@ def read_records(engine: IoEngine, requests: list[ReadRequest],
         for first, end, chunk in chunks:
             outcomes.extend(_check(requests[first:end], plans[first:end], engine.read(chunk)))
         return outcomes
-    pending = executor.submit(engine.read, chunks[0][2])
-    for k, (first, end, _chunk) in enumerate(chunks):
-        results = pending.result()
-        if k + 1 < len(chunks):
-            pending = executor.submit(engine.read, chunks[k + 1][2])
-        outcomes.extend(_check(requests[first:end], plans[first:end], results))
+    pending: deque[Future] = deque()
+    submitted = 0
+    try:
+        for first, end, _chunk in chunks:
+            while submitted < len(chunks) and len(pending) < READ_AHEAD:
+                pending.append(executor.submit(engine.read, chunks[submitted][2]))
+                submitted += 1
+            results = pending.popleft().result()
+            outcomes.extend(_check(requests[first:end], plans[first:end], results))
+    finally:
+        wait(pending)  # the scratch memory must outlive every read into it
     return outcomes
 
 
