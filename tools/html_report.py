@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from kvstored.tools import plots
-from kvstored.tools.report_table import budget_label
+from kvstored.tools.report_table import budget_label, size_label
 
 from kvstored.units import format_size
 
@@ -95,11 +95,10 @@ def _results(result: dict) -> str:
 def write(result: dict, path: Path) -> None:
     rec = result["recommended"]
     if rec.get("gib") is not None:
+        reason = rec["reason"][:1].upper() + rec["reason"][1:]
         recommendation = (f"<p class=rec><b>Recommended budget ({html.escape(rec['policy'])}): "
-                          f"{format_size(rec['gib'] * (1 << 30))}</b>, "
-                          f"{rec['idealSpeedup']:.2f}x ideal prefill speedup. "
-                          f"{html.escape(rec['reason'])} (threshold: "
-                          f"{rec['minSpeedupPerTib']:g}x per TiB).</p>")
+                          f"{size_label(rec['gib'])}</b>, {rec['idealSpeedup']:.2f}x ideal "
+                          f"prefill speedup. {html.escape(reason)}.</p>")
     else:
         recommendation = f"<p class=rec>{html.escape(rec['reason'])}</p>"
     sections = [
