@@ -205,7 +205,9 @@ class BucketBackend(StorageBackend):
             finally:
                 with self._lock:
                     for _, key, _, _ in claimed:
-                        self._pending.pop(key).set()
+                        event = self._pending.pop(key)
+                if claimed:
+                    event.set()
             # Keys another thread was writing: wait for it only now, holding no claim of
             # our own (two batches naming the same keys in opposite orders would
             # deadlock otherwise), then see whether it stored them.
@@ -220,6 +222,7 @@ class BucketBackend(StorageBackend):
         claimed, and those another call is writing (with its event); keys already
         stored get EXISTS in ``results``."""
         claimed, waiting = [], []
+        mine = threading.Event()  # one for the whole call: set when its writes end
         with self._lock:
             for item in todo:
                 i, key = item[0], item[1]
@@ -228,7 +231,7 @@ class BucketBackend(StorageBackend):
                 elif key in self._pending:
                     waiting.append((item, self._pending[key]))
                 else:
-                    self._pending[key] = threading.Event()
+                    self._pending[key] = mine
                     claimed.append(item)
         return claimed, waiting
 
