@@ -41,6 +41,14 @@ def probe_fuse() -> tuple[bool, str]:
     return True, "FUSE available"
 
 
+def probe_uring() -> tuple[bool, str]:
+    """io_uring works when the native engine was built against liburing and the kernel
+    lets this process set up a ring (see kvstored.native.probe)."""
+    from kvstored.native import uring_status
+
+    return uring_status()
+
+
 def probe_rdma() -> tuple[bool, str]:
     """RDMA needs an InfiniBand/RoCE device under /sys/class/infiniband and pyverbs."""
     devices = "/sys/class/infiniband"
