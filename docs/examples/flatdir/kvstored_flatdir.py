@@ -24,7 +24,6 @@ import uuid
 from pathlib import Path
 
 from crc32c import crc32c
-
 from kvstored.sdk import (
     Capabilities,
     CapacityError,
@@ -242,7 +241,7 @@ class FlatDirBackend(StorageBackend):
             entry = self._load(path)
             ok = entry is not None
             if ok:
-                key, (_, size, value_crc, _) = entry
+                key, (_, _size, value_crc, _) = entry
                 with open(path, "rb") as f:
                     f.seek(HEADER.size + len(key.encode()))
                     ok = crc32c(f.read()) == value_crc
