@@ -4,9 +4,10 @@ How the pieces fit (the byte layouts are in docs/format.md):
 
 - ``batch_write`` cuts its items into buckets (at most ``bucket_keys`` keys and
   ``bucket_bytes`` bytes each), reserves room for them (evicting between the
-  watermarks), writes every bucket's data file in one engine submission, fdatasyncs
-  them together, then makes their index files durable (temporary file, fsync, rename,
-  one directory fsync). Only then are the objects visible and reported WRITTEN.
+  watermarks), writes all their data files through the io engine together (in
+  submissions of up to 16 MiB of scratch memory), fdatasyncs them together, then makes
+  their index files durable (temporary file, fsync, rename, one directory fsync). Only
+  then are the objects visible and reported WRITTEN.
 - ``batch_read`` reads every record asked for in one engine submission and checks both
   CRCs of each (records.py). A bucket being read cannot be evicted, and its space is not
   counted free until the read ends.
@@ -507,7 +508,7 @@ class BucketBackend(StorageBackend):
             for slot in snapshot:
                 yield slot.record()
             return
-        for chunk in chunked(snapshot, 64 * MiB):
+        for chunk in chunked(snapshot, 32 * MiB):
             for slot, outcome in zip(chunk, self._read_slots(chunk)):
                 if outcome is not None and outcome.status >= 0:
                     yield slot.record()

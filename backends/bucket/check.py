@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from kvstored.backends.bucket.backend import BucketBackend
 
 #: Values read per engine submission while checking.
-CHECK_CHUNK_BYTES = 64 * 1024 * 1024
+CHECK_CHUNK_BYTES = 32 * 1024 * 1024
 
 
 class Checker:

@@ -5,7 +5,8 @@ For a batch of new buckets, :func:`write_buckets` does, in this order:
 1. create each data file (``O_EXCL``: bucket ids are never reused) and ``fallocate`` it
    whole, so that a full disk fails the bucket before any writing and the file gets few
    extents;
-2. write every record of every bucket in one engine submission (records.py);
+2. write every record of every bucket through the engine, all buckets together, in
+   submissions of up to 16 MiB of scratch memory (records.py);
 3. fdatasync all the data files together;
 4. write every index to a temporary file, fsync each, rename them into place and fsync
    the directory once (index.py, :func:`write_indexes`).
@@ -23,7 +24,7 @@ import os
 from collections.abc import Sequence
 
 from kvstored.backends.bucket.index import write_indexes
-from kvstored.backends.bucket.records import NewRecord, write_items
+from kvstored.backends.bucket.records import NewRecord, write_records
 from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.record import record_size, value_checksum
 from kvstored.native import IoEngine, IoFile
@@ -106,11 +107,9 @@ def _write_data(engine: IoEngine,
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate: fine
                     failures[bucket.id] = exc
         writing = [(b, r, f) for b, r, f in files if b.id not in failures]
-        items = write_items([(f, r) for _, r, f in writing])
-        owner = {id(f): b for b, _, f in writing}
-        for (file, _, _), outcome in zip(items, engine.write(items)):
-            if isinstance(outcome, OSError):
-                failures.setdefault(owner[id(file)].id, outcome)
+        errors = write_records(engine, [(f, r) for _, r, f in writing])
+        for position, error in errors.items():
+            failures[writing[position][0].id] = error
         syncing = [(b, f) for b, _, f in writing if b.id not in failures]
         for (bucket, _), outcome in zip(syncing, engine.fsync([f for _, f in syncing])):
             if isinstance(outcome, OSError):

@@ -168,3 +168,32 @@ def test_read_only_buffers_are_refused_before_any_io(tmp_path):
         backend.batch_read(["k", "k"], [memoryview(bytearray(8)), memoryview(bytes(8))])
     assert caught.value.key == "k"
     assert backend.read("k") == b"value"
+
+
+class _WriteCounting:
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.writes: list[int] = []
+
+    def write(self, items):
+        items = list(items)
+        self.writes.append(len(items))
+        return self._engine.write(items)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_small_records_go_in_bounded_submissions_of_one_request_each(tmp_path):
+    """300 records of 64 KiB need 20 MiB of scratch: two submissions, one request per
+    record; a large value adds its own header, body and tail requests."""
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    counting = backend.engine = _WriteCounting(backend.engine)
+    items = [(f"s{n}", payload(f"s{n}", SMALL_VALUE_MAX)) for n in range(300)]
+    items.append(("large", payload("large", SMALL_VALUE_MAX + 5)))
+    assert all(r.ok for r in backend.batch_write(items))
+    assert len(counting.writes) == 2 and sum(counting.writes) == 300 + 3, counting.writes
+    backend.close()
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    for key, value in items:
+        assert backend.read(key) == value
