@@ -67,12 +67,13 @@ class ReadHandles:
             else:
                 files[bucket.id] = FileNotFoundError(2, "the bucket was removed",
                                                      bucket.data_path)
-        for bucket_id in list(self._open):
-            if len(self._open) <= self.limit:
-                break
-            idle = self._open[bucket_id]
-            if idle.readers == 0:
-                self.drop_locked(idle, closing)
+        if len(self._open) > self.limit:
+            for bucket_id in list(self._open):
+                if len(self._open) <= self.limit:
+                    break
+                idle = self._open[bucket_id]
+                if idle.readers == 0:
+                    self.drop_locked(idle, closing)
         return files
 
     def drop_locked(self, bucket: Bucket, closing: list[IoFile]) -> None:

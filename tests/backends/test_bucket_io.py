@@ -197,3 +197,18 @@ def test_small_records_go_in_bounded_submissions_of_one_request_each(tmp_path):
     backend = open_backend("bucket", tmp_path / "s", engine="posix")
     for key, value in items:
         assert backend.read(key) == value
+
+
+def test_read_handles_stay_bounded(tmp_path):
+    """Only the most recently read buckets keep an open data file; close closes them."""
+    backend = open_backend("bucket", tmp_path / "s", engine="posix")
+    backend._handles.limit = 4
+    for n in range(10):
+        backend.batch_write([(f"h{n}", payload(f"h{n}", 100))])
+    for _ in range(2):
+        for n in range(10):
+            assert backend.read(f"h{n}") == payload(f"h{n}", 100)
+    buckets = list(backend._buckets.values())
+    assert [b.file is not None for b in buckets] == [False] * 6 + [True] * 4
+    backend.close()
+    assert all(b.file is None for b in buckets)
