@@ -1,0 +1,361 @@
+"""``kvstore bench store``: kvstored against Mooncake Store, a raw socket and memcpy, side
+by side in one run.
+
+Per object size (64 KiB, 1 MiB and 4 MiB by default), ``--total`` bytes per op (1 GiB),
+put and get, one object per call and ``32`` per call (see store_workload):
+
+==================  ==============================================================
+runner              what it is
+==================  ==============================================================
+kvstored-tcp        ``kvstored up`` (a child process), client ``transport="tcp"``
+kvstored-shm        the same daemon, client ``transport="shm"`` (mapped DRAM segment)
+kvstored-ssd        objects flushed and evicted from DRAM, page cache dropped, gets
+raw-socket          a child process answering requests with raw bytes (raw_peers)
+memcpy              numpy.copyto between pre-touched buffers (raw_peers)
+mooncake-remote     Mooncake pure client over TCP to a ``mooncake_client`` process
+mooncake-shm        Mooncake dummy client through shared memory to that process
+mooncake-ssd        Mooncake with local-disk offload, objects on disk only, gets
+==================  ==============================================================
+
+Runners that cannot run here (Mooncake not installed, say) are listed under
+``skipped`` in the JSON with the reason. The goals of issue 5 are computed from this
+run's figures; each is reported met, missed (by how much) or not measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from kvstored.bench.mooncake_peer import MooncakeCluster, probe
+from kvstored.bench.raw_peers import MemcpyTarget, RawSocketServer, RawSocketTarget
+from kvstored.bench.store_kvstored import KvstoredRunner
+from kvstored.bench.store_workload import (
+    BATCH,
+    OPS,
+    SIZES,
+    Buffers,
+    WorkloadError,
+    drop_page_cache,
+    object_count,
+    run_ops,
+)
+from kvstored.cli.exitcodes import ExitCode
+from kvstored.units import parse_size
+
+PEERS = ("raw-socket", "memcpy", "mooncake")
+
+#: (goal, size, runner, versus, op, measure, minimum ratio). For latency the ratio is
+#: theirs over ours, so that above 1 always means kvstored is better.
+GOALS = (
+    *((f"TCP batched get {s}: kvstored >= 1.5x Mooncake remote client", s,
+       "kvstored-tcp", "mooncake-remote", "get-batch", "bytes_per_s", 1.5)
+      for s in ("1MiB", "4MiB")),
+    *((f"TCP batched get {s}: kvstored >= 0.7x raw Python socket", s,
+       "kvstored-tcp", "raw-socket", "get-batch", "bytes_per_s", 0.7)
+      for s in ("1MiB", "4MiB")),
+    *((f"shm batched get {s}: kvstored >= 1.0x Mooncake shared memory", s,
+       "kvstored-shm", "mooncake-shm", "get-batch", "bytes_per_s", 1.0)
+      for s in ("64KiB", "1MiB", "4MiB")),
+    *((f"SSD-only batched get {s}: kvstored >= 1.5x Mooncake", s,
+       "kvstored-ssd", "mooncake-ssd", "get-batch", "bytes_per_s", 1.5)
+      for s in ("64KiB", "1MiB", "4MiB")),
+    ("single 64KiB get p50 latency: kvstored (TCP) no worse than Mooncake remote",
+     "64KiB", "kvstored-tcp", "mooncake-remote", "get-single", "p50_us", 1.0),
+)
+
+#: The tables: (title, runners, ratio columns as (ours, theirs)).
+TABLES = (
+    ("TCP (loopback)", ("kvstored-tcp", "raw-socket", "mooncake-remote"),
+     (("kvstored-tcp", "raw-socket"), ("kvstored-tcp", "mooncake-remote"))),
+    ("Same-host shared memory", ("kvstored-shm", "memcpy", "mooncake-shm"),
+     (("kvstored-shm", "memcpy"), ("kvstored-shm", "mooncake-shm"))),
+    ("SSD-only objects, page cache dropped", ("kvstored-ssd", "mooncake-ssd"),
+     (("kvstored-ssd", "mooncake-ssd"),)),
+)
+
+
+def _label(size: int) -> str:
+    """64KiB, 1MiB, 4MiB: the names the goals and the docs use."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return f"{size}B"
+
+
+def _figure(results: dict, size: str, runner: str, op: str, measure: str) -> float | None:
+    entry = results.get(size, {}).get(runner, {})
+    value = entry.get(op, {}).get(measure) if isinstance(entry, dict) else None
+    return value if value else None
+
+
+def ratio(results: dict, size: str, ours: str, theirs: str, op: str, measure: str
+          ) -> float | None:
+    """ours/theirs for throughput; theirs/ours for latency (above 1: kvstored better)."""
+    a = _figure(results, size, ours, op, measure)
+    b = _figure(results, size, theirs, op, measure)
+    if a is None or b is None:
+        return None
+    return b / a if measure.endswith("_us") else a / b
+
+
+def evaluate_goals(results: dict) -> list[dict[str, Any]]:
+    verdicts = []
+    for goal, size, ours, theirs, op, measure, minimum in GOALS:
+        value = ratio(results, size, ours, theirs, op, measure)
+        if value is None:
+            missing = [r for r in (ours, theirs) if _figure(results, size, r, op, measure)
+                       is None]
+            verdicts.append({"goal": goal, "status": "not measured",
+                             "missing": missing})
+            continue
+        verdicts.append({"goal": goal, "ratio": round(value, 3), "minimum": minimum,
+                         "met": value >= minimum,
+                         "short_by_pct": round(max(0.0, (minimum - value) / minimum * 100), 1)})
+    return verdicts
+
+
+def _cell(results: dict, size: str, runner: str, op: str) -> str:
+    entry = results.get(size, {}).get(runner)
+    if entry is None:
+        return "-"
+    if "error" in entry:
+        return "error"
+    figures = entry.get(op)
+    if figures is None:
+        return "-"
+    text = f"{figures['bytes_per_s'] / 1e9:.2f} GB/s"
+    if op.endswith("-single"):
+        text += f" p50 {figures['p50_us']:.0f} µs"
+    return text
+
+
+def _rows(results: dict, runners: tuple[str, ...], ratios: tuple[tuple[str, str], ...]):
+    for size in results:
+        for op in OPS:
+            cells = [_cell(results, size, r, op) for r in runners]
+            if all(c == "-" for c in cells):
+                continue
+            shown = []
+            for ours, theirs in ratios:
+                value = ratio(results, size, ours, theirs, op, "bytes_per_s")
+                text = "-" if value is None else f"{value:.2f}x"
+                latency = ratio(results, size, ours, theirs, op, "p50_us")
+                if op.endswith("-single") and latency is not None:
+                    text += f" (p50 {latency:.2f}x)"
+                shown.append(text)
+            yield [size, op, *cells, *shown]
+
+
+def render_tables(results: dict) -> list[Table]:
+    tables = []
+    for title, runners, ratios in TABLES:
+        table = Table(title=title)
+        for column in ("size", "op", *runners, *(f"{a.split('-')[0]}/{b}" for a, b in ratios)):
+            table.add_column(column, justify="left" if column in ("size", "op") else "right")
+        for row in _rows(results, runners, ratios):
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def render_markdown(results: dict) -> str:
+    """The same tables as GitHub markdown, for docs/benchmarks.md."""
+    parts = []
+    for title, runners, ratios in TABLES:
+        header = ["size", "op", *runners, *(f"{a.split('-')[0]}/{b}" for a, b in ratios)]
+        lines = [f"**{title}**", "", "| " + " | ".join(header) + " |",
+                 "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in _rows(results, runners, ratios)]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def _measure_peer(name: str, size: int, count: int, say: Callable[[str], None]) -> dict:
+    buffers = Buffers(size)
+    if name == "memcpy":
+        return run_ops(MemcpyTarget(buffers, count), buffers, "memcpy", count)
+    server = RawSocketServer(size, count)
+    target = RawSocketTarget(server.address, buffers)
+    try:
+        return run_ops(target, buffers, "raw", count)
+    finally:
+        target.close()
+        server.stop()
+
+
+def _run_mooncake(binaries: dict, workdir: Path, size: int, count: int,
+                  out: dict, notes: dict, say: Callable[[str], None]) -> None:
+    label = _label(size)
+    # DRAM: a segment holding both modes' objects (single + batch sets, twice).
+    cluster = MooncakeCluster(binaries, workdir / f"dram-{label}",
+                              segment=4 * count * size + (256 << 20))
+    try:
+        for mode in ("remote", "shm"):
+            say(f"{label}: mooncake-{mode} ...")
+            document = cluster.measure(mode, size, count)
+            out[f"mooncake-{mode}"] = document.get("results") or {"error": document["error"]}
+    finally:
+        cluster.stop()
+    # SSD: a small segment, so that the objects are pushed out to disk.
+    cluster = MooncakeCluster(binaries, workdir / f"ssd-{label}",
+                              segment=max(256 << 20, 2 * BATCH * size),
+                              ssd_dir=workdir / f"ssd-{label}" / "disk")
+    try:
+        say(f"{label}: mooncake-ssd (filling, then reading) ...")
+        document = cluster.measure("ssd", size, count)
+        out["mooncake-ssd"] = document.get("results") or {"error": document["error"]}
+        notes[f"mooncake-ssd {label}"] = document.get("notes", {})
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir / f"ssd-{label}" / "disk", ignore_errors=True)
+
+
+def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: Path,
+         say: Callable[[str], None]) -> tuple[dict, dict, dict]:
+    results: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    notes: dict[str, Any] = {}
+    binaries = None
+    if "mooncake" in peers:
+        binaries, reason = probe()
+        if binaries is None:
+            for runner in ("mooncake-remote", "mooncake-shm", "mooncake-ssd"):
+                skipped[runner] = reason
+            say(f"skipping Mooncake: {reason}")
+    per_phase = max(object_count(total, s) * s for s in sizes)
+    runner = KvstoredRunner(workdir / "kvstored", per_phase, backend)
+    try:
+        for size in sizes:
+            label, count = _label(size), object_count(total, size)
+            out = results[label] = {}
+            buffers = Buffers(size)
+            for transport in ("tcp", "shm"):
+                say(f"{label}: kvstored-{transport} ({count} objects per op) ...")
+                out[f"kvstored-{transport}"] = runner.run_dram(
+                    transport, size, count, buffers, f"kv-{transport}-{label}")
+            say(f"{label}: kvstored-ssd (flush, evict, drop caches, read) ...")
+            out["kvstored-ssd"], notes[f"kvstored-ssd {label}"] = runner.run_ssd(
+                size, count, buffers, f"kv-ssd-{label}")
+            for peer in ("raw-socket", "memcpy"):
+                if peer in peers:
+                    say(f"{label}: {peer} ...")
+                    out[peer] = _measure_peer(peer, size, count, say)
+            if binaries is not None:
+                _run_mooncake(binaries, workdir / "mooncake", size, count, out, notes, say)
+    finally:
+        runner.close()
+    return results, skipped, notes
+
+
+@click.command("store")
+@click.option("--total", default="1GiB", show_default=True,
+              help="Bytes per op and object size (each put/get phase moves this much).")
+@click.option("--sizes", default=",".join(_label(s) for s in SIZES), show_default=True,
+              help="Comma-separated object sizes.")
+@click.option("--peers", default=",".join(PEERS), show_default=True,
+              help="Comma-separated: raw-socket, memcpy, mooncake (kvstored always runs).")
+@click.option("--backend", default="bucket", show_default=True, help="kvstored's SSD backend.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the daemons keep their data and logs [default: a temporary "
+                   "directory, removed afterwards].")
+@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("bench-results/store.json"), show_default=True)
+@click.option("--markdown-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the tables as markdown (for docs/benchmarks.md).")
+def store_command(total: str, sizes: str, peers: str, backend: str, workdir: Path | None,
+                  json_out: Path, markdown_out: Path | None) -> None:
+    """kvstored's data path against Mooncake Store, a raw socket and memcpy.
+
+    Writes every figure, the ratios and the issue's goals to --json-out and prints the
+    tables. SSD-only reads drop the page cache first (root only; reported otherwise).
+    """
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    try:
+        total_bytes = parse_size(total)
+        size_list = [parse_size(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not size_list or min(size_list) < 4096:
+        raise click.BadParameter("give sizes of at least 4KiB", param_hint="--sizes")
+    peer_list = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = sorted(set(peer_list) - set(PEERS))
+    if unknown:
+        raise click.BadParameter(f"unknown peer {unknown[0]!r}; choose from "
+                                 f"{', '.join(PEERS)}", param_hint="--peers")
+    def terminated(signum, frame) -> None:
+        raise SystemExit(128 + signum)  # unwinds, so every child process is stopped
+
+    signal.signal(signal.SIGTERM, terminated)
+    cache = drop_page_cache()
+    if cache:
+        say(f"note: {cache}")
+    temporary = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="kvstored-bench-store-")) if temporary else workdir
+    started = time.time()
+    try:
+        results, skipped, notes = _run(size_list, total_bytes, peer_list, backend, workdir,
+                                       say)
+    except WorkloadError as exc:
+        # The daemons' logs stay behind (even in a temporary directory) to explain it.
+        failure = click.ClickException(f"{exc} (logs under {workdir})")
+        failure.exit_code = int(ExitCode.FAILURE)
+        raise failure from None
+    if temporary:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for peer in ("raw-socket", "memcpy"):
+        if peer not in peer_list:
+            skipped[peer] = "not requested (--peers)"
+    if "mooncake" not in peer_list:
+        for runner in ("mooncake-remote", "mooncake-shm", "mooncake-ssd"):
+            skipped[runner] = "not requested (--peers)"
+    report = {
+        "benchmark": "store",
+        "command": f"kvstore bench store --total {total} --sizes {sizes} --peers {peers}"
+                   + (f" --backend {backend}" if backend != "bucket" else ""),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": round(time.time() - started, 1),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                    "python": platform.python_version()},
+        "total_per_op": total_bytes, "batch": BATCH, "ops": list(OPS),
+        "sizes": [_label(s) for s in size_list],
+        "page_cache": {"dropped": cache is None, "reason": cache},
+        "skipped": skipped, "results": results, "notes": notes,
+        "goals": evaluate_goals(results),
+    }
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if markdown_out is not None:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(render_markdown(results))
+    console = Console(width=max(Console().width, 150))  # the tables are wide
+    for table in render_tables(results):
+        console.print(table)
+    for runner, reason in skipped.items():
+        console.print(f"skipped {runner}: {reason}")
+    for goal in report["goals"]:
+        if "met" in goal:
+            verdict = "met" if goal["met"] else f"MISSED by {goal['short_by_pct']}%"
+            console.print(f"goal {goal['goal']}: {goal['ratio']:.2f}x {verdict}")
+        else:
+            console.print(f"goal {goal['goal']}: not measured")
+    console.print(f"results: {json_out}")
+    errors = [f"{size} {runner}" for size, per in results.items()
+              for runner, entry in per.items() if "error" in entry]
+    if errors:
+        console.print(f"runners that failed (see the JSON): {', '.join(errors)}")
+
