@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     **{name: f"kvstored.cli.store_cmds:{name}" for name in (
         "status", "put", "get", "ls", "stat", "rm", "flush", "evict", "recover")},
     "bench": "kvstored.bench:bench",
+    "mount": "kvstored.cli.mount_cmd:mount",
     "sim": "kvstored.tools.cli_sim:sim",
     "trace": "kvstored.tools.cli_trace:trace",
 }

@@ -294,6 +294,30 @@ class Client:
                 return None
             raise
 
+    def locate(self, key: str) -> dict[str, dict[str, Any]]:
+        """Where each node holding ``key`` keeps its bytes, for debugging: node name ->
+        ``{"dram": {"segment", "offset", "size"} | None, "ssd": {"path", "offset",
+        "length", "record_offset", "device"} | None}``, or ``{"error": message}`` for a
+        node that could not be asked. Empty if there is no such object. Costs a stat and
+        one request per node (plus a status if this client never talked to the node).
+        """
+        info = self.stat(key)
+        if info is None:
+            return {}
+        holders = sorted({r.node for r in info.replicas})
+        addresses = {n: tuple(self._nodes[n]["addr"]) for n in holders if n in self._nodes}
+        if len(addresses) < len(holders):
+            for entry in self._call("status")["nodes"]:
+                addresses.setdefault(entry["node"], parse_address(entry["address"]))
+        out: dict[str, dict[str, Any]] = {}
+        for node in holders:
+            try:
+                conn = self._conn(f"node:{node}", (addresses[node][0], int(addresses[node][1])))
+                out[node] = conn.request({"op": "locate", "keys": [key]})["locations"][0]
+            except (KeyError, StoreError) as exc:
+                out[node] = {"error": f"node {node} could not be asked: {exc}"}
+        return out
+
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         """A raw master request, for admin tools (status, flush, evict, recover, list)."""
         return self._call(op, **args)

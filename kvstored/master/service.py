@@ -390,14 +390,28 @@ class Master:
         return {"removed": removed}, ()
 
     async def op_list(self, conn: FramedSocket, h: dict[str, Any]):
+        """Keys in order after ``after``; with ``node`` and/or ``tier``, only those with a
+        complete replica there. A filtered page examines at most 20 pages' worth of keys,
+        so it may come back short (even empty) with ``more``: resume from ``after``."""
         prefix = str(h.get("prefix") or "")
         limit = min(int(h.get("limit", 1000)), 10000)
-        keys = self.table.keys_with_prefix(prefix, h.get("after"), limit + 1)
-        more = len(keys) > limit
-        keys = keys[:limit]
-        return {"objects": [[k, self.table.objects[k].size,
-                             sorted({r.tier for r in self.table.objects[k].readable()})]
-                            for k in keys], "more": more}, ()
+        node, tier = h.get("node"), h.get("tier")
+        unfiltered = node is None and tier is None
+        budget = limit if unfiltered else 20 * limit
+        keys = self.table.keys_with_prefix(prefix, h.get("after"), budget + 1)
+        more = len(keys) > budget
+        objects, cursor = [], h.get("after")
+        for key in keys[:budget]:
+            if len(objects) == limit:
+                more = True
+                break
+            cursor = key
+            readable = self.table.objects[key].readable()
+            if unfiltered or any(node in (None, r.node) and tier in (None, r.tier)
+                                 for r in readable):
+                objects.append([key, self.table.objects[key].size,
+                                sorted({r.tier for r in readable})])
+        return {"objects": objects, "more": more, "after": cursor}, ()
 
     async def op_status(self, conn: FramedSocket, h: dict[str, Any]):
         usage = self.table.usage()
