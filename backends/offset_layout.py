@@ -44,10 +44,8 @@ from kvstored.backends.record import (
     align_up,
     decode_header,
     encode_header,
-    record_size,
 )
 from kvstored.sdk.errors import CorruptionError, InvalidRequestError
-from kvstored.sdk.types import MAX_KEY_BYTES
 
 LAYOUT_VERSION = 1
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -74,8 +72,9 @@ JOURNAL_MAGIC = b"KVSJ"
 #: these 44 bytes continued over the payload. The payload follows at 48.
 JOURNAL_HEADER = struct.Struct("<4sHH16sQIII")
 JOURNAL_HEADER_SIZE = 48
-#: One journalled record: its offset and its header CRC (record bytes 40..43).
-JOURNAL_PUT = struct.Struct("<QI")
+#: One journalled record: its offset, its value length, and its header CRC (record bytes
+#: 40..43). The length lets recovery read each record in one request.
+JOURNAL_PUT = struct.Struct("<QQI")
 #: The longest journal entry: a batch with more to journal is split into several entries.
 MAX_JOURNAL_ENTRY = 16 * ALIGN
 MAX_ENTRY_PAYLOAD = MAX_JOURNAL_ENTRY - JOURNAL_HEADER_SIZE
@@ -252,8 +251,8 @@ class JournalEntry:
 
     seq: int
     nblocks: int
-    #: (record offset, record header CRC) for each record written.
-    puts: list[tuple[int, int]]
+    #: (record offset, value length, record header CRC) for each record written.
+    puts: list[tuple[int, int, int]]
     tombstones: list[RecordHeader]
 
 
@@ -289,18 +288,19 @@ def journal_blocks(nputs: int, tomb_lengths: list[int]) -> int:
                for _, _, payload in _split(nputs, tomb_lengths))
 
 
-def encode_journal(geometry: Geometry, seq: int, puts: list[tuple[int, int]],
+def encode_journal(geometry: Geometry, seq: int, puts: list[tuple[int, int, int]],
                    tombstones: list[bytes]) -> list[bytes]:
     """Journal entries (each whole 4 KiB blocks) for one operation.
 
-    ``puts`` are ``(offset, header_crc)``, ``tombstones`` from :func:`tombstone_bytes`.
+    ``puts`` are ``(offset, value_len, header_crc)``, ``tombstones`` from
+    :func:`tombstone_bytes`.
     More than fits :data:`MAX_JOURNAL_ENTRY` is split over several entries; all carry
     ``seq``, the highest sequence number the operation used.
     """
     out: list[bytes] = []
     p = t = 0
     for nputs, ntombs, payload_len in _split(len(puts), [len(x) for x in tombstones]):
-        payload = b"".join([JOURNAL_PUT.pack(o, c) for o, c in puts[p:p + nputs]]
+        payload = b"".join([JOURNAL_PUT.pack(*put) for put in puts[p:p + nputs]]
                            + tombstones[t:t + ntombs])
         p, t = p + nputs, t + ntombs
         total = JOURNAL_HEADER_SIZE + payload_len
@@ -343,14 +343,6 @@ def decode_journal_entry(buf: bytes, pos: int, geometry: Geometry) -> JournalEnt
         tombstones.append(header)
         cursor += HEADER_SIZE + len(header.key.encode("utf-8"))
     return JournalEntry(seq, nblocks, puts, tombstones)
-
-
-def check_entry_bounds(offset: int, value_len: int, key_len: int,
-                       geometry: Geometry) -> bool:
-    """Whether a record of these sizes at ``offset`` lies inside the data area."""
-    return (offset % ALIGN == 0 and offset >= geometry.data_offset
-            and offset + record_size(value_len) <= geometry.volume_size
-            and 0 < key_len <= MAX_KEY_BYTES)
 
 
 # -- page-aligned scratch memory -----------------------------------------------------------

@@ -9,11 +9,12 @@ The state at any moment is *the newest valid checkpoint* plus *every live journa
 2. Read the whole journal region and keep the live entries. A block that is not the
    start of a live entry is stepped over 4 KiB at a time, so entries written out of
    order by concurrent batches are all found.
-3. Read the header of every journalled record. It counts only if its header CRC equals
-   the one the journal recorded (so a stale record of an earlier write, or of an earlier
-   format of the device, in the same place is never taken for it), it decodes, its seq
-   is above the checkpoint's, and its value matches its value CRC. A record that fails
-   was never acknowledged (the batch died before its fdatasync) or was damaged since.
+3. Read every journalled record (header block and value, in one request each). It
+   counts only if its header CRC equals the one the journal recorded (so a stale record
+   of an earlier write, or of an earlier format of the device, in the same place is
+   never taken for it), it decodes, its seq is above the checkpoint's, and its value
+   matches its value CRC. A record that fails was never acknowledged (the batch died
+   before its fdatasync) or was damaged since.
 4. Apply puts and tombstones in seq order on top of the checkpoint: a tombstone removes
    the key if its entry is older.
 5. Drop entries that leave the data area or the end of a truncated file, and resolve
@@ -36,7 +37,6 @@ from kvstored.backends.offset_layout import (
     AlignedScratch,
     Geometry,
     JournalEntry,
-    check_entry_bounds,
     decode_journal_entry,
     decode_slot_header,
     header_crc_of,
@@ -45,7 +45,6 @@ from kvstored.backends.offset_layout import (
 from kvstored.backends.record import (
     ALIGN,
     VALUE_OFFSET,
-    RecordHeader,
     align_up,
     decode_header,
 )
@@ -55,7 +54,7 @@ from kvstored.sdk.types import MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
 
-#: Headers read per engine submission, and the bytes of values verified per submission.
+#: Records read per engine submission, and the most bytes read per submission.
 HEADER_BATCH = 1024
 VALUE_BATCH_BYTES = 64 << 20
 
@@ -103,6 +102,8 @@ class Recovered:
     notes: list[str] = field(default_factory=list)
     #: The entries' extents as (offset, footprint), sorted by offset (for the allocator).
     extents: list[tuple[int, int]] = field(default_factory=list)
+    #: Journalled records that checked and were replayed.
+    records: int = 0
 
 
 def read_exact(engine: IoEngine, file: IoFile, offset: int, length: int) -> bytes:
@@ -153,7 +154,8 @@ def recover(engine: IoEngine, file: IoFile, geometry: Geometry, *,
     extents = _drop_overlaps(entries, notes)
     for note in notes:
         log.warning("%s: %s", path, note)
-    return Recovered(generation, cp_seq, last_seq, entries, len(journal), notes, extents)
+    return Recovered(generation, cp_seq, last_seq, entries, len(journal), notes, extents,
+                     len(found))
 
 
 def _load_checkpoint(engine: IoEngine, file: IoFile, geometry: Geometry,
@@ -235,53 +237,53 @@ def _read_journal(engine: IoEngine, file: IoFile, geometry: Geometry,
 
 
 def _verify_records(engine: IoEngine, file: IoFile, geometry: Geometry,
-                    puts: list[tuple[int, int]], after_seq: int,
+                    puts: list[tuple[int, int, int]], after_seq: int,
                     notes: list[str]) -> list[tuple[str, Entry]]:
-    """The journalled records that check completely, as (key, entry)."""
-    headers: list[tuple[int, RecordHeader]] = []
-    for start in range(0, len(puts), HEADER_BATCH):
-        chunk = [(o, c) for o, c in puts[start:start + HEADER_BATCH]
-                 if o % ALIGN == 0 and geometry.data_offset <= o
-                 and o + VALUE_OFFSET <= geometry.volume_size]
-        view = _scratch.take(len(chunk) * ALIGN)
-        blocks = [view[i * ALIGN:(i + 1) * ALIGN] for i in range(len(chunk))]
-        results = engine.read([(file, o, b) for (o, _), b in zip(chunk, blocks)])
-        for (offset, crc), block, got in zip(chunk, blocks, results):
-            if got != ALIGN or header_crc_of(block) != crc:
-                continue  # overwritten since, or never written: not this record
-            try:
-                header = decode_header(block, path=file.path, offset=offset)
-            except CorruptionError:
-                continue
-            if (header.tombstone or header.seq <= after_seq or not check_entry_bounds(
-                    offset, header.value_len, len(header.key.encode()), geometry)):
-                continue
-            headers.append((offset, header))
+    """The journalled records that check completely, as (key, entry). Each record
+    (header block and value) is read in one request, many per submission."""
     found: list[tuple[str, Entry]] = []
+    candidates = [(offset, size, crc) for offset, size, crc in puts
+                  if offset % ALIGN == 0 and offset >= geometry.data_offset
+                  and offset + VALUE_OFFSET + size <= geometry.volume_size]
     index = 0
-    while index < len(headers):
+    while index < len(candidates):
         group, total = [], 0
-        while index < len(headers) and (not group or total + headers[index][1].value_len
-                                        <= VALUE_BATCH_BYTES):
-            group.append(headers[index])
-            total += headers[index][1].value_len
+        while index < len(candidates) and (not group or (
+                len(group) < HEADER_BATCH
+                and total + VALUE_OFFSET + candidates[index][1] <= VALUE_BATCH_BYTES)):
+            group.append(candidates[index])
+            total += VALUE_OFFSET + candidates[index][1]
             index += 1
         view = _scratch.take(total)
         items, position = [], 0
-        for offset, header in group:
-            items.append((file, offset + VALUE_OFFSET, view[position:position + header.value_len]))
-            position += header.value_len
-        results = engine.read(items) if items else []
-        for (offset, header), (_, _, value), got in zip(group, items, results):
-            if got != header.value_len or crc32c(value) != header.value_crc:
-                notes.append(f"left out {header.key!r} (seq {header.seq}) at {offset}: its "
-                             "value fails its checksum (a write that was never acknowledged, "
-                             "or damage)")
-                continue
-            found.append((header.key, Entry.build(header.key.encode(), offset,
-                                                  header.value_len, header.seq,
-                                                  header.write_ns, header.value_crc)))
+        for offset, size, _ in group:
+            items.append((file, offset, view[position:position + VALUE_OFFSET + size]))
+            position += VALUE_OFFSET + size
+        for (offset, size, crc), (_, _, record), got in zip(group, items, engine.read(items)):
+            entry = _check_record(record, got, offset, size, crc, after_seq, notes, file.path)
+            if entry is not None:
+                found.append(entry)
     return found
+
+
+def _check_record(record: memoryview, got, offset: int, size: int, crc: int,
+                  after_seq: int, notes: list[str], path: str) -> tuple[str, Entry] | None:
+    """One journalled record read back, or None when it is not the record the journal
+    describes (overwritten since, never completely written, or damaged)."""
+    if got != VALUE_OFFSET + size or header_crc_of(record) != crc:
+        return None  # overwritten since, or never written: not this record
+    try:
+        header = decode_header(record[:VALUE_OFFSET], path=path, offset=offset)
+    except CorruptionError:
+        return None
+    if header.tombstone or header.seq <= after_seq or header.value_len != size:
+        return None
+    if crc32c(record[VALUE_OFFSET:]) != header.value_crc:
+        notes.append(f"left out {header.key!r} (seq {header.seq}) at {offset}: its value "
+                     "fails its checksum (a write that was never acknowledged, or damage)")
+        return None
+    return header.key, Entry.build(header.key.encode(), offset, size, header.seq,
+                                   header.write_ns, header.value_crc)
 
 
 def _drop_overlaps(entries: dict[str, Entry], notes: list[str]) -> list[tuple[int, int]]:
