@@ -9,8 +9,8 @@ The state at any moment is *the newest valid checkpoint* plus *every live journa
 2. Read the whole journal region and keep the live entries. A block that is not the
    start of a live entry is stepped over 4 KiB at a time, so entries written out of
    order by concurrent batches are all found.
-3. Read every journalled record (header block and value, in one request each). It
-   counts only if its header CRC equals the one the journal recorded (so a stale record
+3. Read every journalled record whole (adjacent records in one request). It counts
+   only if its header CRC equals the one the journal recorded (so a stale record
    of an earlier write, or of an earlier format of the device, in the same place is
    never taken for it), it decodes, its seq is above the checkpoint's, and its value
    matches its value CRC. A record that fails was never acknowledged (the batch died
@@ -239,31 +239,53 @@ def _read_journal(engine: IoEngine, file: IoFile, geometry: Geometry,
 def _verify_records(engine: IoEngine, file: IoFile, geometry: Geometry,
                     puts: list[tuple[int, int, int]], after_seq: int,
                     notes: list[str]) -> list[tuple[str, Entry]]:
-    """The journalled records that check completely, as (key, entry). Each record
-    (header block and value) is read in one request, many per submission."""
+    """The journalled records that check completely, as (key, entry).
+
+    A batch's records are usually adjacent on the volume, so runs of adjacent records
+    are read with one request each (padding included), many requests per submission.
+    """
     found: list[tuple[str, Entry]] = []
-    candidates = [(offset, size, crc) for offset, size, crc in puts
-                  if offset % ALIGN == 0 and offset >= geometry.data_offset
-                  and offset + VALUE_OFFSET + size <= geometry.volume_size]
+    candidates = sorted((offset, size, crc) for offset, size, crc in puts
+                        if offset % ALIGN == 0 and offset >= geometry.data_offset
+                        and offset + _footprint(size) <= geometry.volume_size)
     index = 0
     while index < len(candidates):
-        group, total = [], 0
-        while index < len(candidates) and (not group or (
-                len(group) < HEADER_BATCH
-                and total + VALUE_OFFSET + candidates[index][1] <= VALUE_BATCH_BYTES)):
-            group.append(candidates[index])
-            total += VALUE_OFFSET + candidates[index][1]
+        # One submission: runs of adjacent records, up to VALUE_BATCH_BYTES in all.
+        runs: list[list[tuple[int, int, int]]] = []
+        total = 0
+        while index < len(candidates):
+            offset, size, _ = candidates[index]
+            length = _footprint(size)
+            if runs and total + length > VALUE_BATCH_BYTES:
+                break
+            last = runs[-1][-1] if runs else None
+            if (last is None or last[0] + _footprint(last[1]) != offset
+                    or len(runs[-1]) >= HEADER_BATCH):
+                runs.append([])
+            runs[-1].append(candidates[index])
+            total += length
             index += 1
         view = _scratch.take(total)
         items, position = [], 0
-        for offset, size, _ in group:
-            items.append((file, offset, view[position:position + VALUE_OFFSET + size]))
-            position += VALUE_OFFSET + size
-        for (offset, size, crc), (_, _, record), got in zip(group, items, engine.read(items)):
-            entry = _check_record(record, got, offset, size, crc, after_seq, notes, file.path)
-            if entry is not None:
-                found.append(entry)
+        for run in runs:
+            span = sum(_footprint(size) for _, size, _ in run)
+            items.append((file, run[0][0], view[position:position + span]))
+            position += span
+        for run, (_, _, buf), got in zip(runs, items, engine.read(items)):
+            at = 0
+            for offset, size, crc in run:
+                length = VALUE_OFFSET + size
+                complete = not isinstance(got, BaseException) and got >= at + length
+                entry = _check_record(buf[at:at + length], length if complete else -1,
+                                      offset, size, crc, after_seq, notes, file.path)
+                if entry is not None:
+                    found.append(entry)
+                at += _footprint(size)
     return found
+
+
+def _footprint(size: int) -> int:
+    return VALUE_OFFSET + (size + ALIGN - 1) // ALIGN * ALIGN
 
 
 def _check_record(record: memoryview, got, offset: int, size: int, crc: int,
