@@ -27,31 +27,24 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import mmap
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import cffi
 from kvstored.backends import threefs_check
 from kvstored.backends.record import (
     VALUE_OFFSET,
-    align_up,
-    encode_header,
     record_size,
-    value_checksum,
 )
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, fsync_dir
 from kvstored.backends.threefs_files import (
-    PIPELINE_CHUNK,
     HandleCache,
     ReadRequest,
     read_records,
-    scratch,
 )
 from kvstored.backends.threefs_index import (
     NodeIndex,
@@ -73,7 +66,8 @@ from kvstored.backends.threefs_journal import (
 )
 from kvstored.backends.threefs_usrbio import choose_usrbio
 from kvstored.backends.threefs_view import ClusterView
-from kvstored.native import IoError, get_engine
+from kvstored.backends.threefs_writer import Placed, write_records
+from kvstored.native import IoError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
 from kvstored.sdk.errors import (
     BackendError,
@@ -106,8 +100,6 @@ DEFAULT_SHARD_BYTES = 256 << 20
 MIN_SHARD_BYTES = 64 << 10
 #: Compact the journal once its dead entries outweigh its live ones by this much.
 COMPACT_MIN_DEAD_BYTES = 1 << 20
-_ZERO_PAGE = mmap.mmap(-1, VALUE_OFFSET)  # page-aligned zeros for record tails
-_ffi = cffi.FFI()
 
 
 @dataclass(slots=True)
@@ -123,6 +115,9 @@ class _Shard:
     #: Reads in progress: the file must outlive them.
     readers: int = 0
     last_access: float = 0.0
+    #: The file was extended to ``shard_bytes`` ahead of the data (see _rotate_locked)
+    #: and still has to be cut back to ``end``.
+    sized_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +184,7 @@ class ThreeFsBackend(StorageBackend):
             raise InvalidRequestError(str(exc), path=path) from None
         self.files = HandleCache(self.io, direct=direct)
         #: Where big batches' I/O runs while the caller prepares or checks the next chunk.
-        self._io_threads = ThreadPoolExecutor(max_workers=2,
+        self._io_threads = ThreadPoolExecutor(max_workers=4,
                                               thread_name_prefix="kvstored-3fs-io")
 
         self._lock = threading.Lock()
@@ -264,6 +259,8 @@ class ThreeFsBackend(StorageBackend):
             while self._unpublished:
                 self._published.wait()
             self._active = None
+            for shard in self._shards.values():
+                self._trim_locked(shard)
         self._io_threads.shutdown()
         self.files.close_all()
         if self.journal is not None:
@@ -360,6 +357,7 @@ class ThreeFsBackend(StorageBackend):
                 for *_, shard, _offset, _seq, meta in placed:
                     shard.inflight -= 1
                     self._pending_journal -= meta
+                    self._trim_locked(shard)
                 for entry in entries:
                     self._index.apply(entry)
                 self._unpublished -= 1
@@ -371,7 +369,7 @@ class ThreeFsBackend(StorageBackend):
     def _store_records(self, placed: list, results: list) -> list[Entry]:
         """Write, fsync and journal the placed records; return the journaled entries.
         Items that fail get their result here; the rest are left for the caller."""
-        files: dict[int, object] = {}
+        files: dict[int, IoFile] = {}
         try:
             for *_, shard, _offset, _seq, _meta in placed:
                 if shard.number not in files:
@@ -383,71 +381,27 @@ class ThreeFsBackend(StorageBackend):
             for i, key, *_ in placed:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, error)
             return []
-        # Every item is 4 KiB-aligned in offset and length (a value's last partial block
-        # is copied, zero-padded, next to its header), and on O_DIRECT files in memory
-        # too (a value in unaligned memory is copied to aligned scratch first). The
-        # engine would bounce unaligned items itself, but its read-modify-write and its
-        # trimming of the file end are not safe against another batch appending to the
-        # same shard at the same time; the copy costs the same as its bounce.
-        items, spans, entries, futures = [], [], [], []
-        copies = [bool(files[p[4].number].direct) and not _page_aligned(p[3]) for p in placed]
-        blocks = scratch(VALUE_OFFSET * 2 * len(placed)
-                         + sum(p[3].nbytes for p, copy in zip(placed, copies) if copy))
-        moved = VALUE_OFFSET * 2 * len(placed)
-        # Big batches go out in chunks on the I/O threads while this thread checksums
-        # and lays out the next chunk: the CPU work overlaps the disk's.
-        pipelined = sum(record_size(p[3].nbytes) for p in placed) > 2 * PIPELINE_CHUNK
-        submitted, chunk_bytes = 0, 0
+        records = [Placed(key_bytes, view, files[shard.number], offset, seq)
+                   for _i, _key, key_bytes, view, shard, offset, seq, _meta in placed]
         try:
-            for n, (_i, key, key_bytes, view, shard, offset, seq, _meta) in enumerate(placed):
-                checksum = value_checksum(view)
-                write_ns = time.time_ns()
-                header = blocks[2 * n * VALUE_OFFSET:(2 * n + 1) * VALUE_OFFSET]
-                header[:] = encode_header(key_bytes, view.nbytes, seq, checksum,
-                                          write_ns=write_ns)
-                file = files[shard.number]
-                first = len(items)
-                items.append((file, offset, header))
-                whole = view.nbytes - view.nbytes % VALUE_OFFSET
-                if whole:
-                    body = view[:whole]
-                    if copies[n]:
-                        body, moved = blocks[moved:moved + whole], moved + align_up(whole)
-                        body[:] = view[:whole]
-                    items.append((file, offset + VALUE_OFFSET, body))
-                if whole < view.nbytes:
-                    tail = blocks[(2 * n + 1) * VALUE_OFFSET:(2 * n + 2) * VALUE_OFFSET]
-                    rest = view.nbytes - whole
-                    tail[:rest] = view[whole:]
-                    tail[rest:] = _ZERO_PAGE[:VALUE_OFFSET - rest]
-                    items.append((file, offset + VALUE_OFFSET + whole, tail))
-                spans.append((first, len(items), shard.number))
-                entries.append(Entry(Kind.PUT, key, shard.number, seq, offset, view.nbytes,
-                                     write_ns, checksum))
-                chunk_bytes += record_size(view.nbytes)
-                if (pipelined and chunk_bytes >= PIPELINE_CHUNK
-                        and len(items) - submitted >= self.io.queue_depth):
-                    futures.append(self._io_threads.submit(self.io.write, items[submitted:]))
-                    submitted, chunk_bytes = len(items), 0
-            rest = self.io.write(items[submitted:]) if submitted < len(items) else []
-            outcomes = [r for future in futures for r in future.result()] + rest
+            errors = write_records(self.io, records, self._io_threads)
             numbers = list(files)
             synced = dict(zip(numbers, self.io.fsync([files[n] for n in numbers],
                                                      datasync=False)))
         finally:
-            wait(futures)  # never release a file, or the scratch, under a write in flight
             for file in files.values():
                 self.files.release(file)
         good = []
-        for (i, key, *_), (first, last, number), entry in zip(placed, spans, entries):
-            failure = next((r for r in outcomes[first:last] if isinstance(r, IoError)), None)
-            if failure is None and isinstance(synced[number], IoError):
-                failure = synced[number]
-            if failure is not None:
+        for (i, key, *_, shard, _offset, _seq, _meta), record, error in zip(placed, records,
+                                                                           errors):
+            if error is None and isinstance(synced[shard.number], IoError):
+                error = synced[shard.number]
+            if error is not None:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
-                    failure, key=key, action="writing the record"))
+                    error, key=key, action="writing the record"))
                 continue
-            good.append(entry)
+            good.append(Entry(Kind.PUT, key, shard.number, record.seq, record.offset,
+                              record.value.nbytes, record.write_ns, record.checksum))
         if not good:
             return []
         try:
@@ -486,11 +440,32 @@ class ThreeFsBackend(StorageBackend):
         self._index.apply(entry)
         path = str(shard_path(self.node_dir, number))
         file = self.files.acquire(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
-        self.files.release(file)
+        try:
+            # Writes inside the file's size, not past its end: on ext4 an O_DIRECT write
+            # that extends a file is done synchronously, one at a time, which would cap
+            # an appending shard at a fraction of the disk. The sparse tail costs no
+            # space and is cut off when the shard is sealed (or, after a crash, at open).
+            os.ftruncate(file.fd, self.shard_bytes)
+        finally:
+            self.files.release(file)
         fsync_dir(self.node_dir)
-        shard = self._shards[number] = _Shard(number, path, 0, last_access=time.monotonic())
+        previous = self._active
+        shard = self._shards[number] = _Shard(number, path, 0, last_access=time.monotonic(),
+                                              sized_ahead=True)
         self._active = shard
+        if previous is not None:
+            self._trim_locked(previous)
         return shard
+
+    def _trim_locked(self, shard: _Shard) -> None:
+        """Cut a sealed shard's sparse tail once no write is in flight in it."""
+        if not shard.sized_ahead or shard.inflight or shard is self._active:
+            return
+        try:
+            os.truncate(shard.path, shard.end)
+            shard.sized_ahead = False
+        except OSError as exc:  # harmless: the tail is a hole; open cuts it later
+            log.warning("3fs: could not cut the sparse tail of %s: %s", shard.path, exc)
 
     # -- capacity -----------------------------------------------------------------------
 
@@ -833,10 +808,6 @@ class ThreeFsBackend(StorageBackend):
     def check(self, repair: bool = False) -> CheckReport:
         self._check_open()
         return threefs_check.check(self, repair)
-
-
-def _page_aligned(view: memoryview) -> bool:
-    return not view.nbytes or int(_ffi.cast("uintptr_t", _ffi.from_buffer(view))) % 4096 == 0
 
 
 def _location(node_dir: Path, slot: Slot) -> Location:

@@ -72,7 +72,7 @@ def recover(b: ThreeFsBackend) -> None:
     for item in os.scandir(b.node_dir):
         number = shard_number(item.name)
         if number is not None and item.is_file():
-            files[number] = item.stat().st_size
+            files[number] = _cut_trailing_hole(item.path, item.stat().st_size)
     path = b.node_dir / JOURNAL_NAME
     index = NodeIndex()
     if not path.exists():
@@ -145,6 +145,34 @@ def recover(b: ThreeFsBackend) -> None:
     b._next_shard = max(b.journal.header.shard_floor, index.max_shard,
                         max(files, default=0)) + 1
     b._maybe_compact_locked()
+
+
+def _cut_trailing_hole(path: str, size: int) -> int:
+    """The shard that was being written when the process died was sized ahead of its
+    data (a sparse tail): cut the tail back to the end of the last data, and return the
+    size. Only a hole is removed, never data; a file system that cannot report holes
+    keeps the file as it is (its size then overstates the shard until it is dropped)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        end = 0
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after pos
+                break
+            pos = os.lseek(fd, start, os.SEEK_HOLE)
+            end = pos
+        end = min(align_up(end), size)
+        if end < size:
+            os.ftruncate(fd, end)
+            log.info("3fs: cut the sparse tail of %s (%d -> %d bytes)", path, size, end)
+        return end
+    except OSError as exc:
+        log.info("3fs: cannot look for a sparse tail in %s (%s); keeping its size", path, exc)
+        return size
+    finally:
+        os.close(fd)
 
 
 # -- check and repair -----------------------------------------------------------------------

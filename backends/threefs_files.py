@@ -26,7 +26,7 @@ from kvstored.sdk.types import ReadStatus
 #: Larger values are read straight into the caller's buffer, the header apart.
 COMBINED_READ_MAX = 128 * 1024
 #: With an executor, batches move in chunks of about this many bytes (see read_records).
-PIPELINE_CHUNK = 8 << 20
+PIPELINE_CHUNK = 2 << 20
 #: Chunks of a read kept in flight ahead of the one being checked.
 READ_AHEAD = 2
 _KEEP_ARENA_BYTES = 64 << 20

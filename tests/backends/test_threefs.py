@@ -42,17 +42,20 @@ class TestThreeFsUringDirectLru(BackendConformance):
 
 @pytest.mark.parametrize("engine,direct", [("posix", False), ("uring", True)])
 def test_big_batches_are_pipelined_in_order(tmp_path, engine, direct):
-    """Batches past two pipeline chunks move through the I/O threads in chunks; every
-    value lands in its own place and every result is in its item's slot."""
+    """Batches past two pipeline chunks (reads) or two staging pieces (writes) move
+    through the I/O threads piece by piece; every value lands in its own place and every
+    result is in its item's slot."""
     from kvstored.backends import open_backend
     from kvstored.backends.threefs_files import PIPELINE_CHUNK
+    from kvstored.backends.threefs_writer import PIECE_BYTES
     from kvstored.sdk.testing import payload
 
     if engine == "uring":
         require("uring", *kvstored.native.uring_status())
-    sizes = [1 << 20, 5, 300_000, 128 * 1024, 0, 4096, 777_777] * 8
+    sizes = [1 << 20, 5, 300_000, 128 * 1024, 0, 4096, 777_777, 5 << 20] * 8
     items = [(f"big/{n}", payload(f"big/{n}", size)) for n, size in enumerate(sizes)]
-    assert sum(len(v) for _, v in items) > 2 * PIPELINE_CHUNK
+    total = sum(len(v) for _, v in items)
+    assert total > 2 * PIPELINE_CHUNK and total > 2 * PIECE_BYTES
     with open_backend("3fs", tmp_path, engine=engine, direct=direct) as backend:
         assert all(r.ok for r in backend.batch_write(items))
         buffers = [memoryview(bytearray(len(v) + 10)) for _, v in items]
