@@ -378,3 +378,24 @@ def test_killed_while_two_threads_write_across_shards(tmp_path):
     assert f".{JOURNAL_NAME}.tmp" not in listing
     backend.close()
     shutil.rmtree(tmp_path / "default")
+
+
+def test_sparse_tail_of_the_shard_in_use_is_cut(tmp_path):
+    """The active shard is sized ahead of its data (sparse); a clean close cuts the tail,
+    and so does the next open after a crash (only the hole goes, never data)."""
+    backend = _open(tmp_path, shard_bytes=1 << 20)
+    items = _items("s", 3, 10_000)
+    backend.batch_write(items)
+    shard = backend.locate("s0").path
+    assert os.path.getsize(shard) == 1 << 20, "the active shard is not sized ahead"
+    before = backend.usage()
+    backend.close()
+    assert os.path.getsize(shard) == 3 * record_size(10_000)
+    os.truncate(shard, 1 << 20)  # what a crash leaves: the tail was never cut
+    backend = _open(tmp_path, shard_bytes=1 << 20)
+    assert os.path.getsize(shard) == 3 * record_size(10_000)
+    assert backend.usage() == before
+    for key, value in items:
+        assert _read(backend, key) == value
+    assert not backend.check().problems
+    backend.close()
