@@ -27,7 +27,12 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from kvstored.backends.bucket.index import FLAG_DELETED, read_index, write_indexes
+from kvstored.backends.bucket.index import (
+    FLAG_DELETED,
+    FLAGS_GONE,
+    read_index,
+    write_indexes,
+)
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.bucket.quarantine import move_aside
 from kvstored.backends.bucket.state import Bucket, Slot
@@ -114,12 +119,10 @@ def _load(directory: str, quarantine: str, bucket_id: int, index_entry: os.DirEn
                                      f"the index covers {header.data_len}")
         return None
     bucket = Bucket(directory, bucket_id, header.data_len, header.created_ns)
-    slots = bucket.slots
-    for key, offset, size, seq, write_ns, crc, flags in entries:
-        slots.append(Slot(bucket, key, offset, size, seq, write_ns, crc, flags))
-    live = [slot for slot in slots if slot.live]
+    bucket.slots = [Slot(bucket, *row) for row in entries]
+    live = [row[2] for row in entries if not row[6] & FLAGS_GONE]
     bucket.live = len(live)
-    bucket.logical = sum(slot.size for slot in live)
+    bucket.logical = sum(live)
     bucket.physical = (data_stat.st_blocks + index_entry.stat().st_blocks) * 512
     return bucket
 

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 from crc32c import crc32c
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvstored.backends.bucket import index
 from kvstored.backends.bucket.index import (
     FLAG_DELETED,
     FLAG_QUARANTINED,
@@ -22,6 +23,13 @@ from kvstored.backends.bucket.index import (
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.record import record_size
 from kvstored.sdk.errors import CorruptionError
+
+
+@pytest.fixture(autouse=True, params=["python", "numpy"])
+def checker(request, monkeypatch):
+    """Every decoding test runs on both ways of checking entries (few and many)."""
+    monkeypatch.setattr(index, "_SMALL_INDEX", 10**9 if request.param == "python" else -1)
+    return request.param
 
 
 def _entries(sizes: list[int], keys: list[str] | None = None) -> list[IndexEntry]:
@@ -62,7 +70,8 @@ def test_layout_matches_the_documented_bytes():
     assert struct.unpack_from("<I", data, 124)[0] == crc32c(data[:124])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, 3 * 4096 + 1),
                           st.text(min_size=1, max_size=40),
                           st.sampled_from([0, FLAG_DELETED, FLAG_QUARANTINED])),
