@@ -1,0 +1,189 @@
+"""The live mount, for real: `kvstored up` on the bucket backend, `kvstore mount` on a
+temporary directory, and the kernel in between."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+from crc32c import crc32c
+
+import kvstored
+from kvstored.fuse.names import key_to_name
+from tests.daemon.harness import kvstore_ok, wait_for
+
+ODD_KEYS = ["plain", "a/b/c", "/leading", "trailing/", "..", ".", ".hidden", "nul\0byte",
+            "100%", "%2F", "new\nline", "tab\there", "ü-ñ-€-😀", "space d", "x" * 600,
+            "é" * 510, "deep/" * 100]
+
+
+def _keys(prefix: str, keys: list[str]) -> dict[str, bytes]:
+    return {f"{prefix}{k}": (f"value of {prefix}{k!r}".encode() * 37) for k in keys}
+
+
+def _names(directory) -> set[bytes]:
+    return set(os.listdir(os.fsencode(directory)))
+
+
+def test_odd_keys_list_and_read_back_their_bytes(cluster, mount):
+    values = _keys("odd:", ODD_KEYS)
+    with kvstored.connect(cluster.addr) as c:
+        assert all(c.batch_put(list(values), list(values.values())))
+    m = mount("--master", cluster.addr)
+    # A hashed name resolves before anything was listed (no table entry yet).
+    longest = max(values, key=len)
+    with open(m / b"keys/" + key_to_name(longest), "rb") as f:
+        assert f.read() == values[longest]
+    listed = {n for n in _names(m / "keys") if n.startswith(b"odd:")}
+    assert listed == {key_to_name(k) for k in values}
+    for key, value in values.items():
+        path = m / b"keys/" + key_to_name(key)
+        with open(path, "rb") as f:
+            assert f.read() == value, key
+        assert os.stat(path).st_size == len(value)
+        assert os.getxattr(path, "user.kvstored.key") == key.encode()
+
+
+def test_xattrs_show_tier_size_checksum_replicas_location_and_reads(cluster, mount):
+    value = os.urandom(300_000)
+    with kvstored.connect(cluster.addr) as c:
+        c.put("xattr:obj", value)
+        kvstore_ok("flush", "--wait", master=cluster.addr)
+        m = mount("--master", cluster.addr)
+        path = m / "keys/xattr:obj"
+        names = set(os.listxattr(path))
+        assert {f"user.kvstored.{n}" for n in ("key", "tier", "size", "checksum", "replicas",
+                                                "location", "reads")} == names
+
+        def attr(name: str) -> str:
+            return os.getxattr(path, f"user.kvstored.{name}").decode()
+
+        assert attr("size") == str(len(value))
+        assert attr("checksum") == f"{crc32c(value):08x}"
+        assert attr("tier") == "dram,ssd"
+        replicas = json.loads(attr("replicas"))
+        assert {(r["tier"], r["state"]) for r in replicas} == {("dram", "complete"),
+                                                               ("ssd", "complete")}
+        reads_before = int(attr("reads"))
+        assert path.read_bytes() == value
+        assert int(attr("reads")) == reads_before + 1  # the access count the master keeps
+        (node, where), = json.loads(attr("location")).items()
+        assert node == replicas[0]["node"]
+        assert where["dram"]["size"] == len(value)
+        ssd = where["ssd"]
+        with open(ssd["path"], "rb") as f:  # the location points at the value's bytes
+            f.seek(ssd["offset"])
+            assert f.read(ssd["length"]) == value
+        assert c.locate("xattr:obj") == {node: where}
+        assert c.locate("xattr:nothing") == {}
+        with pytest.raises(OSError) as missing:
+            os.getxattr(path, "user.kvstored.nope")
+        assert missing.value.errno == errno.ENODATA
+
+
+def test_nodes_show_objects_by_tier_and_share_their_inode(cluster, mount):
+    values = _keys("tiers:", ["hot", "cold", "both"])
+    with kvstored.connect(cluster.addr) as c:
+        c.batch_put(list(values), list(values.values()))
+        kvstore_ok("flush", "--wait", master=cluster.addr)
+        kvstore_ok("evict", "--tier", "dram", "--key", "tiers:cold", master=cluster.addr)
+        wait_for(lambda: [r.tier for r in c.stat("tiers:cold").replicas] == ["ssd"],
+                 what="the DRAM copy to go")
+        node = c.stat("tiers:hot").replicas[0].node
+    m = mount("--master", cluster.addr)
+    assert _names(m / "nodes") >= {key_to_name(node)}
+    node_dir = m / "nodes" / node
+    assert _names(node_dir) == {b"dram", b"ssd"}
+    in_dram = {n for n in _names(node_dir / "dram") if n.startswith(b"tiers:")}
+    on_ssd = {n for n in _names(node_dir / "ssd") if n.startswith(b"tiers:")}
+    assert in_dram == {b"tiers:hot", b"tiers:both"}
+    assert on_ssd == {b"tiers:hot", b"tiers:cold", b"tiers:both"}
+    assert (node_dir / "ssd" / "tiers:cold").read_bytes() == values["tiers:cold"]
+    assert not (node_dir / "dram" / "tiers:cold").exists()
+    # One object, one inode, wherever it is listed; and the same on every stat.
+    inode = os.stat(m / "keys/tiers:hot").st_ino
+    assert os.stat(node_dir / "dram" / "tiers:hot").st_ino == inode
+    assert os.stat(node_dir / "ssd" / "tiers:hot").st_ino == inode
+    assert os.stat(m / "keys/tiers:hot").st_ino == inode
+
+
+def test_stats_files_are_json(cluster, mount):
+    m = mount("--master", cluster.addr)
+    cluster_doc = json.loads((m / "stats/cluster.json").read_text())
+    assert {"nodes", "tiers", "objects", "hit_rate"} <= set(cluster_doc)
+    names = [n["node"] for n in cluster_doc["nodes"]]
+    assert sorted(os.listdir(m / "stats/nodes")) == sorted(f"{n}.json" for n in names)
+    for name in names:
+        with open(m / "stats/nodes" / f"{name}.json") as f:
+            node_doc = json.load(f)
+        assert node_doc["node"] == name and node_doc["alive"] is True
+
+
+def test_every_write_gets_erofs(cluster, mount):
+    with kvstored.connect(cluster.addr) as c:
+        c.put("ro:victim", b"keep me")
+    m = mount("--master", cluster.addr)
+    victim = m / "keys/ro:victim"
+    attempts = {
+        "create": lambda: os.open(m / "keys/ro:new", os.O_CREAT | os.O_WRONLY, 0o644),
+        "write": lambda: os.open(victim, os.O_RDWR),
+        "append": lambda: os.open(victim, os.O_WRONLY | os.O_APPEND),
+        "unlink": lambda: os.unlink(victim),
+        "mkdir": lambda: os.mkdir(m / "keys/ro:dir"),
+        "rmdir": lambda: os.rmdir(m / "stats/nodes"),
+        "setxattr": lambda: os.setxattr(victim, "user.kvstored.tier", b"ssd"),
+        "removexattr": lambda: os.removexattr(victim, "user.kvstored.tier"),
+        "rename": lambda: os.rename(victim, m / "keys/ro:renamed"),
+        "truncate": lambda: os.truncate(victim, 0),
+        "chmod": lambda: os.chmod(victim, 0o666),
+        "symlink": lambda: os.symlink("ro:victim", m / "keys/ro:link"),
+        "link": lambda: os.link(victim, m / "keys/ro:hard"),
+        "utime": lambda: os.utime(victim, (0, 0)),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(OSError) as refused:
+            attempt()
+        assert refused.value.errno == errno.EROFS, what
+    assert victim.read_bytes() == b"keep me"
+
+
+def test_removed_key_disappears(cluster, mount):
+    with kvstored.connect(cluster.addr) as c:
+        c.put("gone:k", b"A" * 10_000)
+        m = mount("--master", cluster.addr)
+        path = m / "keys/gone:k"
+        assert path.read_bytes() == b"A" * 10_000
+        assert c.remove("gone:k")
+        assert b"gone:k" not in _names(m / "keys")  # listings are never stale
+        wait_for(lambda: not path.exists(), timeout=5, what="the cached name to expire")
+        with pytest.raises(FileNotFoundError):
+            path.read_bytes()
+
+
+@pytest.mark.slow  # the store frees a removed key's space only once its lease ran out
+def test_a_key_written_again_shows_its_new_bytes_not_cached_pages(cluster, mount):
+    with kvstored.connect(cluster.addr) as c:
+        c.put("again:k", b"A" * 10_000)
+        m = mount("--master", cluster.addr)
+        path = m / "keys/again:k"
+        with open(path, "rb") as held:  # the inode stays known, its pages cached
+            assert held.read() == b"A" * 10_000
+            assert c.remove("again:k")
+            assert c.put("again:k", b"B" * 10_000)  # same size, other bytes
+            assert path.read_bytes() == b"B" * 10_000
+
+
+def test_thousands_of_keys_list_in_pages(cluster, mount):
+    keys = [f"many:{i:05d}" for i in range(5000)]
+    with kvstored.connect(cluster.addr) as c:
+        for start in range(0, len(keys), 500):
+            batch = keys[start:start + 500]
+            c.batch_put(batch, [k.encode() for k in batch])
+    m = mount("--master", cluster.addr)
+    listed = [n for n in os.listdir(m / "keys") if n.startswith("many:")]
+    assert sorted(listed) == keys and len(listed) == len(set(listed))
+    node = os.listdir(m / "nodes")[0]
+    assert sorted(n for n in os.listdir(m / "nodes" / node / "dram")
+                  if n.startswith("many:")) == keys
