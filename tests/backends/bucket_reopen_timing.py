@@ -8,9 +8,8 @@ Run it as a script (it is not a test: performance is measured, not asserted)::
 It writes ``--objects`` values in batches of ``--bucket-keys`` (one bucket per batch, as
 the node's offloader does with the backend's write hint), closes the store, then opens it
 ``--repeat`` times and prints each open's wall time and the median, as JSON. The page
-cache is warm on every open but the first after writing is also warm; a cold-cache figure
-needs ``echo 3 > /proc/sys/vm/drop_caches`` between opens, which ``--drop-caches`` does
-when run as root.
+cache is warm; ``--drop-caches`` (root only) empties it before each open, for a cold
+figure. ``--bucket-keys 10`` shows a store built by a trickle of small batches.
 """
 
 from __future__ import annotations
