@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from crc32c import crc32c
+from kvstored.backends.offset_journal import write_sync
 from kvstored.backends.offset_layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
 from kvstored.backends.offset_recovery import Entry, read_exact
 from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up
@@ -81,8 +82,8 @@ def _check_superblock(backend: OffsetLayoutBackend, report: CheckReport, repair:
         detail = exc.message
     action = None
     if repair:
-        backend._write_sync([(backend._file, 0, backend._geometry.encode())],
-                            "rewriting the superblock")
+        write_sync(backend._engine, backend._file,
+                   [(backend._file, 0, backend._geometry.encode())], "rewriting the superblock")
         action = "rewrote the superblock from the open volume's geometry"
         log.warning("%s: %s; %s", path, detail, action)
     report.problems.append(Problem(ProblemKind.CORRUPT_RECORD, detail, None, path, action))

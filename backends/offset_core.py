@@ -1,9 +1,11 @@
 """The offset layout as a StorageBackend: shared by the ``offset`` and ``nvmeof`` backends.
 
 A subclass says where the volume is (:meth:`OffsetLayoutBackend._attach`); this class
-does the rest: formatting, recovery (:mod:`.offset_recovery`), the index, placement with
-:class:`~kvstored.allocator.OffsetAllocator`, eviction, checkpoints and ``check``
-(:mod:`.offset_check`). The byte layout is in :mod:`.offset_layout` and docs/format.md.
+does the rest: formatting, the index, placement with
+:class:`~kvstored.allocator.OffsetAllocator`, reads, deletes and eviction. Recovery is in
+:mod:`.offset_recovery`, the journal gate and checkpoints in :mod:`.offset_journal`,
+``check`` in :mod:`.offset_check`, the byte layout in :mod:`.offset_layout` and
+docs/format.md.
 
 Write path, per batch
     1. Place: allocate each record's extent (header block + value padded to 4 KiB),
@@ -28,9 +30,8 @@ Checkpoints
     covers everything acknowledged) and blocks new ones while it writes; reads go on.
 
 Locking
-    ``_lock`` guards every in-memory structure (index, order, allocator, counters) and is
-    never held across I/O, except that a checkpoint holds the gate (not the lock) while
-    it writes.
+    ``_lock`` guards every in-memory structure (index, order, allocator, counters, the
+    journal position) and is never held across I/O.
 """
 
 from __future__ import annotations
@@ -45,15 +46,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+from kvstored.backends.offset_journal import JournalGate, write_sync
 from kvstored.backends.offset_layout import (
     ALIGN,
     JOURNAL_PUT,
     MAX_ENTRY_PAYLOAD,
+    SUPER_MAGIC,
     AlignedScratch,
     Geometry,
     GiB,
     encode_checkpoint,
-    encode_journal,
     entry_size,
     header_crc_of,
     journal_blocks,
@@ -156,7 +158,6 @@ class OffsetLayoutBackend(StorageBackend):
         self.corrupt_reads = 0
 
         self._lock = threading.Lock()
-        self._gate = threading.Condition(self._lock)
         self._index: dict[str, Entry] = {}
         self._order: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[str, threading.Event] = {}
@@ -164,10 +165,6 @@ class OffsetLayoutBackend(StorageBackend):
         self._logical = 0
         self._records_bytes = 0      # footprints of visible objects
         self._index_used = 0         # checkpoint bytes of visible + placed objects
-        self._active = 0             # operations inside the journal gate
-        self._checkpointing = False
-        self._journal_next = 0       # next free journal block
-        self._since_checkpoint = 0   # bytes written since the last checkpoint
 
         volume = self._attach()
         self._file = volume.file
@@ -177,6 +174,11 @@ class OffsetLayoutBackend(StorageBackend):
             self._alloc = OffsetAllocator(self._geometry.data_size, ALIGN)
             self._load(recover(self._engine, self._file, self._geometry,
                                valid_end=volume.size))
+        except OSError as exc:
+            self._file.close()
+            if isinstance(exc, BackendError):
+                raise
+            raise from_oserror(exc, path=self._file.path, action="opening the volume") from exc
         except BaseException:
             self._file.close()
             raise
@@ -208,7 +210,7 @@ class OffsetLayoutBackend(StorageBackend):
         try:
             geometry = Geometry.decode(block, path=self._file.path)
         except CorruptionError:
-            if block[:8] == b"KVSOFFVL" or not self._may_format(volume, block):
+            if block[:len(SUPER_MAGIC)] == SUPER_MAGIC or not self._may_format(volume, block):
                 raise
             return self._format(volume)
         if self.capacity is not None and geometry.volume_size != self.capacity - \
@@ -249,9 +251,11 @@ class OffsetLayoutBackend(StorageBackend):
         first = encode_checkpoint(geometry, 0, 0, [])  # generation g lives in slot g % 2
         # Metadata first, superblock last: a crash in between leaves no superblock, and
         # an owned volume without one is simply formatted again.
-        self._write_sync([(self._file, slot_a, first), (self._file, slot_b, bytes(ALIGN))],
-                         "formatting the volume")
-        self._write_sync([(self._file, 0, geometry.encode())], "writing the superblock")
+        write_sync(self._engine, self._file,
+                   [(self._file, slot_a, first), (self._file, slot_b, bytes(ALIGN))],
+                   "formatting the volume")
+        write_sync(self._engine, self._file, [(self._file, 0, geometry.encode())],
+                   "writing the superblock")
         log.info("%s: formatted a %d-byte offset volume (index %d bytes per slot, journal "
                  "%d bytes, data from %d)", self._file.path, geometry.volume_size,
                  geometry.slot_size, geometry.journal_size, geometry.data_offset)
@@ -270,25 +274,21 @@ class OffsetLayoutBackend(StorageBackend):
         self.last_recovery = {"objects": len(found.entries), "journal_entries": found.replayed,
                               "replayed_records": found.records, "notes": list(found.notes)}
         self._seq = found.last_seq
-        self._generation = found.generation
-        self._checkpoint_seq = found.checkpoint_seq
+        self._journal = JournalGate(self._engine, self._file, self._geometry, self._lock,
+                                    self._snapshot_locked, generation=found.generation,
+                                    checkpoint_bytes=self.checkpoint_bytes)
         if found.replayed or found.notes:
             # Restart the journal on a checkpoint of the recovered state, so that new
             # entries never overwrite live ones.
             log.info("%s: replayed %d journal entries; %d objects", self._file.path,
                      found.replayed, len(self._index))
-            with self._gate:
-                self._checkpoint_locked()
+            self._journal.checkpoint()
 
     # -- lifecycle, capabilities ------------------------------------------------------
 
     def _close(self) -> None:
         try:
-            with self._gate:
-                while self._active or self._checkpointing:
-                    self._gate.wait()
-                if self._journal_next or self._since_checkpoint:
-                    self._checkpoint_locked()
+            self._journal.close()
         except BackendError as exc:
             log.error("%s: the closing checkpoint failed (%s); the journal still holds "
                       "everything, the next open replays it", self.path, exc)
@@ -309,94 +309,25 @@ class OffsetLayoutBackend(StorageBackend):
         200 records is what one 4 KiB journal block holds."""
         return WriteBatchHint(max_bytes=64 << 20, max_keys=200, max_age=0.5)
 
-    # -- the journal gate and checkpoints ---------------------------------------------
+    # -- the journal gate -----------------------------------------------------------
 
-    def _enter_gate(self, nblocks: int) -> int:
-        """Reserve ``nblocks`` journal blocks; return the first. Sequence numbers are
-        taken after this (so they exceed any checkpoint that ran for the room). The
-        caller must call :meth:`_leave_gate`, and must not enter again before."""
-        with self._gate:
-            while True:
-                while self._checkpointing:
-                    self._gate.wait()
-                if self._journal_next + nblocks <= self._geometry.journal_blocks:
-                    break
-                self._checkpoint_locked()
-            block = self._journal_next
-            self._journal_next += nblocks
-            self._active += 1
-            return block
+    @property
+    def _generation(self) -> int:
+        """The generation of the newest durable checkpoint."""
+        return self._journal.generation
 
     def _take_seqs_locked(self, n: int) -> int:
         first = self._seq + 1
         self._seq += n
         return first
 
-    def _leave_gate(self, written: int = 0) -> None:
-        with self._gate:
-            self._active -= 1
-            self._since_checkpoint += written
-            due = (self._since_checkpoint >= self.checkpoint_bytes and not self._checkpointing)
-            self._gate.notify_all()
-            if due:
-                try:
-                    self._checkpoint_locked()
-                except BackendError as exc:  # the operation itself succeeded; retried later
-                    log.error("%s: a checkpoint failed (%s); the journal still holds "
-                              "everything", self.path, exc)
+    def _snapshot_locked(self) -> tuple[int, list[bytes]]:
+        return self._seq, [self._index[key].packed for key in self._order]
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (normally they happen on their own)."""
         self._check_open()
-        with self._gate:
-            self._checkpoint_locked()
-
-    def _checkpoint_locked(self) -> None:
-        """Write the index to the idle slot and restart the journal. Called with
-        ``_lock`` held; releases it while waiting and writing."""
-        if self._checkpointing:
-            while self._checkpointing:  # someone else is writing one: that will do
-                self._gate.wait()
-            return
-        self._checkpointing = True
-        try:
-            while self._active:
-                self._gate.wait()
-            seq, generation = self._seq, self._generation + 1
-            entries = [self._index[key].packed for key in self._order]
-            self._lock.release()
-            try:
-                image = encode_checkpoint(self._geometry, generation, seq, entries)
-                slot = self._geometry.slot_offsets[generation % 2]
-                self._write_sync([(self._file, slot, image)], "writing a checkpoint")
-            finally:
-                self._lock.acquire()
-            self._generation, self._checkpoint_seq = generation, seq
-            self._journal_next = 0
-            self._since_checkpoint = 0
-        finally:
-            self._checkpointing = False
-            self._gate.notify_all()
-
-    def _write_sync(self, items: list, action: str) -> None:
-        """Write ``items`` and fdatasync, or raise (ENOSPC becomes CapacityError)."""
-        for result in self._engine.write(items):
-            if isinstance(result, IoError):
-                raise from_oserror(result, path=self._file.path, action=action)
-        [synced] = self._engine.fsync([self._file])
-        if isinstance(synced, IoError):
-            raise from_oserror(synced, path=self._file.path, action=action)
-
-    def _journal(self, block: int, seq: int, puts: list[tuple[int, int, int]],
-                 tombstones: list[bytes]) -> None:
-        """Write one operation's journal entries at its reserved blocks, then fdatasync
-        (which also makes the operation's records durable)."""
-        at = self._geometry.journal_offset + block * ALIGN
-        items = []
-        for entry in encode_journal(self._geometry, seq, puts, tombstones):
-            items.append((self._file, at, entry))
-            at += len(entry)
-        self._write_sync(items, "writing the journal")
+        self._journal.checkpoint()
 
     # -- writes ------------------------------------------------------------------------
 
@@ -449,7 +380,7 @@ class OffsetLayoutBackend(StorageBackend):
         if not placed:
             return
         try:
-            block = self._enter_gate(journal_blocks(len(placed), []))
+            block = self._journal.enter(journal_blocks(len(placed), []))
         except BackendError as exc:  # a checkpoint for journal room failed
             for i, key, _, _, offset in placed:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
@@ -486,7 +417,7 @@ class OffsetLayoutBackend(StorageBackend):
                 self._unplace(entry)
             if good:
                 try:
-                    self._journal(block, first_seq + len(placed) - 1,
+                    self._journal.append(block, first_seq + len(placed) - 1,
                                   [(e.offset, e.size, h) for _, _, e, h in good], [])
                 except BackendError as exc:
                     abandoned = (good, exc)
@@ -494,7 +425,7 @@ class OffsetLayoutBackend(StorageBackend):
                     self._publish(good, results)
                     written = sum(e.footprint for _, _, e, _ in good)
         finally:
-            self._leave_gate(written)
+            self._journal.leave(written)
         if abandoned is not None:  # outside the gate: cancelling needs the journal again
             self._abandon(*abandoned, results)
 
@@ -638,15 +569,15 @@ class OffsetLayoutBackend(StorageBackend):
         for start in range(0, len(victims), TOMBSTONE_CHUNK):
             chunk = victims[start:start + TOMBSTONE_CHUNK]
             lengths = [HEADER_SIZE + len(key.encode()) for key, _ in chunk]
-            block = self._enter_gate(journal_blocks(0, lengths))
+            block = self._journal.enter(journal_blocks(0, lengths))
             try:
                 with self._lock:
                     first = self._take_seqs_locked(len(chunk))
                 tombs = [tombstone_bytes(key.encode(), first + n)
                          for n, (key, _) in enumerate(chunk)]
-                self._journal(block, first + len(chunk) - 1, [], tombs)
+                self._journal.append(block, first + len(chunk) - 1, [], tombs)
             finally:
-                self._leave_gate()
+                self._journal.leave()
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
         self._check_open()

@@ -414,7 +414,8 @@ def test_failed_journal_write_fails_the_items_and_leaves_nothing(store_dir):
     backend = open_offset(store_dir)
     write_all(backend, [("before", b"ok")])
     used = backend._alloc.used_bytes
-    backend._engine = JournalFails(backend._engine, backend._geometry)
+    failing = JournalFails(backend._engine, backend._geometry)
+    backend._engine = backend._journal._engine = failing
     results = backend.batch_write([("x", b"1" * 5000), ("y", b"2")])
     assert all(r.outcome is WriteOutcome.FAILED for r in results)
     assert "journal" in str(results[0].error)
