@@ -3,14 +3,17 @@ temporary directory, and the kernel in between."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 
 import pytest
+import trio
 from crc32c import crc32c
 
 import kvstored
+from kvstored.fuse.live import LiveSource
 from kvstored.fuse.names import key_to_name
 from tests.daemon.harness import kvstore_ok, wait_for
 
@@ -187,3 +190,72 @@ def test_thousands_of_keys_list_in_pages(cluster, mount):
     node = os.listdir(m / "nodes")[0]
     assert sorted(n for n in os.listdir(m / "nodes" / node / "dram")
                   if n.startswith("many:")) == keys
+    _check_seekdir(m / "keys", os.listdir(m / "keys"))  # in listing (key) order
+
+
+def _check_seekdir(directory, expected: list[str]) -> None:
+    """telldir/seekdir through libc: a listing resumed at a recent offset (a remembered
+    key cursor) and at an old one (listed again and skipped) goes on where it was."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype, libc.opendir.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+    libc.readdir.restype, libc.readdir.argtypes = ctypes.POINTER(_Dirent), [ctypes.c_void_p]
+    libc.telldir.restype, libc.telldir.argtypes = ctypes.c_long, [ctypes.c_void_p]
+    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    libc.closedir.argtypes = [ctypes.c_void_p]
+    handle = libc.opendir(os.fsencode(directory))
+    assert handle, os.strerror(ctypes.get_errno())
+
+    def read_rest() -> list[str]:
+        names = []
+        while entry := libc.readdir(handle):
+            name = entry.contents.d_name.decode()
+            if name not in (".", ".."):
+                names.append(name)
+        return names
+
+    try:
+        first = [libc.readdir(handle).contents.d_name.decode() for _ in range(10)]
+        early = libc.telldir(handle)
+        middle = [libc.readdir(handle).contents.d_name.decode() for _ in range(len(expected)
+                                                                            - 1010)]
+        late = libc.telldir(handle)
+        tail = read_rest()
+        assert [n for n in first + middle + tail if n not in (".", "..")] == expected
+        libc.seekdir(handle, late)
+        assert read_rest() == tail
+        libc.seekdir(handle, early)  # thousands of entries ago: no longer remembered
+        assert read_rest() == [n for n in middle + tail if n not in (".", "..")]
+    finally:
+        libc.closedir(handle)
+
+
+class _Dirent(ctypes.Structure):
+    _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64),
+                ("d_reclen", ctypes.c_ushort), ("d_type", ctypes.c_ubyte),
+                ("d_name", ctypes.c_char * 256)]
+
+
+def test_listing_pages_through_the_master(cluster):
+    keys = [f"paged:{i:05d}" for i in range(2500)]
+    with kvstored.connect(cluster.addr) as c:
+        c.batch_put(keys, [b"v"] * len(keys))
+    source = LiveSource.connect(cluster.addr)
+    pages = []
+    ask = source.client.call
+
+    def counting(op, **args):
+        reply = ask(op, **args)
+        if op == "list":
+            pages.append((args["limit"], len(reply["objects"])))
+        return reply
+
+    source.client.call = counting
+
+    async def listing(**scope) -> list[str]:
+        try:
+            return [e.key async for e in source.entries(**scope) if e.key.startswith("paged:")]
+        finally:
+            await source.aclose()
+
+    assert trio.run(listing) == keys
+    assert len(pages) >= 3 and all(limit <= 1000 and n <= 1000 for limit, n in pages)
