@@ -192,7 +192,8 @@ class ThreeFsBackend(StorageBackend):
         self._index = NodeIndex()
         self._shards: dict[int, _Shard] = {}
         self._active: _Shard | None = None
-        self._pending: dict[str, threading.Event] = {}
+        #: Keys being written, and the event a second writer of the key waits on.
+        self._pending: dict[str, threading.Event | None] = {}
         self._seq = 0
         self._next_shard = 1
         self._data_bytes = 0
@@ -276,8 +277,10 @@ class ThreeFsBackend(StorageBackend):
                             max_value_size=self.max_value_size)
 
     def write_batch_hint(self) -> WriteBatchHint:
-        # Each batch costs two fsyncs (shard, journal): big batches amortise them.
-        return WriteBatchHint(max_bytes=min(64 << 20, self.shard_bytes), max_keys=1024,
+        # Each batch costs two fsyncs (shard, journal), in series by design; on a shared
+        # file system they are network round trips. Big batches amortise them; staging
+        # memory stays bounded (threefs_writer), and the age bound keeps trickles moving.
+        return WriteBatchHint(max_bytes=min(256 << 20, self.shard_bytes), max_keys=2048,
                               max_age=0.5)
 
     # -- writes -------------------------------------------------------------------------
@@ -286,38 +289,44 @@ class ThreeFsBackend(StorageBackend):
         self._check_open()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        mine: dict[str, threading.Event] = {}
-        work = []
-        try:
-            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-                if key in mine:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                    continue
-                claim = self._claim_key(key)
-                if isinstance(claim, WriteResult):
-                    results[i] = claim
-                    continue
-                mine[key] = claim
-                work.append((i, key, key_bytes, memoryview(value).cast("B")))
-            if work:
-                self._write(work, results)
-        finally:
+        todo, seen = [], set()
+        for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
+            if key in seen:
+                results[i] = WriteResult(key, WriteOutcome.EXISTS)
+                continue
+            seen.add(key)
+            todo.append((i, key, key_bytes, memoryview(value).cast("B")))
+        while todo:
+            # Claim every free key at once; keys another batch is writing are waited
+            # for only after this round's claims are released, so that two batches
+            # naming the same keys in opposite orders cannot wait for each other.
+            work, contested = [], []
             with self._lock:
-                for key, event in mine.items():
-                    del self._pending[key]
-                    event.set()
+                for item in todo:
+                    key = item[1]
+                    if key in self._index.objects:
+                        results[item[0]] = WriteResult(key, WriteOutcome.EXISTS)
+                    elif key in self._pending:
+                        event = self._pending[key]
+                        if event is None:
+                            event = self._pending[key] = threading.Event()
+                        contested.append((item, event))
+                    else:
+                        self._pending[key] = None
+                        work.append(item)
+            try:
+                if work:
+                    self._write(work, results)
+            finally:
+                with self._lock:
+                    for item in work:
+                        event = self._pending.pop(item[1])
+                        if event is not None:
+                            event.set()
+            for _item, event in contested:
+                event.wait()  # then look again: written (EXISTS), or failed (try it)
+            todo = [item for item, _ in contested]
         return results  # type: ignore[return-value]
-
-    def _claim_key(self, key: str) -> threading.Event | WriteResult:
-        while True:
-            with self._lock:
-                if key in self._index.objects:
-                    return WriteResult(key, WriteOutcome.EXISTS)
-                other = self._pending.get(key)
-                if other is None:
-                    event = self._pending[key] = threading.Event()
-                    return event
-            other.wait()  # another thread is writing this key: see how it ends
 
     def _write(self, work: list, results: list) -> None:
         placed = []  # (i, key, key_bytes, view, shard, offset, seq, put entry size)

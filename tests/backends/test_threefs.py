@@ -63,3 +63,39 @@ def test_big_batches_are_pipelined_in_order(tmp_path, engine, direct):
         assert got == [len(v) for _, v in items]
         assert all(bytes(b[:len(v)]) == v for b, (_, v) in zip(buffers, items))
         assert not backend.check().problems
+
+
+def test_batches_naming_keys_in_opposite_orders_do_not_deadlock(tmp_path):
+    """A batch never waits for a key another batch is writing while it holds claims of
+    its own (with the GIL switching often, the orders interleave on every round)."""
+    import sys
+    import threading
+
+    from kvstored.backends import open_backend
+    from kvstored.sdk.types import WriteOutcome
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    outcomes: list[WriteOutcome] = []
+    try:
+        with open_backend("3fs", tmp_path, engine="posix") as backend:
+            def writer(reverse: bool) -> None:
+                for n in range(30):
+                    keys = [f"{n}/{i}" for i in range(100)]
+                    if reverse:
+                        keys.reverse()
+                    outcomes.extend(r.outcome for r in backend.batch_write(
+                        [(k, k.encode()) for k in keys]))
+
+            threads = [threading.Thread(target=writer, args=(flag,), daemon=True)
+                       for flag in (False, True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert not any(t.is_alive() for t in threads), "two batches deadlocked"
+            assert outcomes.count(WriteOutcome.WRITTEN) == 3000
+            assert outcomes.count(WriteOutcome.EXISTS) == 3000
+            assert backend.read("29/99") == b"29/99"
+    finally:
+        sys.setswitchinterval(previous)
