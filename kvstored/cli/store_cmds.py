@@ -270,7 +270,7 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
     try:
         with open_backend(name, directory) as store:
             report = store.check(repair=repair)
-            records = sum(1 for _ in store.scan())
+            records = sum(1 for _ in store.scan(verify=True))
     except BackendError as exc:
         _fail(str(exc), ExitCode.USAGE if "belongs to" in str(exc) else ExitCode.FAILURE)
     problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
@@ -280,7 +280,7 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
                      "records_checked": report.records_checked, "problems": problems})
     else:
         _print_problems(f"{directory} ({name})", problems, report.records_checked)
-        click.echo(f"{records} valid objects")
+        click.echo(f"{records} objects read back and verified")
     if any(not p["action"] for p in problems):
         sys.exit(ExitCode.CORRUPT)
 
