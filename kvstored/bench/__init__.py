@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "store": "kvstored.bench.store:store_command",
     "backend": "kvstored.bench.backend:backend_command",
     "sim": "kvstored.bench.sim:sim",
+    "fuse": "kvstored.bench.fuse:fuse_command",
 }
 
 

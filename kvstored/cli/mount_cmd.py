@@ -26,9 +26,9 @@ def _fail(message: str, code: int) -> None:
               help="With --offline: the directory's backend (default: read from its stamp).")
 @click.option("--foreground/--background", default=True, show_default=True,
               help="Serve in this process until unmounted, or fork and return once mounted.")
-@click.option("--direct-io", is_flag=True,
-              help="Serve object reads uncached, in requests as large as the reader's "
-                   "(fastest for streaming big objects once; no mmap).")
+@click.option("--direct-io/--page-cache", default=True, show_default=True,
+              help="Serve object reads uncached, each read() one request (fastest for big "
+                   "reads), or through the page cache (for mmap and many small reads).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail too.")
 @master_options
 def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foreground: bool,

@@ -41,7 +41,7 @@ class MountError(Exception):
 
 
 def mount(open_source: Callable[[], Source], mountpoint: str, *, fsname: str,
-          foreground: bool = True, direct_io: bool = False) -> None:
+          foreground: bool = True, direct_io: bool = True) -> None:
     """Mount what ``open_source()`` returns at ``mountpoint``, read-only.
 
     In the foreground, serve until unmounted or signalled. In the background, return
@@ -86,11 +86,11 @@ async def _serve(source: Source, mountpoint: str, fsname: str,
         except RuntimeError as exc:
             raise MountError(f"cannot mount on {mountpoint} ({exc}); is something already "
                              "mounted there, and does fusermount3 work?") from None
-        if not direct_io:
-            _raise_readahead(mountpoint)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
+                if not direct_io:
+                    nursery.start_soon(_raise_readahead, operations, mountpoint)
                 mounted(mountpoint, fsname)
                 await pyfuse3.main()
                 nursery.cancel_scope.cancel()
@@ -102,20 +102,24 @@ async def _serve(source: Source, mountpoint: str, fsname: str,
         await source.aclose()
 
 
-def _raise_readahead(mountpoint: str) -> None:
+async def _raise_readahead(operations: KvstoreOperations, mountpoint: str) -> None:
     """Let page-cache reads reach the mount in 1 MiB requests instead of 128 KiB.
 
     The kernel caps a FUSE mount's readahead at 128 KiB and a daemon can only lower it
-    at init; the mount's own backing device in sysfs can raise it (root only; the
-    setting goes away with the mount). Cold reads of big objects run about twice as
-    fast (docs/fuse.md). Where it is not allowed, reads work the same, only slower.
+    in its INIT reply; the mount's own backing device in sysfs can raise it (root only;
+    the setting goes away with the mount), once that reply has been processed. Cold
+    reads of big objects run about twice as fast (docs/fuse.md). Where it is not
+    allowed, reads work the same, only slower.
     """
+    await operations.initialized.wait()
     device = _mount_device(mountpoint)
     if device is None or not device.startswith("0:"):
         return
     try:
         with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as setting:
             setting.write(str(READAHEAD_KIB))
+        log.debug("readahead of %s (bdi %s) raised to %d KiB", mountpoint, device,
+                  READAHEAD_KIB)
     except OSError as exc:
         log.debug("readahead stays at the kernel's default (%s)", exc)
 

@@ -6,10 +6,13 @@ a FUSE reply. Every request that would change anything gets ``EROFS``; the mount
 ``ro`` as well, so the kernel refuses most of them before they get here.
 
 Caching, since objects are immutable but may be removed (and a removed key written
-again): attributes and names are cached by the kernel for :data:`OBJECT_TIMEOUT`
-seconds; pages of an object stay cached across opens (``keep_cache``) unless its size or
-checksum changed since the file was last opened. Statistics files are ``direct_io``:
-rendered at open, never cached.
+again): names and attributes are cached by the kernel for :data:`OBJECT_TIMEOUT`
+seconds. By default object files are ``direct_io``: every ``read()`` is one request
+(up to 1 MiB), served from the value fetched at the first read, and nothing stale can
+outlive an open. With ``direct_io=False`` (``kvstore mount --page-cache``) pages stay
+cached across opens (``keep_cache``) unless the object's size or checksum changed since
+the file was last opened; mmap then works too. Statistics files are always
+``direct_io``: rendered at open, never cached.
 
 A failure inside a handler fails that request only: ``ENOENT`` for an object that is
 gone, ``EIO`` for corrupt data, an unreachable cluster, or a bug (logged with its
@@ -29,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from kvstored.errors import NotFoundError, StoreError
 from kvstored.fuse.files import BufferPool, OpenDocument, OpenObject
@@ -87,7 +91,7 @@ async def _refuse(*_args: Any, **_kwargs: Any) -> Any:
 class KvstoreOperations(pyfuse3.Operations):
     """The read-only kvstored file system over ``tree``."""
 
-    def __init__(self, tree: Tree, *, direct_io: bool = False) -> None:
+    def __init__(self, tree: Tree, *, direct_io: bool = True) -> None:
         super().__init__()
         self.tree = tree
         self.direct_io = direct_io
@@ -99,6 +103,11 @@ class KvstoreOperations(pyfuse3.Operations):
         self._handles = itertools.count(1)
         self._started_ns = time.time_ns()
         self._uid, self._gid = os.getuid(), os.getgid()
+        #: Set once the kernel's INIT request is answered (the mount is usable).
+        self.initialized = trio.Event()
+
+    def init(self) -> None:
+        self.initialized.set()
 
     # -- attributes --------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import json
+import mmap
 import os
 
 import pytest
@@ -169,7 +170,7 @@ def test_removed_key_disappears(cluster, mount):
 def test_a_key_written_again_shows_its_new_bytes_not_cached_pages(cluster, mount):
     with kvstored.connect(cluster.addr) as c:
         c.put("again:k", b"A" * 10_000)
-        m = mount("--master", cluster.addr)
+        m = mount("--master", cluster.addr, "--page-cache")
         path = m / "keys/again:k"
         with open(path, "rb") as held:  # the inode stays known, its pages cached
             assert held.read() == b"A" * 10_000
@@ -259,3 +260,22 @@ def test_listing_pages_through_the_master(cluster):
 
     assert trio.run(listing) == keys
     assert len(pages) >= 3 and all(limit <= 1000 and n <= 1000 for limit, n in pages)
+
+
+def test_page_cache_mount_reads_and_maps(cluster, mount):
+    value = os.urandom(3 * 1024 * 1024 + 17)
+    with kvstored.connect(cluster.addr) as c:
+        c.put("mapped:k", value)
+    m = mount("--master", cluster.addr, "--page-cache")
+    path = m / "keys/mapped:k"
+    with open(path, "rb") as f:
+        assert f.read() == value
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            assert mapped[:] == value
+    assert path.read_bytes() == value  # again, from the page cache
+    direct = mount("--master", cluster.addr, at="direct")  # the default: direct_io
+    with open(direct / "keys/mapped:k", "rb") as f:
+        assert f.read() == value
+        with pytest.raises(OSError) as refused:
+            mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        assert refused.value.errno == errno.ENODEV  # documented: no mmap with direct_io
