@@ -45,11 +45,18 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
 
 def build_node(cfg: Config, master: tuple[str, int] | None = None,
                registry: CollectorRegistry | None = None, **extra: Any) -> Node:
-    from kvstored.backends import backend_class, coerce_options
+    from kvstored.backends import backend_class, backend_options, coerce_options
 
     backend = cfg["node.backend"]
+    cls = backend_class(backend)
     raw = cfg["node.backend_options"]
-    options = coerce_options(backend_class(backend), {k: str(v) for k, v in raw.items()})
+    options = coerce_options(cls, {k: str(v) for k, v in raw.items()})
+    # io.engine / io.direct reach every backend that does its I/O through the engine.
+    accepted = backend_options(cls)
+    if "engine" in accepted:
+        options.setdefault("engine", cfg["io.engine"])
+    if "direct" in accepted and cfg.source("io.direct") != "default":
+        options.setdefault("direct", cfg["io.direct"])  # else the backend's own default
     return Node(data_dir=cfg["node.data"], dram=cfg["node.dram"], ssd=cfg["node.ssd"],
                 backend=backend, backend_options=options,
                 master=master or split_address(cfg["node.master"]),
