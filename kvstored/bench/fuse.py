@@ -11,7 +11,9 @@ runner                      what it is
 ==========================  ===========================================================
 client                      ``Client.get_into`` into a reused buffer (what the mount
                             itself calls; a same-host DRAM object is copied out of the
-                            mapped segment)
+                            mapped segment): the ratios' reference
+client-tcp                  the same over TCP (``transport="tcp"``), as a client on
+                            another host reads
 direct-io-<R>               the default mount: every read() one FUSE request, after a
                             fetch of the object at open
 page-cache-cold-<R>         the page-cache mount, cached pages dropped first
@@ -153,7 +155,8 @@ def fuse_command(size: str, rounds: int, json_out: Path) -> None:
         procs.append(store)
         value = np.random.default_rng(1).integers(0, 256, size_bytes, dtype=np.uint8)
         buffer = np.zeros(size_bytes, dtype=np.uint8)
-        with kvstored.connect(master) as client:
+        with kvstored.connect(master) as client, \
+                kvstored.connect(master, transport="tcp") as tcp_client:
             client.put(KEY, value)
             mounts = {"page-cache": home / "page-cache", "direct-io": home / "direct-io"}
             procs.append(_mount(mounts["direct-io"], master))
@@ -166,6 +169,9 @@ def fuse_command(size: str, rounds: int, json_out: Path) -> None:
                 started = time.perf_counter()
                 assert client.get_into(KEY, buffer) == size_bytes
                 timings["client"] = time.perf_counter() - started
+                started = time.perf_counter()
+                assert tcp_client.get_into(KEY, buffer) == size_bytes
+                timings["client-tcp"] = time.perf_counter() - started
                 for chunk in READ_SIZES:
                     tag = format_size(chunk).replace(" ", "")
                     cache_file = mounts["page-cache"] / "keys" / name_of_key
