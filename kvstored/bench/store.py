@@ -9,7 +9,7 @@ runner              what it is
 ==================  ==============================================================
 kvstored-tcp        ``kvstored up`` (a child process), client ``transport="tcp"``
 kvstored-shm        the same daemon, client ``transport="shm"`` (mapped DRAM segment)
-kvstored-ssd        objects flushed and evicted from DRAM, page cache dropped, gets
+kvstored-ssd        objects flushed, daemon restarted (SSD-only), page cache dropped, gets
 raw-socket          a child process answering requests with raw bytes (raw_peers)
 memcpy              numpy.copyto between pre-touched buffers (raw_peers)
 mooncake-remote     Mooncake pure client over TCP to a ``mooncake_client`` process
@@ -246,7 +246,7 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
                 say(f"{label}: kvstored-{transport} ({count} objects per op) ...")
                 out[f"kvstored-{transport}"] = runner.run_dram(
                     transport, size, count, buffers, f"kv-{transport}-{label}")
-            say(f"{label}: kvstored-ssd (flush, evict, drop caches, read) ...")
+            say(f"{label}: kvstored-ssd (flush, restart, drop caches, read) ...")
             out["kvstored-ssd"], notes[f"kvstored-ssd {label}"] = runner.run_ssd(
                 size, count, buffers, f"kv-ssd-{label}")
             for peer in ("raw-socket", "memcpy"):
