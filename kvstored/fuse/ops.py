@@ -169,8 +169,9 @@ class KvstoreOperations(pyfuse3.Operations):
         space = await self.tree.source.space()
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = 4096
+        # df shows the store's capacity, use and free room (not writable through here).
         data.f_blocks = space.capacity_bytes // 4096
-        data.f_bfree = data.f_bavail = 0  # read-only: nothing can be written here
+        data.f_bfree = data.f_bavail = max(0, space.capacity_bytes - space.used_bytes) // 4096
         data.f_files = space.objects
         data.f_ffree = data.f_favail = 0
         data.f_namemax = 255

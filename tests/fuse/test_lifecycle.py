@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -9,7 +10,8 @@ import subprocess
 
 import pytest
 
-from tests.daemon.harness import kvstore, wait_for
+import kvstored
+from tests.daemon.harness import Daemon, free_port, kvstore, kvstore_ok, wait_for
 from tests.fuse.conftest import is_mounted
 
 
@@ -63,3 +65,38 @@ def test_unusable_mount_points_and_options_are_clear_errors(cluster, mount, fuse
     m = mount("--master", cluster.addr)
     twice = kvstore("mount", str(m.path), "--master", cluster.addr)
     assert twice.returncode == 2 and b"already mounted" in twice.stderr
+
+
+def test_a_mount_with_a_token_outlives_a_cluster_restart(fuse, mount, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    port = free_port()
+
+    def start() -> Daemon:
+        daemon = Daemon(["up", "--listen", f"127.0.0.1:{port}", "--data", str(tmp_path / "d"),
+                         "--dram", "64MiB", "--ssd", "1GiB", "--backend", "bucket",
+                         "--token-file", str(token)], cwd=tmp_path)
+        daemon.wait_ready()
+        return daemon
+
+    daemon = start()
+    try:
+        with kvstored.connect(daemon.addr, token="s3cret") as c:
+            c.put("kept", b"v" * 5000)
+        kvstore_ok("flush", "--wait", "--token-file", str(token), master=daemon.addr)
+        refused = kvstore("mount", str(tmp_path), "--master", daemon.addr)
+        assert refused.returncode == 2 and b"token" in refused.stderr
+        m = mount("--master", daemon.addr, "--token-file", str(token))
+        assert (m / "keys/kept").read_bytes() == b"v" * 5000
+        assert daemon.stop() == 0
+        with pytest.raises(OSError) as down:
+            os.listdir(m / "keys")
+        assert down.value.errno == errno.EIO
+        assert "cannot reach" in m.log or "failed" in m.log
+        daemon = start()  # the node re-registers what it has on SSD
+        wait_for(lambda: os.listdir(m / "keys") == ["kept"], timeout=20,
+                 what="the listing to come back")
+        assert (m / "keys/kept").read_bytes() == b"v" * 5000
+        assert m.proc.poll() is None
+    finally:
+        daemon.stop()
