@@ -81,6 +81,8 @@ def test_xattrs_show_tier_size_checksum_replicas_location_and_reads(cluster, mou
             f.seek(ssd["offset"])
             assert f.read(ssd["length"]) == value
         assert c.locate("xattr:obj") == {node: where}
+        with kvstored.connect(cluster.addr) as fresh:  # learns the node's address itself
+            assert fresh.locate("xattr:obj") == {node: where}
         assert c.locate("xattr:nothing") == {}
         with pytest.raises(OSError) as missing:
             os.getxattr(path, "user.kvstored.nope")
@@ -279,3 +281,24 @@ def test_page_cache_mount_reads_and_maps(cluster, mount):
         with pytest.raises(OSError) as refused:
             mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
         assert refused.value.errno == errno.ENODEV  # documented: no mmap with direct_io
+
+
+def test_a_filtered_list_page_may_be_empty_and_says_where_to_resume(cluster):
+    cold = [f"filt:a{i:02d}" for i in range(30)]
+    with kvstored.connect(cluster.addr) as c:
+        c.batch_put(cold, [b"c"] * len(cold))
+        kvstore_ok("flush", "--wait", master=cluster.addr)
+        kvstore_ok("evict", "--tier", "dram", "--prefix", "filt:a", master=cluster.addr)
+        wait_for(lambda: all(r.tier == "ssd" for k in cold for r in c.stat(k).replicas),
+                 what="the DRAM copies to go")
+        c.put("filt:b0", b"hot")
+        node = c.stat("filt:b0").replicas[0].node
+        ask = {"prefix": "filt:", "node": node, "tier": "dram", "limit": 1}
+        first = c.call("list", after=None, **ask)  # looks at 20 keys, none in DRAM
+        assert first["objects"] == [] and first["more"] and first["after"] == "filt:a19"
+        second = c.call("list", after=first["after"], **ask)
+        assert [o[0] for o in second["objects"]] == ["filt:b0"] and not second["more"]
+        on_ssd = c.call("list", prefix="filt:", node=node, tier="ssd", limit=1000)
+        # filt:b0 joins them once the eager offload has copied it.
+        assert [o[0] for o in on_ssd["objects"]] in (cold, [*cold, "filt:b0"])
+        assert c.call("list", prefix="filt:", node="no-such-node", limit=10)["objects"] == []
