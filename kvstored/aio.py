@@ -192,8 +192,10 @@ class AsyncClient:
             for i, node, _, _ in plan.shm:
                 plan.tcp.setdefault(node, []).append(i)
         for node, idx in plan.tcp.items():
-            reply = await self._node_request(node, {"op": "get", "keys": [keys[i] for i in idx]},
-                                             into=[bufs[i] for i in idx])
+            reply = await self._node_request(
+                node, {"op": "get", "keys": [keys[i] for i in idx],
+                       "checksums": [plan.checksums[i] for i in idx]},
+                into=[bufs[i] for i in idx])
             for i, size in zip(idx, reply["sizes"]):
                 results[i] = size if size >= 0 else MISSING
         return results

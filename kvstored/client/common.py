@@ -79,6 +79,7 @@ class ReadPlan:
     shm: list[tuple[int, str, int, int]]  # (index, node, offset, size)
     tcp: dict[str, list[int]]             # node -> indexes
     sizes: list[int]                      # from the lookup; MISSING where absent
+    checksums: list[int | None]           # which version the lookup found
 
 
 class Segments:
@@ -129,17 +130,19 @@ class Segments:
 
 def plan_reads(reply: dict[str, Any], buffers: list[memoryview], keys: list[str],
                segments: Segments) -> ReadPlan:
-    plan = ReadPlan([], {}, [])
+    plan = ReadPlan([], {}, [], [])
     nodes = reply["nodes"]
     for i, found in enumerate(reply["objects"]):
         if found is None:
             plan.sizes.append(MISSING)
+            plan.checksums.append(None)
             continue
-        size, _checksum, replicas = found
+        size, checksum, replicas = found
         if len(buffers[i]) < size:
             raise BadRequestError(f"the buffer holds {len(buffers[i])} bytes but the object "
                                   f"is {size}; pass a buffer of at least {size}", key=keys[i])
         plan.sizes.append(size)
+        plan.checksums.append(checksum)
         node, tier, offset = replicas[0]
         if tier == "dram" and segments.mapping(node, nodes[node]) is not None:
             plan.shm.append((i, node, offset, size))

@@ -248,12 +248,12 @@ class Client:
                 plan.tcp.setdefault(node, []).append(i)
         for node, idx in plan.tcp.items():
             self._get_from_node(node, [keys[i] for i in idx], [bufs[i] for i in idx],
-                                idx, results)
+                                [plan.checksums[i] for i in idx], idx, results)
         return results
 
-    def _get_from_node(self, node, keys, bufs, idx, results) -> None:
+    def _get_from_node(self, node, keys, bufs, checksums, idx, results) -> None:
         conn = self._node_conn(node)
-        reply = conn.request({"op": "get", "keys": keys})
+        reply = conn.request({"op": "get", "keys": keys, "checksums": checksums})
         try:
             for i, buf, size in zip(idx, bufs, reply["sizes"]):
                 if size < 0:

@@ -32,6 +32,20 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 65536
 
 
+@dataclass(slots=True)
+class _Deferred:
+    """A replica to free once ``not_before`` has passed (its object's last lease)."""
+
+    not_before: float
+    node: str
+    tier: str
+    key: str
+    #: Which version: the DRAM offset, or the SSD checksum (see the node's _drop).
+    ident: int
+    #: The object was removed (so no newer lease can hold this version any more).
+    removed: bool
+
+
 @dataclass
 class _Waiter:
     """A flush or recover call waiting for nodes to report back."""
@@ -55,8 +69,8 @@ class Master:
         self.table = ObjectTable()
         self.nodes: dict[str, NodeState] = {}
         self.metrics = metrics or MasterMetrics()
-        # (not_before, node, tier, key): drops waiting for leases to expire.
-        self.deferred: list[tuple[float, str, str, str]] = []
+        # Drops waiting for leases to expire.
+        self.deferred: list[_Deferred] = []
         self.flushes: list[_Waiter] = []
         self.recoveries: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
@@ -80,15 +94,13 @@ class Master:
                 self._node_died(node)
         still = []
         for item in self.deferred:
-            not_before, node_id, tier, key = item
-            meta = self.table.objects.get(key)
-            if meta is not None and meta.lease_until > not_before:
-                item = (meta.lease_until, node_id, tier, key)  # leased again meanwhile
-                not_before = meta.lease_until
-            if not_before > now:
+            meta = None if item.removed else self.table.objects.get(item.key)
+            if meta is not None and meta.lease_until > item.not_before:
+                item.not_before = meta.lease_until  # leased again while it was removing
+            if item.not_before > now:
                 still.append(item)
-            elif node_id in self.nodes:
-                self._queue(self.nodes[node_id], {"t": "drop", "tier": tier, "keys": [key]})
+            elif item.node in self.nodes:
+                self._queue_drop(self.nodes[item.node], item.tier, [[item.key, item.ident]])
         self.deferred = still
         self._update_gauges()
 
@@ -106,10 +118,17 @@ class Master:
     def _queue(self, node: NodeState, task: dict[str, Any]) -> None:
         for queued in node.tasks:  # merge with a queued task of the same kind
             if queued["t"] == task["t"] and queued.get("tier") == task.get("tier") \
-                    and "keys" in task and not queued.get("urgent") and not task.get("urgent"):
-                queued["keys"].extend(task["keys"])
-                return
+                    and not queued.get("urgent") and not task.get("urgent"):
+                for field in ("keys", "items"):
+                    if field in task:
+                        queued[field].extend(task[field])
+                        return
         node.tasks.append(task)
+
+    def _queue_drop(self, node: NodeState, tier: str, items: list[list[Any]]) -> None:
+        """Ask ``node`` to free versions of keys: ``[key, offset]`` in DRAM, ``[key,
+        checksum]`` on SSD, so a late drop never frees a newer object of the same key."""
+        self._queue(node, {"t": "drop", "tier": tier, "items": items})
 
     def _node(self, header: dict[str, Any]) -> NodeState:
         node = self.nodes.get(header.get("node"))
@@ -199,20 +218,25 @@ class Master:
             self._queue_offload(node, plan.offload, urgent=plan.offload_urgent)
         if plan.drop_now:
             self.metrics.evictions.labels(tier=DRAM).inc(len(plan.drop_now))
-            self._queue(node, {"t": "drop", "tier": DRAM, "keys": plan.drop_now})
+            self._queue_drop(node, DRAM, [
+                [k, self.table.objects[k].replica(node.node_id, DRAM).offset]
+                for k in plan.drop_now])
         if plan.promote:
             self._queue(node, {"t": "promote", "keys": plan.promote})
         tasks, node.tasks = node.tasks, []
         return {"tasks": tasks}, ()
 
     def _apply_done(self, node: NodeState, done: dict[str, Any], now: float) -> None:
-        offloaded = done.get("offloaded", [])
-        for key in offloaded:
+        offloaded = []
+        for key, checksum in done.get("offloaded", []):
             node.offload_queued.discard(key)
-            if not self.table.add_replica(key, node.node_id, SSD):
-                # Removed while it was being written: free the new copy too.
-                self._queue(node, {"t": "drop", "tier": SSD, "keys": [key]})
+            meta = self.table.objects.get(key)
+            if meta is None or meta.checksum != checksum \
+                    or not self.table.add_replica(key, node.node_id, SSD):
+                # Removed (or replaced) while it was being written: free that copy too.
+                self._queue_drop(node, SSD, [[key, checksum]])
                 continue
+            offloaded.append(key)
             if key in node.evict_after_offload:
                 node.evict_after_offload.discard(key)
                 self._drop_when_unleased(key, node.node_id, DRAM, now)
@@ -225,16 +249,18 @@ class Master:
             node.offload_queued.discard(key)
             node.evict_after_offload.discard(key)
             log.warning("offload of %r on node %s failed: %s", key, node.node_id, reason)
-        for key, tier in done.get("dropped", []):
-            self.table.drop_replica(key, node.node_id, tier)
+        for key, tier, ident in done.get("dropped", []):
+            self.table.drop_replica(key, node.node_id, tier, ident)
         for key in done.get("ssd_evicted", []):
             self.table.drop_replica(key, node.node_id, SSD)
             self.metrics.evictions.labels(tier=SSD).inc()
-        for key, offset in done.get("promoted", []):
-            if self.table.add_replica(key, node.node_id, DRAM, offset):
+        for key, offset, checksum in done.get("promoted", []):
+            meta = self.table.objects.get(key)
+            if meta is not None and meta.checksum == checksum \
+                    and self.table.add_replica(key, node.node_id, DRAM, offset):
                 self.metrics.promotions.inc()
             else:
-                self._queue(node, {"t": "drop", "tier": DRAM, "keys": [key]})
+                self._queue_drop(node, DRAM, [[key, offset]])
         for report in done.get("recovered", []):
             waiter = self.recoveries.get(report.get("id"))
             if waiter is not None:
@@ -260,12 +286,16 @@ class Master:
                 waiter.event.set()
 
     def _drop_when_unleased(self, key: str, node_id: str, tier: str, now: float) -> None:
+        """Stop new leases on one replica and free it once the current ones expire."""
         meta = self.table.objects.get(key)
-        if meta is None or self.table.mark_removing(key, node_id, tier) is None:
+        replica = self.table.mark_removing(key, node_id, tier) if meta else None
+        if replica is None:
             return
-        self.deferred.append((meta.lease_until, node_id, tier, key))
-        if meta.lease_until <= now:
-            self.housekeeping(now)  # unleased: send the drop with this reply
+        ident = replica.offset if tier == DRAM else meta.checksum
+        if meta.lease_until <= now and node_id in self.nodes:
+            self._queue_drop(self.nodes[node_id], tier, [[key, ident]])
+        else:
+            self.deferred.append(_Deferred(meta.lease_until, node_id, tier, key, ident, False))
 
     async def op_ssd_evicted(self, conn: FramedSocket, h: dict[str, Any]):
         node = self._node(h)
@@ -385,7 +415,9 @@ class Master:
             if meta is None:
                 continue
             for r in meta.replicas:
-                self.deferred.append((meta.lease_until, r.node, r.tier, key))
+                ident = r.offset if r.tier == DRAM else meta.checksum
+                self.deferred.append(_Deferred(meta.lease_until, r.node, r.tier, key, ident,
+                                               True))
         self.housekeeping(now)
         return {"removed": removed}, ()
 

@@ -168,11 +168,19 @@ class ObjectTable:
             self.dram_lru.get(node, OrderedDict()).pop(key, None)
         return replica
 
-    def drop_replica(self, key: str, node: str, tier: str) -> bool:
+    def drop_replica(self, key: str, node: str, tier: str, ident: int | None = None) -> bool:
         """Forget one replica (freed by its node); the object goes with its last one.
-        Returns True if the object is now gone."""
+
+        ``ident`` names the version the node freed (the DRAM offset, or the SSD
+        checksum); a replica of another version (the key was removed and written again
+        meanwhile) is kept. Returns True if the object is now gone."""
         meta = self.objects.get(key)
         if meta is None:
+            return False
+        replica = meta.replica(node, tier)
+        if replica is None:
+            return False
+        if ident is not None and ident != (replica.offset if tier == DRAM else meta.checksum):
             return False
         meta.replicas = [r for r in meta.replicas if (r.node, r.tier) != (node, tier)]
         if tier == DRAM:

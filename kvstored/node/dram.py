@@ -3,10 +3,15 @@
 An object is first *allocated* (its bytes are being written, by a TCP put or by a
 same-host client through the mapping), then *committed* once the master has made it
 visible. Uncommitted objects that nobody seals within the put timeout are reclaimed.
-Frees of pinned objects (being sent, or being offloaded) wait for the last unpin, so
-memory is never reused under a reader.
 
-Thread-safe: the trio loop and worker threads (offload, promotion) share it.
+Versions: a key can be removed and put again while a reader still holds a lease on
+the old value. The old object then stays in memory, *retired*, until the master's drop
+for it arrives. An object's identity is therefore its offset in the segment, and frees
+name the offset, so a late drop of an old version never frees the new one.
+
+Frees of pinned objects (being sent, or being offloaded) wait for the last unpin, so
+memory is never reused under a reader. Thread-safe: the trio loop and worker threads
+(offload, promotion) share it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from kvstored.node.segment import DramSegment
 
 @dataclass(slots=True)
 class DramObject:
+    key: str
     offset: int
     size: int
     checksum: int
@@ -35,7 +41,10 @@ class DramTier:
     def __init__(self, segment: DramSegment, alignment: int = 4096) -> None:
         self.segment = segment
         self.allocator = OffsetAllocator(segment.data_size, alignment)
-        self.objects: dict[str, DramObject] = {}
+        #: Every object in memory, by offset (its identity).
+        self.by_offset: dict[int, DramObject] = {}
+        #: The current version of each key.
+        self.current: dict[str, DramObject] = {}
         self._lock = threading.Lock()
 
     @property
@@ -47,71 +56,79 @@ class DramTier:
         return self.allocator.used_bytes
 
     def allocate(self, key: str, size: int, checksum: int, timeout: float) -> int | None:
-        """Reserve room for an uncommitted object; None if it is here already or there
-        is no room."""
+        """Reserve room for a new, uncommitted version of ``key``; None if a put of the
+        key is already in flight here, or there is no room. A committed older version
+        is retired, not freed: leased readers may still be using it."""
         with self._lock:
-            if key in self.objects:
+            existing = self.current.get(key)
+            if existing is not None and not existing.committed:
                 return None
             offset = self.allocator.allocate(size)
             if offset is None:
                 return None
-            self.objects[key] = DramObject(offset, size, checksum, False,
-                                           time.monotonic() + timeout)
+            if existing is not None:
+                del self.current[key]
+            obj = DramObject(key, offset, size, checksum, False, time.monotonic() + timeout)
+            self.by_offset[offset] = obj
+            self.current[key] = obj
             return offset
 
     def get(self, key: str) -> DramObject | None:
-        return self.objects.get(key)
+        return self.current.get(key)
 
     def view(self, obj: DramObject) -> memoryview:
         return self.segment.view(obj.offset, obj.size)
 
-    def commit(self, key: str) -> None:
+    def commit(self, obj: DramObject) -> None:
         with self._lock:
-            self.objects[key].committed = True
+            obj.committed = True
 
-    def pin(self, keys: Iterable[str]) -> list[str]:
-        """Pin the committed objects among ``keys``; returns those pinned."""
-        pinned = []
+    def pin(self, keys: Iterable[str]) -> dict[str, DramObject]:
+        """Pin the current committed version of each of ``keys`` that has one."""
+        pinned: dict[str, DramObject] = {}
         with self._lock:
             for key in keys:
-                obj = self.objects.get(key)
-                if obj is not None and obj.committed and not obj.doomed:
+                obj = self.current.get(key)
+                if key not in pinned and obj is not None and obj.committed and not obj.doomed:
                     obj.pins += 1
-                    pinned.append(key)
+                    pinned[key] = obj
         return pinned
 
-    def unpin(self, keys: Iterable[str]) -> None:
+    def unpin(self, objects: Iterable[DramObject]) -> None:
         with self._lock:
-            for key in keys:
-                obj = self.objects[key]
+            for obj in objects:
                 obj.pins -= 1
                 if obj.pins == 0 and obj.doomed:
-                    self._release_locked(key, obj)
+                    self._release_locked(obj)
 
-    def free(self, key: str) -> bool:
-        """Drop ``key``; its memory is reused once the last pin is gone."""
+    def free(self, key: str, offset: int | None = None) -> bool:
+        """Drop a version of ``key``: the one at ``offset``, or the current one. Its
+        memory is reused once the last pin is gone. False if there is no such version."""
         with self._lock:
-            obj = self.objects.get(key)
-            if obj is None or obj.doomed:
+            obj = self.current.get(key) if offset is None else self.by_offset.get(offset)
+            if obj is None or obj.key != key or obj.doomed:
                 return False
             obj.doomed = True
+            if self.current.get(key) is obj:
+                del self.current[key]
             if obj.pins == 0:
-                self._release_locked(key, obj)
+                self._release_locked(obj)
             return True
 
-    def _release_locked(self, key: str, obj: DramObject) -> None:
-        del self.objects[key]
+    def _release_locked(self, obj: DramObject) -> None:
+        del self.by_offset[obj.offset]
         self.allocator.free(obj.offset)
 
     def expire_uncommitted(self, now: float) -> list[str]:
         """Reclaim allocations whose put was abandoned."""
         with self._lock:
-            stale = [k for k, o in self.objects.items()
+            stale = [o for o in self.current.values()
                      if not o.committed and not o.doomed and o.deadline <= now]
-        for key in stale:
-            self.free(key)
-        return stale
+        for obj in stale:
+            self.free(obj.key, obj.offset)
+        return [o.key for o in stale]
 
-    def committed(self) -> list[tuple[str, DramObject]]:
+    def committed(self) -> list[DramObject]:
+        """Current committed versions (what the node registers with the master)."""
         with self._lock:
-            return [(k, o) for k, o in self.objects.items() if o.committed and not o.doomed]
+            return [o for o in self.current.values() if o.committed and not o.doomed]

@@ -23,22 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from crc32c import crc32c
 
 from kvstored.backends import open_backend
-from kvstored.errors import BadRequestError, StoreError, UnreachableError
+from kvstored.errors import StoreError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
+from kvstored.node.dataserver import DataServerOps
 from kvstored.node.dram import DramTier
 from kvstored.node.segment import DramSegment
-from kvstored.rpc import FramedSocket, RpcClient, Service, serve
-from kvstored.sdk import ReadStatus, StorageBackend, WriteOutcome
+from kvstored.rpc import RpcClient, Service, serve
+from kvstored.sdk import StorageBackend, WriteOutcome
 
 log = logging.getLogger(__name__)
 
 REGISTER_CHUNK = 5000
-MAX_STAGING = 512 * 1024 * 1024
 
 
 class _Report:
@@ -63,7 +62,7 @@ class _Report:
         self.take()
 
 
-class Node:
+class Node(DataServerOps):
     def __init__(self, *, data_dir: str | Path, dram: int, ssd: int, backend: str,
                  backend_options: dict[str, Any] | None = None,
                  master: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0),
@@ -174,7 +173,7 @@ class Node:
             "segment": self.segment.name, "token": self.segment.token.hex(),
             "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
             "backend": self.backend_name, "shared": caps.shared})
-        inventory = [[k, o.size, o.checksum, DRAM, o.offset] for k, o in self.dram.committed()]
+        inventory = [[o.key, o.size, o.checksum, DRAM, o.offset] for o in self.dram.committed()]
         inventory += await trio.to_thread.run_sync(
             lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
         for start in range(0, len(inventory), REGISTER_CHUNK):
@@ -183,7 +182,10 @@ class Node:
             for key, tier in reply["conflicts"]:
                 log.warning("node %s: %r conflicts with the cluster's copy; dropping ours",
                             self.name, key)
-                await self._drop(tier, [key], report=False)
+                held = self.dram.get(key) if tier == DRAM else self.backend.stat(key)
+                if held is not None:
+                    ident = held.offset if tier == DRAM else held.checksum
+                    await self._drop(tier, [[key, ident]], report=False)
         await client.call("register_done", node=self.name)
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
 
@@ -224,7 +226,7 @@ class Node:
             self._offload_urgent |= bool(task.get("urgent"))
             self._offload_ready.set()
         elif kind == "drop":
-            self._nursery.start_soon(self._drop, task["tier"], task["keys"])
+            self._nursery.start_soon(self._drop, task["tier"], task["items"])
         elif kind == "promote":
             self._nursery.start_soon(self._promote, task["keys"])
         elif kind == "recover":
@@ -232,14 +234,25 @@ class Node:
         else:
             log.warning("node %s: ignoring unknown task %r", self.name, kind)
 
-    async def _drop(self, tier: str, keys: list[str], report: bool = True) -> None:
+    async def _drop(self, tier: str, items: list[list[Any]], report: bool = True) -> None:
+        """Drop versions of keys: ``items`` are ``[key, offset]`` (DRAM) or ``[key,
+        checksum]`` (SSD), so that a drop meant for a removed object never takes a newer
+        one written under the same key."""
         if tier == DRAM:
-            for key in keys:
-                self.dram.free(key)
+            done = [[k, DRAM, off] for k, off in items if self.dram.free(k, off)]
         else:
-            await trio.to_thread.run_sync(self.backend.batch_delete, keys)
+            def delete() -> list[list[Any]]:
+                doomed = [(k, c) for k, c in items
+                          if (r := self.backend.stat(k)) is not None and r.checksum == c]
+                self.backend.batch_delete([k for k, _ in doomed])
+                return [[k, SSD, c] for k, c in doomed]
+            done = await trio.to_thread.run_sync(delete)
         if report:
-            self.report.add("dropped", [[k, tier] for k in keys])
+            # Versions already gone count as dropped too: the master only needs to stop
+            # pointing at them.
+            gone = {(k, i) for k, _, i in done}
+            self.report.add("dropped", done + [[k, tier, i] for k, i in items
+                                               if (k, i) not in gone])
 
     async def _offloader(self) -> None:
         hint = self.backend.write_batch_hint()
@@ -274,46 +287,59 @@ class Node:
             obj = self.dram.get(key)
             total += obj.size if obj else 0
         pinned = self.dram.pin(batch)
-        gone = [k for k in batch if k not in set(pinned)]
+        gone = [k for k in batch if k not in pinned]
         if gone:
             self.report.add("offload_failed", [[k, "no longer in DRAM"] for k in gone])
         if not pinned:
             return
-        items = [(k, self.dram.view(self.dram.get(k))) for k in pinned]
         started = time.perf_counter()
         try:
-            results = await trio.to_thread.run_sync(self.backend.batch_write, items)
+            done, failed = await trio.to_thread.run_sync(self._write_to_ssd, pinned)
         finally:
-            self.dram.unpin(pinned)
+            self.dram.unpin(pinned.values())
         self.metrics.io_seconds.labels(op="offload").observe(time.perf_counter() - started)
-        done = [r.key for r in results if r.ok]
-        failed = [[r.key, str(r.error)] for r in results if r.outcome is WriteOutcome.FAILED]
         self.report.add("offloaded", done)
         if failed:
             self.report.add("offload_failed", failed)
         self.wake_heartbeat()
 
+    def _write_to_ssd(self, objects: dict[str, Any]) -> tuple[list[list[Any]], list[list[Any]]]:
+        """Write pinned DRAM objects to the backend (on a worker thread). An older version
+        of a key left on SSD (removed, then written again) is replaced, never reported
+        as the new one's copy."""
+        items = [(k, self.dram.view(o)) for k, o in objects.items()]
+        results = self.backend.batch_write(items)
+        stale = [r.key for r in results if r.outcome is WriteOutcome.EXISTS
+                 and (rec := self.backend.stat(r.key)) is not None
+                 and rec.checksum != objects[r.key].checksum]
+        if stale:
+            self.backend.batch_delete(stale)
+            redo = {r.key: r for r in self.backend.batch_write(
+                [(k, self.dram.view(objects[k])) for k in stale])}
+            results = [redo.get(r.key, r) for r in results]
+        done = [[r.key, objects[r.key].checksum] for r in results if r.ok]
+        failed = [[r.key, str(r.error)] for r in results if r.outcome is WriteOutcome.FAILED]
+        return done, failed
+
     async def _promote(self, keys: list[str]) -> None:
-        records = [self.backend.stat(k) for k in keys]
         placed = []
-        for key, record in zip(keys, records):
-            if record is None:
+        for key in keys:
+            record = self.backend.stat(key)
+            if record is None or self.dram.allocate(key, record.size, record.checksum,
+                                                    self.put_timeout) is None:
                 continue
-            offset = self.dram.allocate(key, record.size, record.checksum, self.put_timeout)
-            if offset is not None:
-                placed.append((key, offset))
+            placed.append(self.dram.get(key))
         if not placed:
             return
-        views = [self.dram.view(self.dram.get(k)) for k, _ in placed]
         results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [k for k, _ in placed], views)
+            self.backend.batch_read, [o.key for o in placed], [self.dram.view(o) for o in placed])
         promoted = []
-        for (key, offset), got in zip(placed, results):
-            if got >= 0:
-                self.dram.commit(key)
-                promoted.append([key, offset])
+        for obj, got in zip(placed, results):
+            if got == obj.size:
+                self.dram.commit(obj)
+                promoted.append([obj.key, obj.offset, obj.checksum])
             else:
-                self.dram.free(key)
+                self.dram.free(obj.key, obj.offset)
         self.report.add("promoted", promoted)
         self.wake_heartbeat()
 
@@ -330,7 +356,7 @@ class Node:
         self.quarantined += sum(1 for p in fixed if "quarantine" in (p["action"] or ""))
         self.metrics.quarantined.inc(sum(1 for p in fixed if "quarantine" in p["action"]))
         lost = [p["key"] for p in fixed if p["key"] and not self.backend.contains(p["key"])]
-        self.report.add("dropped", [[k, SSD] for k in lost])
+        self.report.add("dropped", [[k, SSD, None] for k in lost])
         self.report.add("recovered", [result])
         self.wake_heartbeat()
 
@@ -359,178 +385,3 @@ class Node:
                 self._quarantine_pending = False
 
         self._nursery.start_soon(run)
-
-    # -- data server ops ---------------------------------------------------------------
-
-    def _batch(self, h: dict[str, Any], *fields: str) -> list[list[Any]]:
-        keys = h["keys"]
-        columns = [keys, *(h[f] for f in fields)]
-        if not isinstance(keys, list) or any(len(c) != len(keys) for c in columns):
-            raise BadRequestError("keys and their per-key fields must be lists of one length")
-        return columns
-
-    async def op_put(self, conn: FramedSocket, h: dict[str, Any]):
-        keys, sizes, checksums = self._batch(h, "sizes", "checksums")
-        if sum(sizes) != conn.payload_left:
-            raise BadRequestError(f"sizes add up to {sum(sizes)} but the payload is "
-                                  f"{conn.payload_left} bytes")
-        results: list[str] = []
-        received = []
-        for key, size, checksum in zip(keys, sizes, checksums):
-            offset = self.dram.allocate(key, size, checksum, self.put_timeout)
-            if offset is None:
-                results.append("exists" if self.dram.get(key) else "no_space")
-                await self._skip(conn, size)
-                continue
-            view = self.dram.view(self.dram.get(key))
-            await conn.recv_payload_into(view)
-            if crc32c(view) != checksum:
-                self.dram.free(key)
-                results.append("corrupt")
-                continue
-            results.append("")
-            received.append((len(results) - 1, key, size, checksum, offset))
-        self.metrics.bytes_received.inc(sum(sizes))
-        await self._commit(received, results)
-        if "no_space" in results:
-            self.wake_heartbeat()
-        return {"results": results}, ()
-
-    async def _skip(self, conn: FramedSocket, size: int) -> None:
-        scratch = memoryview(bytearray(min(size, 1 << 20)))
-        while size:
-            n = min(size, len(scratch))
-            await conn.recv_payload_into(scratch[:n])
-            size -= n
-
-    async def _commit(self, received: list[tuple[int, str, int, int, int]],
-                      results: list[str]) -> None:
-        if not received:
-            return
-        try:
-            reply = await self._master_call(
-                "commit", node=self.name,
-                objects=[[k, size, crc, off] for _, k, size, crc, off in received])
-        except StoreError:
-            for _, key, *_ in received:
-                self.dram.free(key)
-            raise
-        for (i, key, *_), ok in zip(received, reply["results"]):
-            if ok:
-                self.dram.commit(key)
-                results[i] = "ok"
-            else:
-                self.dram.free(key)
-                results[i] = "exists"
-
-    async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
-        keys, sizes, checksums = self._batch(h, "sizes", "checksums")
-        offsets = []
-        for key, size, checksum in zip(keys, sizes, checksums):
-            offsets.append(self.dram.allocate(key, size, checksum, self.put_timeout))
-        if None in offsets:
-            self.wake_heartbeat()
-        return {"offsets": offsets}, ()
-
-    async def op_seal(self, conn: FramedSocket, h: dict[str, Any]):
-        (keys,) = self._batch(h)
-        results: list[str] = []
-        received = []
-        for key in keys:
-            obj = self.dram.get(key)
-            if obj is None or obj.committed:
-                results.append("missing")
-                continue
-            if crc32c(self.dram.view(obj)) != obj.checksum:
-                self.dram.free(key)
-                results.append("corrupt")
-                continue
-            results.append("")
-            received.append((len(results) - 1, key, obj.size, obj.checksum, obj.offset))
-        await self._commit(received, results)
-        return {"results": results}, ()
-
-    async def op_abort(self, conn: FramedSocket, h: dict[str, Any]):
-        for key in h["keys"]:
-            obj = self.dram.get(key)
-            if obj is not None and not obj.committed:
-                self.dram.free(key)
-        return {}, ()
-
-    async def op_locate(self, conn: FramedSocket, h: dict[str, Any]):
-        """Where each key's bytes are on this node: the DRAM offset and the SSD file and
-        offset (for debugging, and for the tests that damage records on purpose)."""
-        (keys,) = self._batch(h)
-        out = []
-        for key in keys:
-            obj = self.dram.get(key)
-            where = self.backend.locate(key)
-            out.append({
-                "dram": None if obj is None else {"segment": self.segment.name,
-                                                  "offset": obj.offset, "size": obj.size},
-                "ssd": None if where is None else {
-                    "path": where.path, "offset": where.offset, "length": where.length,
-                    "record_offset": where.record_offset, "device": where.device}})
-        return {"locations": out}, ()
-
-    async def op_get(self, conn: FramedSocket, h: dict[str, Any]):
-        (keys,) = self._batch(h)
-        pinned = self.dram.pin(keys)
-        in_dram = set(pinned)
-        try:
-            sizes: list[int] = [ReadStatus.MISSING] * len(keys)
-            pieces: list[memoryview | None] = [None] * len(keys)
-            for i, key in enumerate(keys):
-                if key in in_dram:
-                    obj = self.dram.get(key)
-                    pieces[i] = self.dram.view(obj)
-                    sizes[i] = obj.size
-            ssd_wanted = [i for i, k in enumerate(keys) if k not in in_dram]
-            if ssd_wanted:
-                await self._load_from_ssd(conn, keys, ssd_wanted, sizes, pieces)
-            self.metrics.bytes_served.labels(tier=DRAM).inc(
-                sum(sizes[i] for i, k in enumerate(keys) if k in in_dram))
-            payload = [p for p in pieces if p is not None]
-            await conn.send_frame({"ok": True, "sizes": sizes}, payload)
-        finally:
-            self.dram.unpin(pinned)
-        return None, ()
-
-    async def _load_from_ssd(self, conn: FramedSocket, keys: list[str], wanted: list[int],
-                             sizes: list[int], pieces: list[memoryview | None]) -> None:
-        records = [(i, self.backend.stat(keys[i])) for i in wanted]
-        records = [(i, r) for i, r in records if r is not None]
-        if not records:
-            return
-        total = sum(r.size for _, r in records)
-        staging = self._staging(conn, total)
-        views, cursor = [], 0
-        for _, record in records:
-            views.append(staging[cursor:cursor + record.size])
-            cursor += record.size
-        started = time.perf_counter()
-        results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [keys[i] for i, _ in records], views)
-        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
-        for (i, _record), view, got in zip(records, views, results):
-            if got >= 0:
-                sizes[i] = got
-                pieces[i] = view[:got]
-                self.metrics.bytes_served.labels(tier=SSD).inc(got)
-            elif got == ReadStatus.CORRUPT:
-                self.corrupt_reads += 1
-                self.metrics.checksum_failures.inc()
-                log.warning("node %s: %r failed its checksum on SSD: served as a miss, "
-                            "quarantining", self.name, keys[i])
-                self.report.add("dropped", [[keys[i], SSD]])
-                self._schedule_quarantine()
-                self.wake_heartbeat()
-
-    def _staging(self, conn: FramedSocket, size: int) -> memoryview:
-        """A per-connection buffer reused across gets: fresh pages are slow to touch."""
-        buf = getattr(conn, "staging", None)
-        if buf is None or len(buf) < size:
-            buf = bytearray(max(size, 1 << 20))
-            if len(buf) <= MAX_STAGING:
-                conn.staging = buf
-        return memoryview(buf)

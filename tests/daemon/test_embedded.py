@@ -207,3 +207,26 @@ def test_eight_threads_twenty_thousand_mixed_operations(embedded):
     for t in threads:
         t.join()
     assert not errors, errors[:10]
+
+
+def test_a_key_removed_and_written_again_serves_only_the_new_value(embedded):
+    """The old version lingers (leased) in DRAM and on SSD after the remove; the late
+    drops of the old version must neither free the new one nor be served for it."""
+    up = embedded()
+    with kvstored.connect(up.addr) as c:
+        assert c.put("v", b"old" * 1000)
+        kvstore_ok("flush", "--wait", master=up.addr)
+        assert c.get("v") == b"old" * 1000  # a lease on the old version
+        assert c.remove("v")
+        assert c.put("v", b"new" * 2000) is True
+        assert c.get("v") == b"new" * 2000
+        kvstore_ok("flush", "--wait", master=up.addr)
+        kvstore_ok("evict", "--tier", "dram", "--key", "v", master=up.addr)
+        wait_for(lambda: [r.tier for r in c.stat("v").replicas] == ["ssd"], timeout=15,
+                 what="the new version's DRAM copy to go")
+        assert c.get("v") == b"new" * 2000  # from SSD: the new version, not the old
+        wait_for(lambda: c.stat("v").reads >= 2, what="stat")
+        import time
+        time.sleep(6)  # every lease on the old version has expired; its drops have run
+        assert c.get("v") == b"new" * 2000
+        assert [r.tier for r in c.stat("v").replicas] in (["ssd"], ["ssd", "dram"])

@@ -1,0 +1,226 @@
+"""The node's data server ops: how bytes get in and out of a node.
+
+- ``put``: values arrive as one frame; each is received straight into its slot in the
+  DRAM segment (``recv_into``), its CRC-32C checked, and the batch committed at the
+  master.
+- ``alloc`` / ``seal`` / ``abort``: a same-host client copies through its mapping of the
+  segment; the node only allocates, then checks and commits.
+- ``get``: DRAM objects are sent from the segment (pinned for the send); SSD objects are
+  read in one backend batch into a reused staging buffer and sent. The client passes
+  the checksums the master gave it, so a node never serves another version of a key
+  (one removed and written again) in its place.
+- ``locate``: where a key's bytes are, for debugging.
+
+:class:`DataServerOps` is mixed into :class:`kvstored.node.service.Node`, which owns the
+tiers and the master session these ops use.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+from crc32c import crc32c
+
+from kvstored.errors import BadRequestError, StoreError
+from kvstored.master.table import DRAM, SSD
+from kvstored.node.dram import DramObject
+from kvstored.rpc import FramedSocket
+from kvstored.sdk import ReadStatus
+
+log = logging.getLogger(__name__)
+
+MAX_STAGING = 512 * 1024 * 1024
+
+
+def batch_columns(h: dict[str, Any], *fields: str) -> list[list[Any]]:
+    """``keys`` and per-key fields of a request, checked to be lists of one length."""
+    keys = h["keys"]
+    columns = [keys, *(h[f] for f in fields)]
+    if not isinstance(keys, list) or any(not isinstance(c, list) or len(c) != len(keys)
+                                         for c in columns):
+        raise BadRequestError("keys and their per-key fields must be lists of one length")
+    return columns
+
+
+class DataServerOps:
+    """The ``op_*`` handlers of the node's data server (see the module docstring)."""
+
+    async def op_put(self, conn: FramedSocket, h: dict[str, Any]):
+        keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
+        if sum(sizes) != conn.payload_left:
+            raise BadRequestError(f"sizes add up to {sum(sizes)} but the payload is "
+                                  f"{conn.payload_left} bytes")
+        results: list[str] = []
+        received: list[tuple[int, DramObject]] = []
+        for key, size, checksum in zip(keys, sizes, checksums):
+            if self.dram.allocate(key, size, checksum, self.put_timeout) is None:
+                # "exists": another put of this key is in flight here.
+                held = self.dram.get(key)
+                results.append("exists" if held is not None and not held.committed
+                               else "no_space")
+                await _skip(conn, size)
+                continue
+            obj = self.dram.get(key)
+            view = self.dram.view(obj)
+            await conn.recv_payload_into(view)
+            if crc32c(view) != checksum:
+                self.dram.free(key, obj.offset)
+                results.append("corrupt")
+                continue
+            results.append("")
+            received.append((len(results) - 1, obj))
+        self.metrics.bytes_received.inc(sum(sizes))
+        await self._commit(received, results)
+        if "no_space" in results:
+            self.wake_heartbeat()
+        return {"results": results}, ()
+
+    async def _commit(self, received: list[tuple[int, DramObject]], results: list[str]) -> None:
+        if not received:
+            return
+        try:
+            reply = await self._master_call(
+                "commit", node=self.name,
+                objects=[[o.key, o.size, o.checksum, o.offset] for _, o in received])
+        except StoreError:
+            for _, obj in received:
+                self.dram.free(obj.key, obj.offset)
+            raise
+        for (i, obj), ok in zip(received, reply["results"]):
+            if ok:
+                self.dram.commit(obj)
+                results[i] = "ok"
+            else:
+                self.dram.free(obj.key, obj.offset)
+                results[i] = "exists"
+
+    async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
+        keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
+        offsets = [self.dram.allocate(k, n, c, self.put_timeout)
+                   for k, n, c in zip(keys, sizes, checksums)]
+        if None in offsets:
+            self.wake_heartbeat()
+        return {"offsets": offsets}, ()
+
+    async def op_seal(self, conn: FramedSocket, h: dict[str, Any]):
+        (keys,) = batch_columns(h)
+        results: list[str] = []
+        received: list[tuple[int, DramObject]] = []
+        for key in keys:
+            obj = self.dram.get(key)
+            if obj is None or obj.committed:
+                results.append("missing")
+                continue
+            if crc32c(self.dram.view(obj)) != obj.checksum:
+                self.dram.free(key, obj.offset)
+                results.append("corrupt")
+                continue
+            results.append("")
+            received.append((len(results) - 1, obj))
+        await self._commit(received, results)
+        return {"results": results}, ()
+
+    async def op_abort(self, conn: FramedSocket, h: dict[str, Any]):
+        (keys,) = batch_columns(h)
+        for key in keys:
+            obj = self.dram.get(key)
+            if obj is not None and not obj.committed:
+                self.dram.free(key, obj.offset)
+        return {}, ()
+
+    async def op_locate(self, conn: FramedSocket, h: dict[str, Any]):
+        """Where each key's bytes are on this node: the DRAM offset and the SSD file and
+        offset (for debugging, and for tests that damage records on purpose)."""
+        (keys,) = batch_columns(h)
+        out = []
+        for key in keys:
+            obj = self.dram.get(key)
+            where = self.backend.locate(key)
+            out.append({
+                "dram": None if obj is None else {"segment": self.segment.name,
+                                                  "offset": obj.offset, "size": obj.size},
+                "ssd": None if where is None else {
+                    "path": where.path, "offset": where.offset, "length": where.length,
+                    "record_offset": where.record_offset, "device": where.device}})
+        return {"locations": out}, ()
+
+    async def op_get(self, conn: FramedSocket, h: dict[str, Any]):
+        (keys,) = batch_columns(h)
+        wanted = h.get("checksums")
+        if wanted is not None and (not isinstance(wanted, list) or len(wanted) != len(keys)):
+            raise BadRequestError("checksums must be a list with one entry per key")
+        pinned = self.dram.pin(keys)
+        try:
+            sizes: list[int] = [ReadStatus.MISSING] * len(keys)
+            pieces: list[memoryview | None] = [None] * len(keys)
+            ssd_wanted = []
+            for i, key in enumerate(keys):
+                obj = pinned.get(key)
+                if obj is not None and (wanted is None or wanted[i] == obj.checksum):
+                    pieces[i] = self.dram.view(obj)
+                    sizes[i] = obj.size
+                else:
+                    ssd_wanted.append(i)
+            self.metrics.bytes_served.labels(tier=DRAM).inc(
+                sum(s for s in sizes if s > 0))
+            if ssd_wanted:
+                await self._load_from_ssd(conn, keys, ssd_wanted, wanted, sizes, pieces)
+            await conn.send_frame({"ok": True, "sizes": sizes},
+                                  [p for p in pieces if p is not None])
+        finally:
+            self.dram.unpin(pinned.values())
+        return None, ()
+
+    async def _load_from_ssd(self, conn: FramedSocket, keys: list[str], indexes: list[int],
+                             wanted: list[int] | None, sizes: list[int],
+                             pieces: list[memoryview | None]) -> None:
+        records = []
+        for i in indexes:
+            record = self.backend.stat(keys[i])
+            if record is not None and (wanted is None or wanted[i] == record.checksum):
+                records.append((i, record))
+        if not records:
+            return
+        staging = self._staging(conn, sum(r.size for _, r in records))
+        views, cursor = [], 0
+        for _, record in records:
+            views.append(staging[cursor:cursor + record.size])
+            cursor += record.size
+        started = time.perf_counter()
+        results = await trio.to_thread.run_sync(
+            self.backend.batch_read, [keys[i] for i, _ in records], views)
+        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        for (i, record), view, got in zip(records, views, results):
+            if got >= 0:
+                sizes[i] = got
+                pieces[i] = view[:got]
+                self.metrics.bytes_served.labels(tier=SSD).inc(got)
+            elif got == ReadStatus.CORRUPT:
+                self.corrupt_reads += 1
+                self.metrics.checksum_failures.inc()
+                log.warning("node %s: %r failed its checksum on SSD: served as a miss, "
+                            "quarantining", self.name, keys[i])
+                self.report.add("dropped", [[keys[i], SSD, record.checksum]])
+                self._schedule_quarantine()
+                self.wake_heartbeat()
+
+    def _staging(self, conn: FramedSocket, size: int) -> memoryview:
+        """A per-connection buffer reused across gets: fresh pages are slow to touch."""
+        buf = getattr(conn, "staging", None)
+        if buf is None or len(buf) < size:
+            buf = bytearray(max(size, 1 << 20))
+            if len(buf) <= MAX_STAGING:
+                conn.staging = buf
+        return memoryview(buf)
+
+
+async def _skip(conn: FramedSocket, size: int) -> None:
+    """Read and drop ``size`` bytes of payload (an item that could not be placed)."""
+    scratch = memoryview(bytearray(min(size, 1 << 20)))
+    while size:
+        n = min(size, len(scratch))
+        await conn.recv_payload_into(scratch[:n])
+        size -= n
