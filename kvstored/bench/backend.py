@@ -4,7 +4,10 @@ For each backend, in one run and side by side with fio on a file in the same dir
 
 - **flush**: ``batch_write`` of 1 MiB and of 128 KiB objects, in batches as the backend's
   ``write_batch_hint()`` asks (the node's offload path), against fio sequential writes of
-  the same block size (``end_fsync=1``). The backend's figure includes its own fsyncs.
+  the same block size and volume into a new file (``end_fsync=1``): new objects go to new
+  space, and the file system's block allocation is part of the cost. fio overwriting an
+  already written file (``fio-overwrite``), which skips that, is reported beside it. The
+  backend's figure includes its own fsyncs.
 - **read**: ``batch_read`` of random stored objects of 4 KiB, 128 KiB and 1 MiB into
   page-aligned buffers, against fio random reads of the same block size over as many
   bytes, at the io engine's queue depth (32) for both.
@@ -205,11 +208,28 @@ class Run:
         volume = self.small_data if workload.object_size < 128 * KiB else self.data
         return max(1, volume // workload.object_size)
 
-    def fio_measure(self, workload: Workload) -> Measurement | None:
-        if self.fio is None:
-            return None
+    def fio_measure(self, workload: Workload, runner: str = "fio") -> Measurement:
+        """fio on the same file system. For a flush, ``fio`` writes a new file once, as
+        a backend writes new objects into new space; ``fio-overwrite`` rewrites the
+        laid-out read file, which spares the file system its block allocation."""
         size = self.objects(workload) * workload.object_size
+        if workload.kind == "flush" and runner == "fio":
+            target = self.root / "fio-new.dat"
+            target.unlink(missing_ok=True)
+            try:
+                return run_fio(self.fio, workload.fio, target, size, self.runtime,
+                               time_based=False)
+            finally:
+                target.unlink(missing_ok=True)
         return run_fio(self.fio, workload.fio, self.fio_file, size, self.runtime)
+
+    def runners(self, workload: Workload, round_number: int) -> list[str]:
+        """This round's runners, in an order that rotates so drift favours none."""
+        names = ["backend"]
+        if self.fio is not None:
+            names += ["fio", "fio-overwrite"] if workload.kind == "flush" else ["fio"]
+        shift = round_number % len(names)
+        return names[shift:] + names[:shift]
 
     def bench(self, name: str) -> dict:
         subject = Subject(name, self.root, self.engine, self.direct)
@@ -229,11 +249,9 @@ class Run:
         for round_number in range(self.rounds):
             for workload in FLUSHES:
                 count = self.objects(workload)
-                for runner in _order(round_number):
-                    if runner == "fio":
-                        m = self.fio_measure(workload)
-                        if m is None:
-                            continue
+                for runner in self.runners(workload, round_number):
+                    if runner != "backend":
+                        m = self.fio_measure(workload, runner)
                     else:
                         subject.remove(workload.name)
                         backend = subject.open(workload.name,
@@ -271,11 +289,9 @@ class Run:
             for round_number in range(self.rounds):
                 for workload in READS:
                     label = stores[workload.name]
-                    for runner in _order(round_number + 1):
-                        if runner == "fio":
-                            m = self.fio_measure(workload)
-                            if m is None:
-                                continue
+                    for runner in self.runners(workload, round_number):
+                        if runner != "backend":
+                            m = self.fio_measure(workload, runner)
                         else:
                             m = read_objects(opened[label], label, self.objects(workload),
                                              workload.object_size, self.runtime,
@@ -315,11 +331,6 @@ class Run:
                  f"CPU {figures['cpu_pct']:4.0f}%")
 
 
-def _order(round_number: int) -> list[str]:
-    """fio and the backend take turns going first, so drift does not favour one."""
-    return ["fio", "backend"] if round_number % 2 == 0 else ["backend", "fio"]
-
-
 def _jsonable(options: dict) -> dict:
     return {k: v for k, v in options.items() if isinstance(v, str | int | float | bool)}
 
@@ -333,9 +344,12 @@ def summarise(per_backend: dict) -> tuple[dict, list[dict]]:
             for figures in runners.values():
                 figures["median"] = {key: statistics.median(r[key] for r in figures["rounds"])
                                      for key in ("bytes_per_s", "iops", "cpu_pct")}
-            if "fio" in runners and "backend" in runners:
-                ratios[name][workload] = (runners["backend"]["median"]["bytes_per_s"]
-                                          / runners["fio"]["median"]["bytes_per_s"])
+            mine = runners.get("backend", {}).get("median")
+            for peer in ("fio", "fio-overwrite"):
+                if mine is not None and peer in runners:
+                    label = workload if peer == "fio" else f"{workload} vs {peer}"
+                    ratios[name][label] = (mine["bytes_per_s"]
+                                           / runners[peer]["median"]["bytes_per_s"])
     goals = []
     for name in per_backend:
         for workload, minimum in GOALS:
@@ -357,21 +371,24 @@ def summarise(per_backend: dict) -> tuple[dict, list[dict]]:
 
 
 def table(per_backend: dict, ratios: dict) -> str:
-    head = f"{'backend':<13}{'workload':<12}{'MB/s':>9}{'obj/s':>10}{'CPU%':>6}" \
-           f"{'fio MB/s':>10}{'vs fio':>8}"
+    head = (f"{'backend':<13}{'workload':<12}{'MB/s':>9}{'obj/s':>10}{'CPU%':>6}"
+            f"{'fio MB/s':>10}{'vs fio':>8}{'fio-ow MB/s':>13}{'vs fio-ow':>10}")
     lines = [head]
     for name, report in per_backend.items():
         for workload, runners in report["workloads"].items():
             mine = runners.get("backend", {}).get("median")
-            fio = runners.get("fio", {}).get("median")
             if mine is None:
                 continue
-            ratio = ratios[name].get(workload)
-            fio_text = "" if fio is None else f"{fio['bytes_per_s'] / 1e6:.0f}"
-            ratio_text = "" if ratio is None else f"{ratio:.2f}x"
+            cells = []
+            for peer, label in (("fio", workload), ("fio-overwrite", f"{workload} vs "
+                                                                     "fio-overwrite")):
+                fio = runners.get(peer, {}).get("median")
+                ratio = ratios[name].get(label)
+                cells.append("" if fio is None else f"{fio['bytes_per_s'] / 1e6:.0f}")
+                cells.append("" if ratio is None else f"{ratio:.2f}x")
             lines.append(f"{name:<13}{workload:<12}{mine['bytes_per_s'] / 1e6:>9.0f}"
                          f"{mine['iops']:>10.0f}{mine['cpu_pct']:>6.0f}"
-                         f"{fio_text:>10}{ratio_text:>8}")
+                         f"{cells[0]:>10}{cells[1]:>8}{cells[2]:>13}{cells[3]:>10}")
         if report.get("reopen"):
             r = report["reopen"]
             lines.append(f"{name:<13}{'reopen':<12}{r['median_s']:>8.3f}s"
@@ -441,7 +458,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     temporary = directory is None
     root = Path(tempfile.mkdtemp(prefix="kvstored-bench-backend-")) if temporary else directory
     root.mkdir(parents=True, exist_ok=True)
-    need = 3 * _footprint(data_bytes // (128 * KiB), 128 * KiB) + 2 * small_bytes + data_bytes
+    need = 3 * _footprint(data_bytes // (128 * KiB), 128 * KiB) + 2 * small_bytes + 2 * data_bytes
     free = shutil.disk_usage(root).free
     if free < need:
         raise BenchError(f"{root} has {format_size(free)} free; this run needs about "

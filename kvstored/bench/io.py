@@ -96,12 +96,15 @@ class BenchError(click.ClickException):
 # -- runners -----------------------------------------------------------------------------
 
 
-def run_fio(fio: str, pattern: Pattern, path: Path, size: int, runtime: float) -> Measurement:
+def run_fio(fio: str, pattern: Pattern, path: Path, size: int, runtime: float, *,
+            time_based: bool = True) -> Measurement:
+    """One fio job; ``time_based=False`` moves ``size`` bytes once instead of looping for
+    ``runtime`` seconds (to write a new file exactly once, say)."""
+    timing = ["--time_based", f"--runtime={max(1, round(runtime))}"] if time_based else []
     command = [fio, "--name=kvstored-bench-io", f"--filename={path}", f"--size={size}",
                f"--rw={pattern.fio_rw}", f"--bs={pattern.block}", "--direct=1",
                "--ioengine=io_uring", f"--iodepth={QUEUE_DEPTH}", "--norandommap",
-               "--randrepeat=0", "--time_based", f"--runtime={max(1, round(runtime))}",
-               "--output-format=json"]
+               "--randrepeat=0", *timing, "--output-format=json"]
     if pattern.write:
         command.append("--end_fsync=1")
     done = subprocess.run(command, capture_output=True, text=True)
