@@ -51,8 +51,9 @@ _REQUIRED = ("make_iovec", "make_ioring", "register_fd", "deregister_fd",
              "extract_mount_point")
 #: Requests one ring holds; also the engine's queue depth.
 DEFAULT_ENTRIES = 64
-#: Shared memory per thread that data is staged through.
-DEFAULT_STAGING = 64 << 20
+#: Shared memory per thread that data is staged through (the caller and each I/O thread
+#: has its own, with its rings).
+DEFAULT_STAGING = 16 << 20
 
 
 @dataclass(frozen=True)
