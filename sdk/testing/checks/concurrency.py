@@ -1,0 +1,98 @@
+"""Conformance checks: Concurrency."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from kvstored.sdk.errors import (
+    InvalidRequestError,
+)
+from kvstored.sdk.testing.checks._common import (
+    KiB,
+    check,
+    describe,
+    make_items,
+)
+from kvstored.sdk.testing.kit import Kit, payload, size_for
+from kvstored.sdk.types import (
+    WriteOutcome,
+)
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+@check
+def concurrent_writers_and_readers(kit: Kit) -> None:
+    """Four writer and four reader threads at once: every write lands, every read is right."""
+    backend = kit.open()
+    done: list[str] = []
+    lock = threading.Lock()
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def writer(w: int) -> None:
+        for key, value in make_items(f"cw{w}", 25, 96 * KiB):
+            [result] = backend.batch_write([(key, value)])
+            if result.outcome is not WriteOutcome.WRITTEN:
+                errors.append(f"write {key}: {result}")
+            with lock:
+                done.append(key)
+
+    def reader() -> None:
+        rng = random.Random()
+        while not stop.is_set() or not done:
+            with lock:
+                key = rng.choice(done) if done else None
+            if key is None:
+                continue
+            expected = payload(key, size_for(key, 96 * KiB))
+            got = kit.read(backend, key, 96 * KiB)
+            if got != expected:
+                errors.append(f"read {key}: {describe(got)}")
+
+    writers = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    readers = [threading.Thread(target=reader) for _ in range(4)]
+    for t in writers + readers:
+        t.start()
+    for t in writers:
+        t.join()
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not errors, errors[:5]
+    assert backend.usage().objects == 100
+
+
+@check
+def concurrent_same_key(kit: Kit) -> None:
+    """Threads racing to write one key: exactly one value wins and every reader sees it."""
+    backend = kit.open()
+    outcomes: list[WriteOutcome] = []
+    lock = threading.Lock()
+
+    def writer(i: int) -> None:
+        [result] = backend.batch_write([("contested", payload(f"v{i}", 50_000))])
+        with lock:
+            outcomes.append(result.outcome)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert outcomes.count(WriteOutcome.WRITTEN) == 1, outcomes
+    assert outcomes.count(WriteOutcome.EXISTS) == 7, outcomes
+    got = kit.read(backend, "contested")
+    assert got in [payload(f"v{i}", 50_000) for i in range(8)], "the stored value is a mix"
+
+
+@check
+def invalid_request_is_raised(kit: Kit) -> None:
+    """Mismatched keys and buffers raise InvalidRequestError instead of guessing."""
+    backend = kit.open()
+    try:
+        backend.batch_read(["a", "b"], [memoryview(bytearray(1))])
+    except InvalidRequestError:
+        return
+    raise AssertionError("batch_read accepted 2 keys with 1 buffer")
