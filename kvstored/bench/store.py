@@ -29,6 +29,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -218,17 +219,69 @@ def _run_mooncake(binaries: dict, workdir: Path, size: int, count: int,
         say(f"{label}: mooncake-ssd (filling, then reading) ...")
         document = cluster.measure("ssd", size, count)
         out["mooncake-ssd"] = document.get("results") or {"error": document["error"]}
-        notes[f"mooncake-ssd {label}"] = document.get("notes", {})
+        notes["mooncake-ssd"] = document.get("notes", {})
     finally:
         cluster.stop()
         shutil.rmtree(workdir / f"ssd-{label}" / "disk", ignore_errors=True)
 
 
-def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: Path,
-         say: Callable[[str], None]) -> tuple[dict, dict, dict]:
+def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], total: int,
+               peers: list[str], workdir: Path, tag: str, say: Callable[[str], None]
+               ) -> tuple[dict, dict]:
     results: dict[str, dict] = {}
-    skipped: dict[str, str] = {}
     notes: dict[str, Any] = {}
+    for size in sizes:
+        label, count = _label(size), object_count(total, size)
+        out = results[label] = {}
+        noted = notes[label] = {}
+        buffers = Buffers(size)
+        for transport in ("tcp", "shm"):
+            say(f"{tag}{label}: kvstored-{transport} ({count} objects per op) ...")
+            out[f"kvstored-{transport}"] = runner.run_dram(
+                transport, size, count, buffers, f"kv-{transport}-{label}-{tag}")
+        say(f"{tag}{label}: kvstored-ssd (flush, restart, drop caches, read) ...")
+        out["kvstored-ssd"], noted["kvstored-ssd"] = runner.run_ssd(
+            size, count, buffers, f"kv-ssd-{label}-{tag}")
+        for peer in ("raw-socket", "memcpy"):
+            if peer in peers:
+                say(f"{tag}{label}: {peer} ...")
+                out[peer] = _measure_peer(peer, size, count, say)
+        if binaries is not None:
+            _run_mooncake(binaries, workdir / tag, size, count, out, noted,
+                          lambda message: say(tag + message))
+    return results, notes
+
+
+def median_of_rounds(rounds: list[dict]) -> dict:
+    """Per size, runner and op, the median of each figure over the rounds (``rounds_bytes_
+    per_s`` keeps every round's throughput). A runner failing in some rounds is summed up
+    from the others; failing in all, it keeps the first error."""
+    merged: dict[str, dict] = {}
+    for size in rounds[0]:
+        merged[size] = {}
+        for runner in rounds[0][size]:
+            entries = [r[size][runner] for r in rounds if runner in r.get(size, {})]
+            good = [e for e in entries if "error" not in e]
+            if not good:
+                merged[size][runner] = entries[0]
+                continue
+            per_op = {}
+            for op in good[0]:
+                figures = [e[op] for e in good if op in e]
+                summary = {k: (statistics.median(f[k] for f in figures)
+                               if isinstance(v, (int, float)) else v)
+                           for k, v in figures[0].items()}
+                summary["rounds_bytes_per_s"] = [f["bytes_per_s"] for f in figures]
+                per_op[op] = summary
+            if len(good) < len(entries):
+                per_op["failed_rounds"] = [e["error"] for e in entries if "error" in e]
+            merged[size][runner] = per_op
+    return merged
+
+
+def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: Path,
+         rounds: int, say: Callable[[str], None]) -> tuple[dict, dict, dict]:
+    skipped: dict[str, str] = {}
     binaries = None
     if "mooncake" in peers:
         binaries, reason = probe()
@@ -238,27 +291,17 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
             say(f"skipping Mooncake: {reason}")
     per_phase = max(object_count(total, s) * s for s in sizes)
     runner = KvstoredRunner(workdir / "kvstored", per_phase, backend)
+    every, notes = [], {}
     try:
-        for size in sizes:
-            label, count = _label(size), object_count(total, size)
-            out = results[label] = {}
-            buffers = Buffers(size)
-            for transport in ("tcp", "shm"):
-                say(f"{label}: kvstored-{transport} ({count} objects per op) ...")
-                out[f"kvstored-{transport}"] = runner.run_dram(
-                    transport, size, count, buffers, f"kv-{transport}-{label}")
-            say(f"{label}: kvstored-ssd (flush, restart, drop caches, read) ...")
-            out["kvstored-ssd"], notes[f"kvstored-ssd {label}"] = runner.run_ssd(
-                size, count, buffers, f"kv-ssd-{label}")
-            for peer in ("raw-socket", "memcpy"):
-                if peer in peers:
-                    say(f"{label}: {peer} ...")
-                    out[peer] = _measure_peer(peer, size, count, say)
-            if binaries is not None:
-                _run_mooncake(binaries, workdir / "mooncake", size, count, out, notes, say)
+        for number in range(1, rounds + 1):
+            tag = f"round {number}/{rounds} " if rounds > 1 else ""
+            results, notes[f"round {number}"] = _one_round(
+                runner, binaries, sizes, total, peers, workdir / f"round-{number}",
+                tag, say)
+            every.append(results)
     finally:
         runner.close()
-    return results, skipped, notes
+    return median_of_rounds(every), skipped, notes
 
 
 @click.command("store")
@@ -268,6 +311,8 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
               help="Comma-separated object sizes.")
 @click.option("--peers", default=",".join(PEERS), show_default=True,
               help="Comma-separated: raw-socket, memcpy, mooncake (kvstored always runs).")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
+              help="Repeat everything; each figure is the median over the rounds.")
 @click.option("--backend", default="bucket", show_default=True, help="kvstored's SSD backend.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the daemons keep their data and logs [default: a temporary "
@@ -276,8 +321,8 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
               default=Path("bench-results/store.json"), show_default=True)
 @click.option("--markdown-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the tables as markdown (for docs/benchmarks.md).")
-def store_command(total: str, sizes: str, peers: str, backend: str, workdir: Path | None,
-                  json_out: Path, markdown_out: Path | None) -> None:
+def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
+                  workdir: Path | None, json_out: Path, markdown_out: Path | None) -> None:
     """kvstored's data path against Mooncake Store, a raw socket and memcpy.
 
     Writes every figure, the ratios and the issue's goals to --json-out and prints the
@@ -310,7 +355,7 @@ def store_command(total: str, sizes: str, peers: str, backend: str, workdir: Pat
     started, load_before = time.time(), os.getloadavg()[0]
     try:
         results, skipped, notes = _run(size_list, total_bytes, peer_list, backend, workdir,
-                                       say)
+                                       rounds, say)
     except WorkloadError as exc:
         # The daemons' logs stay behind (even in a temporary directory) to explain it.
         failure = click.ClickException(f"{exc} (logs under {workdir})")
@@ -327,6 +372,7 @@ def store_command(total: str, sizes: str, peers: str, backend: str, workdir: Pat
     report = {
         "benchmark": "store",
         "command": f"kvstore bench store --total {total} --sizes {sizes} --peers {peers}"
+                   f" --rounds {rounds}"
                    + (f" --backend {backend}" if backend != "bucket" else ""),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": round(time.time() - started, 1),
@@ -335,7 +381,7 @@ def store_command(total: str, sizes: str, peers: str, backend: str, workdir: Pat
                     # Other work on a shared machine moves every figure; this says how much
                     # there was (1-minute load average, before and after the run).
                     "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
-        "total_per_op": total_bytes, "batch": BATCH, "ops": list(OPS),
+        "total_per_op": total_bytes, "batch": BATCH, "ops": list(OPS), "rounds": rounds,
         "sizes": [_label(s) for s in size_list],
         "page_cache": {"dropped": cache is None, "reason": cache},
         "skipped": skipped, "results": results, "notes": notes,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvstored.bench.mooncake_peer import probe
-from kvstored.bench.store import GOALS, TABLES, evaluate_goals
+from kvstored.bench.store import GOALS, TABLES, evaluate_goals, median_of_rounds
 from kvstored.bench.store_workload import OPS, object_count
 
 KVSTORE = str(Path(sys.executable).parent / "kvstore")
@@ -46,22 +46,23 @@ def check_figures(figures: dict, op: str, size: int, count: int) -> None:
 
 def test_kvstored_raw_socket_and_memcpy_rows(tmp_path):
     report = run_bench(tmp_path, "--total", "2MiB", "--sizes", "64KiB",
-                       "--peers", "raw-socket,memcpy")
+                       "--peers", "raw-socket,memcpy", "--rounds", "2")
     assert report["benchmark"] == "store" and report["sizes"] == ["64KiB"]
-    assert report["ops"] == list(OPS) and report["batch"] == 32
+    assert report["ops"] == list(OPS) and report["batch"] == 32 and report["rounds"] == 2
     assert set(report["page_cache"]) == {"dropped", "reason"}
     for size, label in ((64 << 10, "64KiB"),):
         count = object_count(2 << 20, size)
         rows = report["results"][label]
         for runner in ("kvstored-tcp", "kvstored-shm", "raw-socket", "memcpy"):
             assert set(rows[runner]) == set(OPS), runner
+            assert len(rows[runner]["get-batch"]["rounds_bytes_per_s"]) == 2
             for op in OPS:
                 check_figures(rows[runner][op], op, size, count)
         # SSD-only: reads only, of objects that were flushed and evicted from DRAM.
         assert set(rows["kvstored-ssd"]) == {"get-single", "get-batch"}
         for op, figures in rows["kvstored-ssd"].items():
             check_figures(figures, op, size, count)
-        notes = report["notes"][f"kvstored-ssd {label}"]
+        notes = report["notes"]["round 1"][label]["kvstored-ssd"]
         assert notes["flushed"] == 2 * count and notes["ssd_only"] == 2 * count
         for runner in MOONCAKE_RUNNERS:
             assert runner not in rows
@@ -94,7 +95,7 @@ def test_mooncake_measured_or_reported_skipped(tmp_path):
             check_figures(rows[runner][op], op, 64 << 10, count)
     assert "error" not in rows["mooncake-ssd"], rows["mooncake-ssd"]
     assert set(rows["mooncake-ssd"]) == {"get-single", "get-batch"}
-    notes = report["notes"]["mooncake-ssd 64KiB"]
+    notes = report["notes"]["round 1"]["64KiB"]["mooncake-ssd"]
     assert notes["disk_only"] == notes["wanted"] == 2 * count
 
 
@@ -118,3 +119,22 @@ def test_goals_compare_ratios_and_report_what_is_missing():
     missing = goals["TCP batched get 4MiB: kvstored >= 1.5x Mooncake remote client"]
     assert missing == {"goal": missing["goal"], "status": "not measured",
                        "missing": ["kvstored-tcp", "mooncake-remote"]}
+
+
+def test_rounds_merge_to_medians_and_keep_failures():
+    def figures(rate: float) -> dict:
+        return {"op": "get-batch", "bytes_per_s": rate, "p50_us": rate / 10}
+
+    rounds = [{"1MiB": {"kvstored-tcp": {"get-batch": figures(rate)},
+                        "mooncake-shm": {"error": f"round {i} failed"} if i != 1
+                        else {"get-batch": figures(7.0)}}}
+              for i, rate in enumerate((3.0, 1.0, 2.0))]
+    merged = median_of_rounds(rounds)["1MiB"]
+    assert merged["kvstored-tcp"]["get-batch"] == {
+        "op": "get-batch", "bytes_per_s": 2.0, "p50_us": 0.2,
+        "rounds_bytes_per_s": [3.0, 1.0, 2.0]}
+    assert merged["mooncake-shm"]["get-batch"]["bytes_per_s"] == 7.0
+    assert merged["mooncake-shm"]["failed_rounds"] == ["round 0 failed", "round 2 failed"]
+    only_errors = median_of_rounds([{"4MiB": {"x": {"error": "e1"}}},
+                                    {"4MiB": {"x": {"error": "e2"}}}])
+    assert only_errors == {"4MiB": {"x": {"error": "e1"}}}
