@@ -22,6 +22,15 @@ def require(capability: str, available: bool, reason: str) -> None:
     pytest.skip(f"{capability} unavailable: {reason}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_dram_segments():
+    """Tests kill nodes with SIGKILL; free the shared memory they leave behind."""
+    yield
+    from kvstored.node.segment import sweep_stale
+
+    sweep_stale()
+
+
 @pytest.fixture
 def store_dir(tmp_path):
     """A fresh directory for one backend or store."""

@@ -387,6 +387,28 @@ def _remove_stale(name: str) -> None:
         os.close(fd)
 
 
+def sweep_stale(prefix: str = "kvstored-") -> list[str]:
+    """Unlink every segment named ``prefix*`` whose creator is gone (a node killed with
+    SIGKILL leaves its segment behind, holding memory, until a node with the same data
+    directory starts again). Segments in use, or not ours, are left alone. Returns the
+    names removed."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        try:
+            _validate_name(name)
+            existed = os.path.exists(_path(name))
+            _remove_stale(name)
+        except (SegmentExistsError, ValueError, OSError):
+            continue
+        if existed and not os.path.exists(_path(name)):
+            removed.append(name)
+    return removed
+
+
 def _lock_stale(fd: int, path: str) -> None:
     """Take the creator's lock on a segment we found, or raise SegmentExistsError.
 

@@ -31,7 +31,7 @@ from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dataserver import DataServerOps
 from kvstored.node.dram import DramTier
-from kvstored.node.segment import DramSegment
+from kvstored.node.segment import DramSegment, sweep_stale
 from kvstored.rpc import RpcClient, Service, serve
 from kvstored.sdk import StorageBackend, WriteOutcome
 
@@ -110,6 +110,10 @@ class Node(DataServerOps):
                    **self.backend_options}
         self.backend = await trio.to_thread.run_sync(
             lambda: open_backend(self.backend_name, ssd_dir, **options))
+        swept = await trio.to_thread.run_sync(sweep_stale)
+        if swept:
+            log.warning("node: removed %d DRAM segments left by killed nodes: %s",
+                        len(swept), ", ".join(swept))
         segment_name = "kvstored-" + hashlib.blake2b(
             str(self.data_dir.resolve()).encode(), digest_size=8).hexdigest()
         try:

@@ -174,6 +174,24 @@ def test_a_stale_segment_of_a_killed_node_is_replaced_and_logged(name, caplog):
                    for r in caplog.records)
 
 
+def test_sweep_removes_only_segments_whose_creator_is_gone(name):
+    from kvstored.node.segment import sweep_stale
+
+    dead, _ = start_holder(name)
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    alive, _ = start_holder(name + "-alive")
+    try:
+        removed = sweep_stale(prefix="kvstored-test-")
+        assert name in removed and name + "-alive" not in removed
+        assert not os.path.exists(shm_path(name))
+        assert os.path.exists(shm_path(name + "-alive"))
+    finally:
+        alive.kill()
+        alive.wait()
+        os.unlink(shm_path(name + "-alive"))
+
+
 def test_a_killed_node_not_yet_reaped_counts_as_gone(name):
     child, _ = start_holder(name)
     child.kill()
