@@ -259,7 +259,8 @@ def _ssd(store: Any, buffers: Any, size: int, count: int, segment: int
     wanted = sets["get-single"] + sets["get-batch"]
     # Push the objects out of memory with filler puts (Mooncake offloads what it
     # evicts): one and a half segments' worth per round.
-    per_round = max(batch := buffers.batch, int(1.5 * segment / size) // batch * batch)
+    batch = buffers.batch
+    per_round = max(batch, int(1.5 * segment / size) // batch * batch)
     filler = 0
     while True:
         run_op(target, buffers, "put-batch", keys_for("mc-fill", str(filler), per_round))
@@ -274,8 +275,9 @@ def _ssd(store: Any, buffers: Any, size: int, count: int, segment: int
                              "wanted": len(wanted)}
     out = {}
     for op, keys in sets.items():
-        keys = [k for k in keys if k in on_disk]
-        keys = keys[:len(keys) // buffers.batch * buffers.batch]
+        # Whole batches only, so each object still lands in the slot it was put from.
+        chunks = [keys[i:i + batch] for i in range(0, len(keys), batch)]
+        keys = [k for chunk in chunks if on_disk.issuperset(chunk) for k in chunk]
         if not keys:
             raise WorkloadError(f"none of the {op} objects reached Mooncake's SSD tier only")
         notes[f"{op}_page_cache"] = drop_page_cache() or "dropped"
