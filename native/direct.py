@@ -188,20 +188,33 @@ def _write_round(run: Run, ops: list[Op | None], bounced: dict, members: list[in
 
 def _trim_rounding(ops: list[Op | None], bounced: dict, outcomes: list,
                    sizes_before: dict[int, int | None]) -> None:
-    """Cuts a file back to the end the caller wrote when rounding up to a block grew it."""
+    """Cuts a file back to the end the caller wrote when rounding a write's tail up to a
+    block grew it.
+
+    Only a bounced write whose end is not block-aligned can grow a file past what the
+    caller asked for, and the file is cut only while its size is still exactly the
+    rounded end this batch produced: a file another writer has extended since is left
+    alone (its bytes are not ours to cut). Unaligned O_DIRECT appends racing other
+    appends to the same file remain unsafe, and are documented as such."""
     for fd, before in sizes_before.items():
         if before is None:
             continue
-        ends = [before]
+        ends, rounded = [before], []
         for i, outcome in enumerate(outcomes):
             if outcome is None or outcome[0] < 0:
                 continue
             item_fd, offset, view = (bounced[i] if i in bounced else ops[i])[:3]
-            if item_fd == fd:
-                ends.append(offset + len(view))
+            if item_fd != fd:
+                continue
+            ends.append(offset + len(view))
+            if i in bounced and (offset + len(view)) & _MASK:
+                rounded.append(span_of(offset, len(view))[1])
         wanted = max(ends)
+        grown_to = max(rounded, default=0)
+        if grown_to <= wanted:
+            continue  # nothing was rounded past the caller's end
         try:
-            if os.fstat(fd).st_size > wanted:
+            if os.fstat(fd).st_size == grown_to:
                 os.ftruncate(fd, wanted)
         except OSError as exc:
             log_once(("trim", fd), logging.WARNING,

@@ -329,3 +329,43 @@ def test_open_names_the_file_it_cannot_open(engine, tmp_path):
     with pytest.raises(FileNotFoundError) as info:
         engine.open(tmp_path / "missing" / "file", os.O_RDONLY, direct=True)
     assert "missing" in str(info.value)
+
+
+def test_an_unaligned_tail_write_does_not_cut_an_append_made_meanwhile(tmp_path):
+    """The rounding trim only undoes this batch's own growth: bytes another writer
+    appended while the batch ran survive it."""
+    from kvstored.native import direct, posix
+
+    path = tmp_path / "shared.dat"
+    path.write_bytes(b"\0" * 8192)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        def run_then_append(code, ops):
+            outcomes = posix._run_serial(code, ops)
+            if code == direct.WRITE:  # another writer appends while ours is in flight
+                os.pwrite(fd, b"X" * 8192, 16384)
+            return outcomes
+
+        data = memoryview(b"y" * 100)
+        outcomes = direct.write_through_bounce(run_then_append, [None],
+                                               {0: (fd, 8192, data)})
+        assert outcomes[0][0] == 100
+        assert os.fstat(fd).st_size == 16384 + 8192
+        assert os.pread(fd, 8192, 16384) == b"X" * 8192
+        assert os.pread(fd, 100, 8192) == b"y" * 100
+    finally:
+        os.close(fd)
+
+
+def test_an_unaligned_tail_write_alone_is_cut_back_to_its_end(tmp_path):
+    from kvstored.native import direct, posix
+
+    path = tmp_path / "alone.dat"
+    path.write_bytes(b"\0" * 4096)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        outcomes = direct.write_through_bounce(posix._run_serial, [None],
+                                               {0: (fd, 4096, memoryview(b"z" * 10))})
+        assert outcomes[0][0] == 10 and os.fstat(fd).st_size == 4096 + 10
+    finally:
+        os.close(fd)
