@@ -30,6 +30,7 @@ import platform
 import shutil
 import signal
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from kvstored.bench.store_workload import (
     run_ops,
 )
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.errors import StoreError
 from kvstored.units import parse_size
 
 PEERS = ("raw-socket", "memcpy", "mooncake")
@@ -225,6 +227,19 @@ def _run_mooncake(binaries: dict, workdir: Path, size: int, count: int,
         shutil.rmtree(workdir / f"ssd-{label}" / "disk", ignore_errors=True)
 
 
+def _guarded(runner: KvstoredRunner, say: Callable[[str], None], measure: Callable,
+             *args: Any) -> Any:
+    """``measure(*args)``, or ``{"error": ...}``: one failure of a kvstored runner (the
+    daemon dying, a wrong answer) is reported in the JSON and the run goes on."""
+    try:
+        return measure(*args)
+    except (WorkloadError, StoreError) as exc:
+        what = f"{type(exc).__name__}: {exc}"
+        restarted = runner.ensure_running()
+        say(f"FAILED: {what}" + (f"\n{restarted}" if restarted else ""))
+        return {"error": what + (f" ({restarted})" if restarted else "")}
+
+
 def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], total: int,
                peers: list[str], workdir: Path, tag: str, say: Callable[[str], None]
                ) -> tuple[dict, dict]:
@@ -235,13 +250,15 @@ def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], 
         out = results[label] = {}
         noted = notes[label] = {}
         buffers = Buffers(size)
+        prefix = f"{label}-{tag.split('/')[0].replace(' ', '')}"
         for transport in ("tcp", "shm"):
             say(f"{tag}{label}: kvstored-{transport} ({count} objects per op) ...")
-            out[f"kvstored-{transport}"] = runner.run_dram(
-                transport, size, count, buffers, f"kv-{transport}-{label}-{tag}")
+            out[f"kvstored-{transport}"] = _guarded(
+                runner, say, runner.run_dram, transport, size, count, buffers,
+                f"kv-{transport}-{prefix}")
         say(f"{tag}{label}: kvstored-ssd (flush, restart, drop caches, read) ...")
-        out["kvstored-ssd"], noted["kvstored-ssd"] = runner.run_ssd(
-            size, count, buffers, f"kv-ssd-{label}-{tag}")
+        ssd = _guarded(runner, say, runner.run_ssd, size, count, buffers, f"kv-ssd-{prefix}")
+        out["kvstored-ssd"], noted["kvstored-ssd"] = (ssd, {}) if "error" in ssd else ssd
         for peer in ("raw-socket", "memcpy"):
             if peer in peers:
                 say(f"{tag}{label}: {peer} ...")
@@ -408,4 +425,6 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
               for runner, entry in per.items() if "error" in entry]
     if errors:
         console.print(f"runners that failed (see the JSON): {', '.join(errors)}")
+    if any(runner.startswith("kvstored") for error in errors for runner in error.split()[1:]):
+        sys.exit(ExitCode.FAILURE)  # kvstored's own failure fails the run (after the JSON)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,9 +63,12 @@ def _tool(name: str) -> str:
 
 
 class KvstoredDaemon:
-    """``kvstored up`` as a child process; its output is kept for error messages."""
+    """``kvstored up`` as a child process; its output goes to ``data``/../kvstored.log
+    (appended across restarts) and its last lines into error messages."""
 
     def __init__(self, data: Path, dram: int, ssd: int, backend: str) -> None:
+        data.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = data.parent / "kvstored.log"
         self.lines: list[str] = []
         self.address: str | None = None
         self._ready = threading.Event()
@@ -81,17 +85,27 @@ class KvstoredDaemon:
             raise WorkloadError("kvstored up did not start:\n" + self.log)
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-            match = BANNER.search(line)
-            if match and self.address is None:
-                self.address = f"{match.group(1)}:{match.group(2)}"
-                self._ready.set()
+        with open(self.log_path, "a") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                self.lines.append(line.rstrip())
+                self._banner(line)
         self._ready.set()
+
+    def _banner(self, line: str) -> None:
+        match = BANNER.search(line)
+        if match and self.address is None:
+            self.address = f"{match.group(1)}:{match.group(2)}"
+            self._ready.set()
 
     @property
     def log(self) -> str:
         return "\n".join(self.lines[-40:])
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def admin(self, *args: str) -> dict[str, Any]:
         """Run ``kvstore ARGS --master ADDR --json``; its JSON document."""
@@ -150,6 +164,17 @@ class KvstoredRunner:
         """Stop the daemon (SIGTERM: a clean shutdown) and start it on the same data."""
         self.daemon.stop()
         self.daemon = KvstoredDaemon(self.data, self.dram, self.ssd, self.backend)
+
+    def ensure_running(self) -> str | None:
+        """After a runner failed: restart a daemon that died (on fresh data, since its
+        state is unknown); what happened, for the JSON."""
+        if self.daemon.alive:
+            return None
+        code = self.daemon.proc.returncode
+        tail = self.daemon.log
+        shutil.rmtree(self.data, ignore_errors=True)
+        self.daemon = KvstoredDaemon(self.data, self.dram, self.ssd, self.backend)
+        return f"kvstored exited with {code}; restarted on fresh data. Its last lines:\n{tail}"
 
     def close(self) -> None:
         self.daemon.stop()
