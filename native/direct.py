@@ -16,6 +16,11 @@ rounds instead. Writes whose *bytes* overlap remain unordered, as for any batch.
 read-modify-write is not atomic against other threads writing the same block at the same
 time, nor is the truncation against another thread extending the file.
 
+A vectored item (:class:`Pieces`) goes straight to the file when its offset and every
+piece's address and length are aligned. Otherwise it is joined into one buffer and takes
+the path above as a single item: a write copies its pieces together first, a read lands
+in one buffer and is copied out into the pieces after (:func:`join`, :func:`scatter`).
+
 Both engines use this module; each passes its own ``run`` function.
 """
 
@@ -33,7 +38,8 @@ from kvstored.native.errors import log_once
 ALIGN = 4096
 _MASK = ALIGN - 1
 
-#: ``(fd, offset, view or None, pointer or None, align)``: one request for an engine.
+#: ``(fd, offset, view or None, pointer or None, align)``: one request for an engine; a
+#: vectored one is ``(fd, offset, Pieces, VECTORED, align)``.
 Op = tuple
 #: ``(result, done)``: bytes moved or -errno, and bytes moved also on error.
 Outcome = tuple[int, int]
@@ -44,6 +50,51 @@ READ, WRITE = 0, 1  # the KV_OP_* codes of io_uring_core.h
 # Bounce arenas up to this size are kept for reuse by their thread (first touch of fresh
 # pages is slow); larger ones are freed after the batch.
 _KEEP_ARENA_BYTES = 64 << 20
+
+
+class Pieces:
+    """The buffers of a vectored item, moved back to back from the item's offset as one
+    request (preadv/pwritev, IORING_OP_READV/WRITEV).
+
+    ``views`` is a list of flat byte memoryviews, none empty; ``nbytes`` is their total.
+    ``pointers`` holds their cffi pointers when the engine already made them (checking
+    O_DIRECT alignment), else None. Both engines and the bounce path read ``nbytes``
+    the way they read a memoryview's.
+    """
+
+    __slots__ = ("nbytes", "pointers", "views")
+
+    def __init__(self, views: list[memoryview], nbytes: int):
+        self.views = views
+        self.nbytes = nbytes
+        self.pointers: list | None = None
+
+    def __repr__(self) -> str:
+        return f"Pieces({len(self.views)} buffers, {self.nbytes} bytes)"
+
+
+#: The pointer slot of a vectored request: the engines test this one identity, so a
+#: single-buffer request pays nothing for vectored ones (their pointers are in Pieces).
+VECTORED = object()
+
+
+def join(code: int, pieces: Pieces) -> memoryview:
+    """One buffer standing for ``pieces`` on the bounce path: their bytes for a write,
+    room for them for a read (:func:`scatter` copies it out after)."""
+    if code == WRITE:
+        return memoryview(b"".join(pieces.views))
+    return memoryview(bytearray(pieces.nbytes))
+
+
+def scatter(joined: memoryview, pieces: Pieces, length: int) -> None:
+    """Copies the first ``length`` bytes read into ``joined`` out into ``pieces``."""
+    at = 0
+    for view in pieces.views:
+        if at >= length:
+            break
+        take = min(view.nbytes, length - at)
+        view[:take] = joined[at:at + take]
+        at += take
 
 
 def span_of(offset: int, length: int) -> tuple[int, int]:
@@ -206,9 +257,9 @@ def _trim_rounding(ops: list[Op | None], bounced: dict, outcomes: list,
             item_fd, offset, view = (bounced[i] if i in bounced else ops[i])[:3]
             if item_fd != fd:
                 continue
-            ends.append(offset + len(view))
-            if i in bounced and (offset + len(view)) & _MASK:
-                rounded.append(span_of(offset, len(view))[1])
+            ends.append(offset + view.nbytes)  # a memoryview or Pieces
+            if i in bounced and (offset + view.nbytes) & _MASK:
+                rounded.append(span_of(offset, view.nbytes)[1])
         wanted = max(ends)
         grown_to = max(rounded, default=0)
         if grown_to <= wanted:

@@ -18,7 +18,7 @@ from typing import Any
 
 import cffi
 from kvstored.native import direct
-from kvstored.native.direct import ALIGN, READ, WRITE, Op, Outcome
+from kvstored.native.direct import ALIGN, READ, VECTORED, WRITE, Op, Outcome, Pieces
 from kvstored.native.errors import IoError, log_once
 
 try:  # the compiled module's ffi, so pointers made here can go straight into requests
@@ -30,8 +30,12 @@ FSYNC, FDATASYNC = 2, 3  # the KV_OP_* codes of io_uring_core.h
 _ALIGN_MASK = ALIGN - 1
 _MAX_END = 2**63 - 1  # off_t
 
-#: ``(file, offset, buffer)``: one item of a read or write batch.
+#: ``(file, offset, buffer)``: one item of a read or write batch. ``buffer`` may also be
+#: a list or tuple of buffers (a vectored item).
 Item = tuple["IoFile", int, Any]
+#: Most buffers in one vectored item: ample for header + value + padding, and it keeps a
+#: careless caller from building a kernel-sized iovec by accident.
+MAX_PIECES = 65536
 
 
 class IoFile:
@@ -87,7 +91,7 @@ def _as_offset(offset: Any, index: int) -> int:
         raise ValueError(f"item {index}: the offset must be an int >= 0, got {offset!r}") from None
 
 
-def _byte_view(buffer: Any, index: int, writable: bool) -> memoryview:
+def _byte_view(buffer: Any, index: int | str, writable: bool) -> memoryview:
     try:
         view = memoryview(buffer)
     except TypeError:
@@ -101,6 +105,69 @@ def _byte_view(buffer: Any, index: int, writable: bool) -> memoryview:
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     return view
+
+
+def _pieces(buffers: list | tuple, index: int, writable: bool) -> Pieces:
+    """The validated pieces of a vectored item; empty pieces are dropped."""
+    if len(buffers) > MAX_PIECES:
+        raise ValueError(f"item {index}: {len(buffers)} buffers in one item; at most "
+                         f"{MAX_PIECES}")
+    views = []
+    nbytes = 0
+    for number, buffer in enumerate(buffers):
+        view = buffer
+        if (type(view) is not memoryview or view.format != "B" or view.ndim != 1
+                or not view.c_contiguous or (writable and view.readonly)):
+            if type(buffer) is list or type(buffer) is tuple:
+                raise TypeError(f"item {index}: piece {number} is a {type(buffer).__name__}; "
+                                f"the pieces of a vectored item must be buffers, not nested")
+            view = _byte_view(buffer, f"{index}, piece {number}", writable)
+        if view.nbytes:
+            views.append(view)
+            nbytes += view.nbytes
+    return Pieces(views, nbytes)
+
+
+def _pieces_aligned(pieces: Pieces, offset: int) -> bool:
+    """Whether O_DIRECT takes ``pieces`` as they are; keeps their pointers when it does."""
+    if offset & _ALIGN_MASK:
+        return False
+    from_buffer, cast = _ffi.from_buffer, _ffi.cast
+    pointers = []
+    for view in pieces.views:
+        pointer = from_buffer(view)
+        if (view.nbytes | int(cast("uintptr_t", pointer))) & _ALIGN_MASK:
+            return False
+        pointers.append(pointer)
+    pieces.pointers = pointers
+    return True
+
+
+def _offset_message(index: int, offset: int, nbytes: int) -> str:
+    return (f"item {index}: the offset must be >= 0 and the item end before 2**63, got "
+            f"offset {offset} for {nbytes} bytes")
+
+
+def _vectored_op(code: int, index: int, file: IoFile, offset: int, buffers: list | tuple,
+                 bounced: dict, joined: dict) -> Op | None:
+    """The request for a vectored item; None (and an entry in ``bounced`` and
+    ``joined``) when O_DIRECT cannot take its pieces as they are."""
+    pieces = _pieces(buffers, index, code == READ)
+    if offset < 0 or offset + pieces.nbytes > _MAX_END:
+        raise ValueError(_offset_message(index, offset, pieces.nbytes))
+    if not file.direct:
+        return (file.fd, offset, pieces, VECTORED, 0)
+    if pieces.nbytes and not _pieces_aligned(pieces, offset):
+        joined[index] = pieces
+        bounced[index] = (file.fd, offset, direct.join(code, pieces))
+        return None
+    return (file.fd, offset, pieces, VECTORED, ALIGN)
+
+
+def _nbytes(buffer: Any) -> int:
+    if type(buffer) is list or type(buffer) is tuple:
+        return sum(memoryview(piece).nbytes for piece in buffer)
+    return memoryview(buffer).nbytes
 
 
 class IoEngine(abc.ABC):
@@ -121,6 +188,17 @@ class IoEngine(abc.ABC):
       memory) raise ``TypeError``/``ValueError`` before any I/O starts.
     - On O_DIRECT files, items need not be aligned (see :mod:`kvstored.native.direct`);
       aligned ones go straight to the file.
+    - **Vectored items**: the buffer may be a list or tuple of buffers. They are moved back
+      to back from the item's offset as one request (``preadv``/``pwritev``;
+      ``IORING_OP_READV``/``WRITEV``), so a record's header and its value in the caller's
+      memory need neither two requests nor a copy. The item's result is the same as for
+      one buffer of their total length: the bytes moved (a read fills the pieces in order
+      and is short only at end of file) or an IoError. Empty pieces are skipped; at most
+      :data:`MAX_PIECES` per item; pieces may not be nested. On an O_DIRECT file the item
+      goes straight to the file when its offset and every piece's address and length are
+      4 KiB multiples; otherwise it is joined into one buffer and bounced (a copy).
+      Vectored items never use fixed buffers. The engine holds the pieces until the batch
+      returns; do not resize or free them meanwhile.
     - An engine may be shared by any number of threads.
     """
 
@@ -166,7 +244,8 @@ class IoEngine(abc.ABC):
     # -- batches -----------------------------------------------------------------------
 
     def read(self, items: Iterable[Item]) -> list[int | IoError]:
-        """Reads each ``(file, offset, buffer)`` into its buffer (``len(buffer)`` bytes).
+        """Reads each ``(file, offset, buffer)`` into its buffer (``len(buffer)`` bytes, or
+        into each buffer in turn of a vectored item).
 
         Returns per item the bytes read (fewer only at end of file) or an IoError.
         """
@@ -203,6 +282,7 @@ class IoEngine(abc.ABC):
         writable = code == READ
         ops: list[Op | None] = []
         bounced: dict[int, tuple[int, int, memoryview]] = {}
+        joined: dict[int, Pieces] = {}  # vectored items on the bounce path, joined
         append, from_buffer, cast = ops.append, _ffi.from_buffer, _ffi.cast
         # This loop is the per-item cost of every batch: keep it lean.
         for index, item in enumerate(items):
@@ -218,10 +298,12 @@ class IoEngine(abc.ABC):
             view = buffer
             if (type(view) is not memoryview or view.format != "B" or view.ndim != 1
                     or not view.c_contiguous or (writable and view.readonly)):
+                if type(buffer) is list or type(buffer) is tuple:
+                    append(_vectored_op(code, index, file, offset, buffer, bounced, joined))
+                    continue
                 view = _byte_view(buffer, index, writable)
             if offset < 0 or offset + view.nbytes > _MAX_END:
-                raise ValueError(f"item {index}: the offset must be >= 0 and the item end "
-                                 f"before 2**63, got offset {offset} for {view.nbytes} bytes")
+                raise ValueError(_offset_message(index, offset, view.nbytes))
             if file.direct and view.nbytes:
                 pointer = from_buffer(view)
                 if (offset | view.nbytes | int(cast("uintptr_t", pointer))) & _ALIGN_MASK:
@@ -237,6 +319,9 @@ class IoEngine(abc.ABC):
             outcomes = direct.read_through_bounce(self._run, ops, bounced)
         else:
             outcomes = direct.write_through_bounce(self._run, ops, bounced)
+        if joined and code == READ:
+            for index, pieces in joined.items():
+                direct.scatter(bounced[index][2], pieces, outcomes[index][1])
         op = "read" if code == READ else "write"
         results: list[int | IoError] = []
         for index, (item, (result, done)) in enumerate(zip(items, outcomes)):
@@ -244,10 +329,10 @@ class IoEngine(abc.ABC):
                 results.append(result)
                 continue
             file, offset, buffer = item
-            error = _error(-result, file, offset, op, memoryview(buffer).nbytes, done)
+            error = _error(-result, file, offset, op, _nbytes(buffer), done)
             if index in bounced and code == WRITE and error.errno == errno.EBADF \
                     and not file.closed:
-                error = _error(-result, file, offset, op, memoryview(buffer).nbytes, done,
+                error = _error(-result, file, offset, op, _nbytes(buffer), done,
                                "an unaligned write to an O_DIRECT file reads its edge "
                                "blocks first: open the file O_RDWR, not O_WRONLY")
             results.append(error)
@@ -256,7 +341,8 @@ class IoEngine(abc.ABC):
     @abc.abstractmethod
     def _run(self, code: int, ops: Sequence[Op]) -> list[Outcome]:
         """Runs requests ``(fd, offset, view, pointer or None, align)`` and returns
-        ``(bytes or -errno, bytes done)`` for each, completing short transfers."""
+        ``(bytes or -errno, bytes done)`` for each, completing short transfers. A vectored
+        request is ``(fd, offset, Pieces, VECTORED, align)``."""
 
 
 def _error(number: int, file: IoFile, offset: int | None, op: str, length: int,

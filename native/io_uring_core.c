@@ -6,6 +6,12 @@
  * until the whole batch is done; cffi releases the GIL around every call into this file,
  * so other Python threads run while it waits.
  *
+ * A vectored request (nvec > 0) goes as READV/WRITEV. Its pieces are copied into an iovec
+ * array the ring owns for the length of the batch, so the kernel's view of them stays
+ * valid until the request completes whatever the caller's array does; after a short
+ * transfer the request's own part of that array is advanced past what was moved and the
+ * rest is asked for, as for one buffer.
+ *
  * Built with KV_HAVE_URING=0 (liburing missing at build time), every entry point reports
  * -ENOSYS and Python uses the POSIX engine instead.
  */
@@ -23,10 +29,15 @@
 
 #if KV_HAVE_URING
 #include <liburing.h>
+#include <sys/uio.h>
 
 /* Linux moves at most about 2 GiB per read or write; bigger requests are sent in chunks,
    each later chunk going round as if the previous one had come back short. */
 #define KV_MAX_CHUNK (1u << 30)
+
+/* A ring keeps the iovec array of its last batch for the next one, up to this many
+   entries (1 MiB); a batch that needed more frees it when done. */
+#define KV_KEEP_IOV 65536
 
 struct kv_ring {
     struct io_uring ring;
@@ -34,6 +45,8 @@ struct kv_ring {
     unsigned nfixed;
     struct kv_span fixed[KV_MAX_FIXED_BUFFERS];
     struct kv_stats stats;
+    struct iovec *iov;   /* the vectored requests' iovecs, for the batch in progress */
+    size_t iov_cap;
 };
 
 int kv_built_with_uring(void) { return 1; }
@@ -61,6 +74,7 @@ int kv_uring_probe(void)
     static const int needed[] = {
         IORING_OP_READ, IORING_OP_WRITE, IORING_OP_FSYNC,
         IORING_OP_READ_FIXED, IORING_OP_WRITE_FIXED,
+        IORING_OP_READV, IORING_OP_WRITEV,
     };
     struct io_uring ring;
     int rc = setup_ring(2, &ring);
@@ -97,6 +111,7 @@ void kv_ring_destroy(struct kv_ring *r)
     if (!r)
         return;
     io_uring_queue_exit(&r->ring);
+    free(r->iov);
     free(r);
 }
 
@@ -155,6 +170,16 @@ static void queue(struct kv_ring *r, struct kv_req *q)
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
     if (q->op == KV_OP_FSYNC || q->op == KV_OP_FDATASYNC) {
         io_uring_prep_fsync(sqe, q->fd, q->op == KV_OP_FDATASYNC ? IORING_FSYNC_DATASYNC : 0);
+    } else if (q->nvec) {
+        /* More than KV_IOV_MAX pieces left go round again like a short transfer; the
+           kernel itself moves at most about 2 GiB per call, and says so the same way. */
+        unsigned count = q->iov_left > KV_IOV_MAX ? KV_IOV_MAX : q->iov_left;
+        uint64_t offset = q->offset + q->done;
+        if (q->op == KV_OP_READ)
+            io_uring_prep_readv(sqe, q->fd, q->iov, count, offset);
+        else
+            io_uring_prep_writev(sqe, q->fd, q->iov, count, offset);
+        r->stats.vec_sqes++;
     } else {
         char *buf = q->buf + q->done;
         uint64_t left = q->len - q->done;
@@ -179,6 +204,59 @@ static void queue(struct kv_ring *r, struct kv_req *q)
     r->stats.sqes++;
 }
 
+/* Moves a vectored request's iovec past `n` more bytes done. */
+static void advance(struct kv_req *q, uint64_t n)
+{
+    struct iovec *v = q->iov;
+    while (n && q->iov_left) {
+        if (n < v->iov_len) {
+            v->iov_base = (char *)v->iov_base + n;
+            v->iov_len -= n;
+            break;
+        }
+        n -= v->iov_len;
+        v++;
+        q->iov_left--;
+    }
+    q->iov = v;
+}
+
+/* Gives every vectored request of the batch its own copy of its pieces in r->iov and
+   sets its len to their total. -ENOMEM when the array cannot be had. */
+static int lay_out_iovecs(struct kv_ring *r, struct kv_req *reqs, size_t n,
+                          char *const *bases, const uint64_t *lens)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        if (is_transfer(&reqs[i]))
+            need += reqs[i].nvec;
+    if (need == 0)
+        return 0;
+    if (need > r->iov_cap) {
+        struct iovec *grown = realloc(r->iov, need * sizeof *grown);
+        if (!grown)
+            return -ENOMEM;
+        r->iov = grown;
+        r->iov_cap = need;
+    }
+    struct iovec *at = r->iov;
+    for (size_t i = 0; i < n; i++) {
+        struct kv_req *q = &reqs[i];
+        if (!is_transfer(q) || q->nvec == 0)
+            continue;
+        q->iov = at;
+        q->iov_left = q->nvec;
+        q->len = 0;
+        for (uint32_t k = 0; k < q->nvec; k++) {
+            at[k].iov_base = *bases++;
+            at[k].iov_len = *lens;
+            q->len += *lens++;
+        }
+        at += q->nvec;
+    }
+    return 0;
+}
+
 /* Accounts one completion of `q`. Returns 1 when q is finished, 0 when it must go again. */
 static int complete(struct kv_req *q, int res)
 {
@@ -193,6 +271,8 @@ static int complete(struct kv_req *q, int res)
         return 1;
     }
     q->done += (unsigned)res;
+    if (q->nvec)
+        advance(q, (unsigned)res);
     if (q->done == q->len) {
         q->result = (int64_t)q->done;
         return 1;
@@ -213,11 +293,18 @@ static int complete(struct kv_req *q, int res)
     return 0;
 }
 
-int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
+int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
+                char *const *vec_base, const uint64_t *vec_len)
 {
     for (size_t i = 0; i < n; i++) {
         reqs[i].result = INT64_MIN;
         reqs[i].done = 0;
+    }
+    if (lay_out_iovecs(r, reqs, n, vec_base, vec_len) < 0) {
+        /* No memory for the iovecs: the vectored requests fail, the others go on. */
+        for (size_t i = 0; i < n; i++)
+            if (is_transfer(&reqs[i]) && reqs[i].nvec)
+                reqs[i].result = -ENOMEM;
     }
     size_t next = 0;
     unsigned inflight = 0;
@@ -225,6 +312,8 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
         /* Top the queue up to its depth: the whole batch goes in as fast as it drains. */
         while (next < n && inflight < r->depth) {
             struct kv_req *q = &reqs[next++];
+            if (q->result != INT64_MIN)
+                continue; /* failed before it could start */
             if (is_transfer(q) && q->len == 0) {
                 q->result = 0;
                 continue;
@@ -232,8 +321,14 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
             queue(r, q);
             inflight++;
         }
-        if (inflight == 0)
+        if (inflight == 0) {
+            if (r->iov_cap > KV_KEEP_IOV) {
+                free(r->iov);
+                r->iov = NULL;
+                r->iov_cap = 0;
+            }
             return 0;
+        }
         int rc = io_uring_submit_and_wait(&r->ring, 1);
         if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
             return rc;
@@ -272,9 +367,10 @@ int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *s, unsigne
     (void)r, (void)s, (void)n;
     return -ENOSYS;
 }
-int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n)
+int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
+                char *const *vec_base, const uint64_t *vec_len)
 {
-    (void)r, (void)reqs, (void)n;
+    (void)r, (void)reqs, (void)n, (void)vec_base, (void)vec_len;
     return -ENOSYS;
 }
 void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)

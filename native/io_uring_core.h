@@ -13,24 +13,33 @@
 /* The most buffers one ring registers as fixed buffers. */
 #define KV_MAX_FIXED_BUFFERS 16
 
+/* The most buffers one READV/WRITEV entry carries (the kernel's UIO_MAXIOV); a vectored
+   request with more goes in several entries, one after the other. */
+#define KV_IOV_MAX 1024
+
+/* A span of memory: a fixed buffer, or one piece of a vectored request. */
+struct kv_span {
+    char *base;
+    uint64_t len;
+};
+
 /* One item of a batch. The caller fills the inputs; kv_ring_run() fills the outputs. */
 struct kv_req {
     /* inputs */
     int32_t fd;
     uint32_t op;        /* KV_OP_* */
     uint32_t align;     /* O_DIRECT block size, 0 when buffered (see kv_ring_run) */
+    uint32_t nvec;      /* 0: the buffer is buf; else how many pieces this request takes
+                           from kv_ring_run's vec arrays (see there) */
     uint64_t offset;
     char *buf;
     uint64_t len;
     /* outputs */
     int64_t result;     /* bytes transferred, or -errno */
     uint64_t done;      /* bytes transferred, also when result is an error */
-};
-
-/* A span of memory registered as a fixed buffer. */
-struct kv_span {
-    char *base;
-    uint64_t len;
+    /* private to kv_ring_run: the request's own iovec copy, advanced past `done` */
+    void *iov;
+    uint32_t iov_left;
 };
 
 /* Counters of one ring since it was created, for diagnostics and tests. */
@@ -38,6 +47,7 @@ struct kv_stats {
     uint64_t sqes;       /* submission entries queued */
     uint64_t fixed_sqes; /* of which used READ_FIXED / WRITE_FIXED */
     uint64_t resubmits;  /* short transfers completed by asking for the rest */
+    uint64_t vec_sqes;   /* of all sqes, those that used READV / WRITEV */
 };
 
 struct kv_ring;
@@ -59,7 +69,15 @@ void kv_ring_destroy(struct kv_ring *ring);
 int kv_ring_register_buffers(struct kv_ring *ring, const struct kv_span *spans, unsigned n);
 
 /* Runs the batch and blocks until every request has finished. Returns 0, or -errno
-   when the ring itself failed (then requests still marked pending keep result INT64_MIN). */
-int kv_ring_run(struct kv_ring *ring, struct kv_req *reqs, size_t n);
+   when the ring itself failed (then requests still marked pending keep result INT64_MIN).
+
+   Vectored requests (nvec > 0) take their pieces from vec_base/vec_len in batch order:
+   the first vectored request the first nvec entries, the next the following ones, and
+   so on; their len is set to the pieces' total. The pieces are moved back to back from
+   the request's offset (READV/WRITEV). The arrays may be NULL when no request is
+   vectored. If the iovecs cannot be allocated, the vectored requests fail with -ENOMEM
+   and the others run. */
+int kv_ring_run(struct kv_ring *ring, struct kv_req *reqs, size_t n,
+                char *const *vec_base, const uint64_t *vec_len);
 
 void kv_ring_stats(struct kv_ring *ring, struct kv_stats *out);

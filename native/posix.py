@@ -1,5 +1,8 @@
 """The POSIX engine: ``os.preadv``/``os.pwritev``, for machines without io_uring.
 
+A vectored item is one ``preadv``/``pwritev`` over its pieces (at most ``IOV_MAX`` per
+call; more, or a short transfer, continue where the last call stopped).
+
 One thread does one transfer at a time, so on its own it runs at queue depth 1. A batch of
 more than one item is therefore spread over a small pool of threads (``threads``, at most
 the queue depth): the honest way to keep a few requests in flight with blocking calls.
@@ -14,16 +17,20 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvstored.native.direct import READ, Op, Outcome
+from kvstored.native.direct import READ, VECTORED, Op, Outcome, Pieces
 from kvstored.native.engine import FDATASYNC, FSYNC, IoEngine
 
 #: Threads the POSIX engine uses at most by default: enough to overlap a few requests on
 #: an SSD, few enough not to swamp a small machine with GIL hand-offs.
 DEFAULT_THREADS = 4
+#: Buffers one preadv/pwritev takes at most (the kernel says EINVAL beyond).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def _transfer(code: int, op: Op) -> Outcome:
-    fd, offset, view, _, align = op
+    fd, offset, view, pointer, align = op
+    if pointer is VECTORED:
+        return _transfer_pieces(code, fd, offset, view, align)
     length = view.nbytes
     if length == 0:
         return 0, 0
@@ -39,6 +46,35 @@ def _transfer(code: int, op: Op) -> Outcome:
         done += moved
         if code == READ and align and (offset + done) % align:
             break  # O_DIRECT ends off a block only at end of file (io_uring_core.c)
+    return done, done
+
+
+def _transfer_pieces(code: int, fd: int, offset: int, pieces: Pieces, align: int) -> Outcome:
+    """A vectored item: the same loop as :func:`_transfer`, the iovec advanced past what
+    each call moved."""
+    length = pieces.nbytes
+    if length == 0:
+        return 0, 0
+    views = list(pieces.views)
+    first = done = 0  # views[first] is the first piece not yet entirely moved
+    call = os.preadv if code == READ else os.pwritev
+    while done < length:
+        try:
+            moved = call(fd, views[first:first + IOV_MAX], offset + done)
+        except OSError as exc:
+            return -exc.errno, done
+        if moved == 0:
+            return (done, done) if code == READ else (-errno.EIO, done)
+        done += moved
+        while moved:
+            size = views[first].nbytes
+            if moved < size:
+                views[first] = views[first][moved:]
+                break
+            moved -= size
+            first += 1
+        if code == READ and align and (offset + done) % align:
+            break
     return done, done
 
 

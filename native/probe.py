@@ -69,7 +69,7 @@ def _explain(code: int, disabled: int | None) -> str:
                 "CONFIG_IO_URING, or a seccomp filter hides it")
     if code == errno.EOPNOTSUPP:
         return ("the kernel's io_uring lacks operations the engine needs (READ, WRITE, FSYNC, "
-                "READ_FIXED, WRITE_FIXED): Linux 5.6 or later is needed")
+                "READ_FIXED, WRITE_FIXED, READV, WRITEV): Linux 5.6 or later is needed")
     if code == errno.ENOMEM:
         return ("io_uring_setup ran out of memory (ENOMEM): before Linux 5.12 rings count "
                 "against RLIMIT_MEMLOCK; raise it (ulimit -l)")

@@ -3,7 +3,8 @@
 The C side (io_uring_core.c) runs a whole batch per call: it keeps up to ``queue_depth``
 requests in flight, completes short transfers, and blocks with the GIL released until the
 batch is done. A thread's ring is created on its first batch and destroyed with the thread;
-a forked child makes its own.
+a forked child makes its own. Vectored items go as READV/WRITEV: their pieces reach C as
+two flat arrays (addresses, lengths) for the whole batch, in batch order.
 
 Fixed buffers are registered per ring: :meth:`UringEngine.register_buffer` registers on
 the calling thread's ring at once (so it can say whether that worked), and every other
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstored.native._io import ffi, lib
-from kvstored.native.direct import Op, Outcome
+from kvstored.native.direct import VECTORED, Op, Outcome
 from kvstored.native.engine import IoEngine
 from kvstored.native.errors import log, log_once
 
@@ -139,11 +140,12 @@ class UringEngine(IoEngine):
 
     def ring_stats(self) -> dict[str, int]:
         """Counters of the calling thread's ring (creating it if needed): ``sqes``
-        queued, ``fixed_sqes`` among them, ``resubmits`` of short transfers."""
+        queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among them, ``resubmits``
+        of short transfers."""
         stats = ffi.new("struct kv_stats *")
         lib.kv_ring_stats(self._ring().handle, stats)
         return {"sqes": stats.sqes, "fixed_sqes": stats.fixed_sqes,
-                "resubmits": stats.resubmits}
+                "resubmits": stats.resubmits, "vec_sqes": stats.vec_sqes}
 
     # -- batches -----------------------------------------------------------------------
 
@@ -152,6 +154,8 @@ class UringEngine(IoEngine):
         count = len(ops)
         reqs = ffi.new("struct kv_req[]", count)
         pointers = []  # cdata that must outlive the call
+        bases: list = []  # the vectored requests' pieces, in batch order
+        lengths: list[int] = []
         from_buffer = ffi.from_buffer
         for req, (fd, offset, view, pointer, align) in zip(reqs, ops):
             req.fd = fd
@@ -162,9 +166,19 @@ class UringEngine(IoEngine):
                 if pointer is None:
                     pointer = from_buffer(view)
                     pointers.append(pointer)
+                elif pointer is VECTORED:
+                    req.nvec = len(view.views)
+                    bases += view.pointers or [from_buffer(piece) for piece in view.views]
+                    lengths += [piece.nbytes for piece in view.views]
+                    continue
                 req.buf = pointer
                 req.len = view.nbytes
-        rc = lib.kv_ring_run(ring.handle, reqs, count)
+        if bases:
+            # Two flat arrays: far cheaper to fill from Python than an array of structs.
+            vec_base, vec_len = ffi.new("char *[]", bases), ffi.new("uint64_t[]", lengths)
+        else:
+            vec_base = vec_len = ffi.NULL
+        rc = lib.kv_ring_run(ring.handle, reqs, count, vec_base, vec_len)
         if rc < 0:
             self._local.ring = None
             log.error("io_uring ring of thread %s failed (%s); it is replaced",
