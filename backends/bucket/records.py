@@ -1,13 +1,14 @@
 """Moving records between memory and bucket data files through the io engine.
 
-Small and large values are moved differently. A value of up to :data:`SMALL_VALUE_MAX`
+Every record moves as one engine request. A value of up to :data:`SMALL_VALUE_MAX`
 travels with its header block as one contiguous I/O through page-aligned scratch memory
-(one request per record; the copy is cheap at that size). A larger one is split into its
-header block, its whole 4 KiB blocks straight from or into the caller's buffer, and its
-last partial block through scratch memory: adjacent requests in the same submission,
-which saves copying megabytes for the price of a second request. Every item handed to
-the engine starts and ends on a 4 KiB boundary, so with O_DIRECT nothing needs a
-read-modify-write, and the caller's memory is bounced only if it is itself unaligned.
+(the copy is cheap at that size). A larger one is a vectored item (kvstored.native): its
+header block in scratch, its whole 4 KiB blocks straight from or into the caller's
+buffer, and its last partial block, if any, through scratch. The kernel moves the
+pieces as one sequential request (READV/WRITEV), so megabytes are neither copied nor
+split into separate requests. Every piece starts and ends on a 4 KiB boundary, so with
+O_DIRECT nothing needs a read-modify-write, and the record is bounced only if the
+caller's memory is itself unaligned.
 
 Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple (the
 record format of backends/record.py with its value padded to 4 KiB), padding zeroed.
@@ -24,11 +25,18 @@ from __future__ import annotations
 import mmap
 import threading
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 from kvstored.backends.bucket.state import Slot
-from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up, decode_header, encode_header
+from kvstored.backends.record import (
+    ALIGN,
+    VALUE_OFFSET,
+    align_up,
+    decode_header,
+    encode_header,
+    record_size,
+)
 from kvstored.native import IoEngine, IoError, IoFile
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import ReadStatus
@@ -77,18 +85,18 @@ def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[New
     """Write each bucket's records into its file; returns the first error of each bucket
     that had one, by its position in ``buckets``.
 
-    A record whose value is at most :data:`SMALL_VALUE_MAX` is assembled (header, value,
-    zero padding) in scratch memory and written as one request. A larger value is
-    written from the caller's memory, between its header block and its padded last
-    block: copying it would make one sequential request of the record (the disk alone
-    takes that 1.3 to 2x faster at 128 KiB with O_DIRECT), but on these 2-vCPU machines
-    the copy cost more than it saved (measured end to end, 128 KiB and 1 MiB values).
-    Requests go to the engine in submissions of at most :data:`WRITE_CHUNK_BYTES` of
-    scratch memory, so the scratch stays small enough to keep and reuse.
+    Each record is one engine request. A record whose value is at most
+    :data:`SMALL_VALUE_MAX` is assembled (header, value, zero padding) in scratch memory.
+    A larger one is a vectored item: its header block in scratch, the value's whole
+    blocks straight from the caller's memory, and its last partial block (copied, then
+    zero padded) in scratch; the kernel writes them as one sequential request, so
+    megabytes are neither copied nor split into several requests. Requests go to the
+    engine in submissions of at most :data:`WRITE_CHUNK_BYTES` of scratch memory, so the
+    scratch stays small enough to keep and reuse.
     """
     errors: dict[int, IoError] = {}
     scratch = _scratch.take(WRITE_CHUNK_BYTES)
-    items: list[tuple[IoFile, int, memoryview]] = []
+    items: list[tuple[IoFile, int, Any]] = []
     owners: list[int] = []
     at = 0
 
@@ -103,32 +111,28 @@ def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[New
         for record in records:
             size = record.value.nbytes
             copied = size <= SMALL_VALUE_MAX
-            need = VALUE_OFFSET + (align_up(size) if copied else ALIGN)
+            whole = size & ~(ALIGN - 1)
+            need = VALUE_OFFSET + (align_up(size) if copied else align_up(size) - whole)
             if at + need > WRITE_CHUNK_BYTES:
                 submit()
                 at = 0
-            block = scratch[at:at + (VALUE_OFFSET + align_up(size) if copied
-                                     else VALUE_OFFSET)]
-            at += block.nbytes
+            block = scratch[at:at + need]
+            at += need
             block[:VALUE_OFFSET] = encode_header(record.key_bytes, size, record.seq,
                                                  record.crc, write_ns=record.write_ns)
+            owners.append(owner)
             if copied:
                 block[VALUE_OFFSET:VALUE_OFFSET + size] = record.value
-                block[VALUE_OFFSET + size:] = bytes(block.nbytes - VALUE_OFFSET - size)
+                block[VALUE_OFFSET + size:] = bytes(need - VALUE_OFFSET - size)
                 items.append((file, record.offset, block))
-                owners.append(owner)
                 continue
-            whole = size & ~(ALIGN - 1)
-            items.append((file, record.offset, block))
-            items.append((file, record.offset + VALUE_OFFSET, record.value[:whole]))
-            owners += [owner, owner]
+            pieces = [block[:VALUE_OFFSET], record.value[:whole]]
             if size != whole:
-                tail = scratch[at:at + ALIGN]
-                at += ALIGN
+                tail = block[VALUE_OFFSET:]
                 tail[:size - whole] = record.value[whole:]
                 tail[size - whole:] = bytes(ALIGN - (size - whole))
-                items.append((file, record.offset + VALUE_OFFSET + whole, tail))
-                owners.append(owner)
+                pieces.append(tail)
+            items.append((file, record.offset, pieces))
     if items:
         submit()
     return errors
@@ -143,7 +147,8 @@ class ReadOutcome(NamedTuple):
 
 def read_records(engine: IoEngine,
                  requests: Sequence[tuple[Slot, IoFile, memoryview]]) -> list[ReadOutcome]:
-    """Read and verify each ``(slot, file, destination)`` in one engine submission.
+    """Read and verify each ``(slot, file, destination)`` in one engine submission, one
+    request per record.
 
     On success the value is in ``destination[:slot.size]`` and the outcome is its size;
     otherwise ``CORRUPT`` (with the reason) or ``IO_ERROR``. Destinations must be byte
@@ -151,56 +156,51 @@ def read_records(engine: IoEngine,
     """
     need = 0
     for slot, _, _ in requests:
-        need += (VALUE_OFFSET + align_up(slot.size) if slot.size <= SMALL_VALUE_MAX
-                 else VALUE_OFFSET + (ALIGN if slot.size % ALIGN else 0))
+        need += VALUE_OFFSET + (align_up(slot.size) if slot.size <= SMALL_VALUE_MAX
+                                else align_up(slot.size) - (slot.size & ~(ALIGN - 1)))
     scratch = _scratch.take(need)
-    items: list[tuple[IoFile, int, memoryview]] = []
-    # Per request: (first item, item count, header view, contiguous view or None,
-    # tail view or None).
-    plans = []
+    items: list[tuple[IoFile, int, Any]] = []
+    # Per request: its header view, and the whole record's view when it was read into
+    # scratch (None when the value went straight into the destination).
+    plans: list[tuple[memoryview, memoryview | None]] = []
     at = 0
     for slot, file, dest in requests:
-        first = len(items)
-        if slot.size <= SMALL_VALUE_MAX:
-            span = scratch[at:at + VALUE_OFFSET + align_up(slot.size)]
+        size = slot.size
+        if size <= SMALL_VALUE_MAX:
+            span = scratch[at:at + VALUE_OFFSET + align_up(size)]
             at += span.nbytes
             items.append((file, slot.offset, span))
-            plans.append((first, 1, span[:VALUE_OFFSET], span, None))
+            plans.append((span, span))
             continue
-        head = scratch[at:at + VALUE_OFFSET]
-        at += VALUE_OFFSET
-        items.append((file, slot.offset, head))
-        whole = slot.size & ~(ALIGN - 1)
-        items.append((file, slot.offset + VALUE_OFFSET, dest[:whole]))
-        tail = None
-        if slot.size != whole:
-            tail = scratch[at:at + ALIGN]
-            at += ALIGN
-            items.append((file, slot.offset + VALUE_OFFSET + whole, tail))
-        plans.append((first, len(items) - first, head, None, tail))
+        whole = size & ~(ALIGN - 1)
+        block = scratch[at:at + VALUE_OFFSET + align_up(size) - whole]
+        at += block.nbytes
+        pieces = [block[:VALUE_OFFSET], dest[:whole]]
+        if size != whole:
+            pieces.append(block[VALUE_OFFSET:])
+        items.append((file, slot.offset, pieces))
+        plans.append((block, None))
     results = engine.read(items)
     outcomes = []
-    for (slot, _, dest), (first, count, head, span, tail) in zip(requests, plans):
-        got = results[first:first + count]
-        outcome = _verify(slot, dest, got, [item[2].nbytes for item in items[first:first + count]],
-                          head, span, tail)
+    for (slot, _, dest), (block, span), result in zip(requests, plans, results):
+        outcome = _verify(slot, dest, result, block, span)
         if outcome.status < 0 and span is None:
             dest[:slot.size] = bytes(slot.size)  # never leave failed bytes in the buffer
         outcomes.append(outcome)
     return outcomes
 
 
-def _verify(slot: Slot, dest: memoryview, got: list[int | IoError], wanted: list[int],
-            head: memoryview, span: memoryview | None,
-            tail: memoryview | None) -> ReadOutcome:
-    for result in got:
-        if isinstance(result, IoError):
-            return ReadOutcome(ReadStatus.IO_ERROR, str(result))
-    if any(result < want for result, want in zip(got, wanted)):
+def _verify(slot: Slot, dest: memoryview, result: int | IoError, block: memoryview,
+            span: memoryview | None) -> ReadOutcome:
+    """``block`` starts with the header; after it comes the whole record (``span`` is
+    ``block``) or just the value's last partial block (``span`` is None)."""
+    if isinstance(result, IoError):
+        return ReadOutcome(ReadStatus.IO_ERROR, str(result))
+    if result < record_size(slot.size):
         return ReadOutcome(ReadStatus.CORRUPT, "the record is cut short (the data file is "
                                                "shorter than the index says)")
     try:
-        header = decode_header(head, offset=slot.offset)
+        header = decode_header(block[:VALUE_OFFSET], offset=slot.offset)
     except CorruptionError as exc:
         return ReadOutcome(ReadStatus.CORRUPT, exc.message)
     if (header.key != slot.key or header.seq != slot.seq or header.value_len != slot.size
@@ -214,8 +214,8 @@ def _verify(slot: Slot, dest: memoryview, got: list[int | IoError], wanted: list
         dest[:slot.size] = value
         return ReadOutcome(slot.size)
     whole = slot.size & ~(ALIGN - 1)
-    if tail is not None:
-        dest[whole:slot.size] = tail[:slot.size - whole]
+    if slot.size != whole:
+        dest[whole:slot.size] = block[VALUE_OFFSET:VALUE_OFFSET + slot.size - whole]
     if crc32c(dest[:slot.size]) != slot.crc:
         return ReadOutcome(ReadStatus.CORRUPT, "the value fails its checksum")
     return ReadOutcome(slot.size)

@@ -4,7 +4,11 @@ For a batch of new buckets, :func:`write_buckets` does, in this order:
 
 1. create each data file (``O_EXCL``: bucket ids are never reused) and ``fallocate`` it
    whole, so that a full disk fails the bucket before any writing and the file gets few
-   extents;
+   extents. The file then already has its final size, so every write lands inside it:
+   on ext4, O_DIRECT writes past the end of a file are serialised (flushing 1 GiB of
+   128 KiB records, measured side by side: about 790 MB/s appending, 1150 MB/s inside a
+   file either fallocated or ftruncated to size). Where the file system has no
+   ``fallocate`` the file is sized sparsely with ``ftruncate`` instead, for that reason;
 2. write every record of every bucket through the engine, all buckets together, in
    submissions of up to 16 MiB of scratch memory (records.py);
 3. fdatasync all the data files together;
@@ -102,10 +106,9 @@ def _write_data(engine: IoEngine,
                 continue
             files.append((bucket, records, file))
             try:
-                os.posix_fallocate(file.fd, 0, bucket.data_len)
+                _size(file, bucket.data_len)
             except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate: fine
-                    failures[bucket.id] = exc
+                failures[bucket.id] = exc
         writing = [(b, r, f) for b, r, f in files if b.id not in failures]
         errors = write_records(engine, [(f, r) for _, r, f in writing])
         for position, error in errors.items():
@@ -118,6 +121,16 @@ def _write_data(engine: IoEngine,
         for _, _, file in files:
             file.close()
     return failures
+
+
+def _size(file: IoFile, length: int) -> None:
+    """Gives a new data file its final size before any record is written (step 1)."""
+    try:
+        os.posix_fallocate(file.fd, 0, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(file.fd, length)  # no fallocate here: size it sparsely
 
 
 def _unlink_quietly(path: str) -> None:

@@ -14,6 +14,7 @@ import kvstored.native
 import pytest
 from kvstored.backends import open_backend
 from kvstored.backends.bucket.records import SMALL_VALUE_MAX
+from kvstored.backends.record import record_size
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
@@ -44,8 +45,7 @@ class _CountingEngine:
         items = list(items)
         self.reads.append(len(items))
         if self.fail_reads:
-            return [IoError(errno.EIO, f.path, off, op="read", length=len(buf))
-                    for f, off, buf in items]
+            return [IoError(errno.EIO, f.path, off, op="read") for f, off, _ in items]
         return self._engine.read(items)
 
     def __getattr__(self, name):
@@ -186,13 +186,13 @@ class _WriteCounting:
 
 def test_small_records_go_in_bounded_submissions_of_one_request_each(tmp_path):
     """300 records of 64 KiB need 20 MiB of scratch: two submissions, one request per
-    record; a large value adds its own header, body and tail requests."""
+    record; a large value is one request too (a vectored one)."""
     backend = open_backend("bucket", tmp_path / "s", engine="posix")
     counting = backend.engine = _WriteCounting(backend.engine)
     items = [(f"s{n}", payload(f"s{n}", SMALL_VALUE_MAX)) for n in range(300)]
     items.append(("large", payload("large", SMALL_VALUE_MAX + 5)))
     assert all(r.ok for r in backend.batch_write(items))
-    assert len(counting.writes) == 2 and sum(counting.writes) == 300 + 3, counting.writes
+    assert len(counting.writes) == 2 and sum(counting.writes) == 300 + 1, counting.writes
     backend.close()
     backend = open_backend("bucket", tmp_path / "s", engine="posix")
     for key, value in items:
@@ -212,3 +212,66 @@ def test_read_handles_stay_bounded(tmp_path):
     assert [b.file is not None for b in buckets] == [False] * 6 + [True] * 4
     backend.close()
     assert all(b.file is None for b in buckets)
+
+
+class _Recording:
+    """Keeps every item the backend hands to the engine (and the data file's size at
+    the first write)."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.writes: list = []
+        self.reads: list = []
+        self.size_at_first_write: int | None = None
+
+    def write(self, items):
+        items = list(items)
+        if self.size_at_first_write is None:
+            self.size_at_first_write = os.fstat(items[0][0].fd).st_size
+        self.writes.append(items)
+        return self._engine.write(items)
+
+    def read(self, items):
+        items = list(items)
+        self.reads.append(items)
+        return self._engine.read(items)
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+@pytest.mark.parametrize("size", [SMALL_VALUE_MAX + 1, 128 * KiB, 1024 * KiB + 100])
+def test_a_large_record_is_one_request_from_and_into_the_callers_memory(tmp_path, engine,
+                                                                          size):
+    """[header block, the value's whole blocks, its padded last block]: one vectored
+    request, the middle piece being the caller's own buffer, on the way out and in."""
+    backend = open_backend("bucket", tmp_path / "s", engine=engine, direct=True)
+    recording = backend.engine = _Recording(backend.engine)
+    source = mmap.mmap(-1, size)
+    source[:] = payload("big", size)
+    assert all(r.ok for r in backend.batch_write([("big", memoryview(source))]))
+    (item,), = recording.writes
+    _, offset, pieces = item
+    whole = size & ~(4 * KiB - 1)
+    assert offset == 0 and isinstance(pieces, list)
+    assert [p.nbytes for p in pieces] == [4 * KiB, whole] + ([4 * KiB] if size > whole else [])
+    assert pieces[1].obj is source, "the value was copied instead of written from its buffer"
+    target = mmap.mmap(-1, size)
+    assert backend.batch_read(["big"], [memoryview(target)]) == [size]
+    (item,), = recording.reads
+    assert isinstance(item[2], list) and item[2][1].obj is target
+    assert target[:] == source[:]
+    del pieces, item
+    backend.close()
+
+
+def test_a_data_file_has_its_final_size_before_any_record_is_written(tmp_path, engine):
+    """O_DIRECT writes inside the file, never past its end (which ext4 serialises)."""
+    backend = open_backend("bucket", tmp_path / "s", engine=engine, direct=True)
+    recording = backend.engine = _Recording(backend.engine)
+    items = [(f"k{n}", payload(f"k{n}", size)) for n, size in enumerate([5000, 200 * KiB, 1])]
+    assert all(r.ok for r in backend.batch_write(items))
+    data_len = sum(record_size(len(value)) for _, value in items)
+    assert recording.size_at_first_write == data_len
+    assert os.path.getsize(backend.locate("k0").path) == data_len
+    backend.close()
