@@ -9,7 +9,7 @@ runner              what it is
 ==================  ==============================================================
 kvstored-tcp        ``kvstored up`` (a child process), client ``transport="tcp"``
 kvstored-shm        the same daemon, client ``transport="shm"`` (mapped DRAM segment)
-kvstored-ssd        objects flushed, daemon restarted (SSD-only), page cache dropped, gets
+kvstored-ssd        objects flushed and evicted from DRAM, page cache dropped, gets
 raw-socket          a child process answering requests with raw bytes (raw_peers)
 memcpy              numpy.copyto between pre-touched buffers (raw_peers)
 mooncake-remote     Mooncake pure client over TCP to a ``mooncake_client`` process
@@ -256,7 +256,7 @@ def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], 
             out[f"kvstored-{transport}"] = _guarded(
                 runner, say, runner.run_dram, transport, size, count, buffers,
                 f"kv-{transport}-{prefix}")
-        say(f"{tag}{label}: kvstored-ssd (flush, restart, drop caches, read) ...")
+        say(f"{tag}{label}: kvstored-ssd (flush, evict, drop caches, read) ...")
         ssd = _guarded(runner, say, runner.run_ssd, size, count, buffers, f"kv-ssd-{prefix}")
         out["kvstored-ssd"], noted["kvstored-ssd"] = (ssd, {}) if "error" in ssd else ssd
         for peer in ("raw-socket", "memcpy"):

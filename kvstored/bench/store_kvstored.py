@@ -7,18 +7,10 @@ Three runners, one daemon:
   msgpack header, received with ``recv_into`` straight into the caller's buffer;
 - ``kvstored-shm``: ``connect(transport="shm")``; puts and gets copy through the node's
   mapped DRAM segment, the socket carries only metadata;
-- ``kvstored-ssd``: objects put, flushed (``kvstore flush --wait``), then the daemon is
-  restarted on the same data directory: the new DRAM segment is empty and the node
-  re-registers what its SSD tier holds, so every object's only copy is on SSD (checked
-  with ``status`` and ``stat``); the page cache is dropped, then the objects are read
-  over TCP (SSD objects are always sent by their node).
-
-  Why a restart and not ``kvstore evict --tier dram --all``: the master's ``evict``
-  runs its whole housekeeping pass (a scan of every object for the gauges, and of every
-  deferred drop) once per evicted object, so evicting N objects costs O(N^2). At 64 KiB
-  (32768 objects) it held the single-threaded master for about ten minutes, the node
-  missed its heartbeat TTL, was declared dead, re-registered its DRAM objects, and they
-  were never evicted. The restart puts the objects in the same state (SSD-only, cold).
+- ``kvstored-ssd``: objects put, flushed (``kvstore flush --wait``), evicted from DRAM
+  (``kvstore evict --tier dram --all``) so that their only copy is on SSD (checked with
+  ``status`` and ``stat``), the page cache dropped, then read over TCP (SSD objects are
+  always sent by their node).
 
 The daemon runs with ``--offload watermark`` and a DRAM tier four times the data of one
 phase, so no background offload competes with the measured DRAM puts and gets (the
@@ -160,11 +152,6 @@ class KvstoredRunner:
         self.data, self.backend = data, backend
         self.daemon = KvstoredDaemon(data, self.dram, self.ssd, backend)
 
-    def restart(self) -> None:
-        """Stop the daemon (SIGTERM: a clean shutdown) and start it on the same data."""
-        self.daemon.stop()
-        self.daemon = KvstoredDaemon(self.data, self.dram, self.ssd, self.backend)
-
     def ensure_running(self) -> str | None:
         """After a runner failed: restart a daemon that died (on fresh data, since its
         state is unknown); what happened, for the JSON."""
@@ -215,9 +202,8 @@ class KvstoredRunner:
             run_op(target, buffers, "put-batch", single)
             run_op(target, buffers, "put-batch", batched)
             notes["flushed"] = self.daemon.admin("flush", "--wait")["queued"]
-        self.restart()
-        with self._connect("tcp") as client:
-            target = KvstoredTarget(client, buffers)
+            evicted = self.daemon.admin("evict", "--tier", "dram", "--all")
+            notes["evicted"] = len(evicted["evicted"])
             notes["ssd_only"] = self._wait_ssd_only(client, single + batched)
             out = {}
             for op, keys in zip(GET_OPS, (single, batched)):
@@ -228,7 +214,7 @@ class KvstoredRunner:
 
     @staticmethod
     def _wait_ssd_only(client: kvstored.Client, keys: list[str]) -> int:
-        """Wait until the restarted node has re-registered every object, none in DRAM;
+        """Wait until no object has a DRAM copy (drops land with the next heartbeat);
         the number of SSD objects."""
         deadline = time.monotonic() + 600
         while True:
@@ -236,7 +222,7 @@ class KvstoredRunner:
             if tiers["dram"]["objects"] == 0 and tiers["ssd"]["objects"] >= len(keys):
                 break
             if time.monotonic() > deadline:
-                raise WorkloadError(f"after a restart, not every object is SSD-only: {tiers}")
+                raise WorkloadError(f"objects still in DRAM after evict --all: {tiers}")
             time.sleep(0.2)
         for key in keys[:: max(1, len(keys) // 16)]:  # and ask about a sample directly
             info = client.stat(key)
