@@ -394,9 +394,13 @@ class OffsetLayoutBackend(StorageBackend):
             with self._lock:
                 first_seq = self._take_seqs_locked(len(placed))
             records, io_items = [], []
+            # A header block and a tail block per record, page-aligned, so that O_DIRECT
+            # takes each record's request as it is (no bounce copy).
+            blocks = self._scratch.take(len(placed) * 2 * ALIGN)
             for n, (i, key, key_bytes, view, offset) in enumerate(placed):
-                entry, head_crc = self._encode_record(key_bytes, view, offset, first_seq + n,
-                                                      io_items)
+                entry, head_crc = self._encode_record(
+                    key_bytes, view, offset, first_seq + n,
+                    blocks[2 * n * ALIGN:(2 * n + 2) * ALIGN], io_items)
                 records.append((i, key, entry, head_crc, len(io_items)))
             try:
                 outcomes = self._engine.write(io_items)
@@ -430,23 +434,27 @@ class OffsetLayoutBackend(StorageBackend):
             self._abandon(*abandoned, results)
 
     def _encode_record(self, key_bytes: bytes, view: memoryview, offset: int, seq: int,
-                       io_items: list) -> tuple[Entry, int]:
-        """Append the engine items writing one record; return its index entry and its
-        header CRC (which the journal records)."""
+                       blocks: memoryview, io_items: list) -> tuple[Entry, int]:
+        """Append the engine item writing one record, using ``blocks`` (two aligned
+        blocks of scratch) for its header and tail; return its index entry and its
+        header CRC (which the journal records).
+
+        The record is one vectored request: header block, the value from the caller's
+        memory and, on O_DIRECT, its last partial block zero-padded in scratch (so the
+        engine needs no read-modify-write and no bounce copy)."""
         crc = crc32c(view)
         write_ns = time.time_ns()
-        header = encode_header(key_bytes, view.nbytes, seq, crc, write_ns=write_ns)
+        header = blocks[:ALIGN]
+        header[:] = encode_header(key_bytes, view.nbytes, seq, crc, write_ns=write_ns)
         entry = Entry.build(key_bytes, offset, view.nbytes, seq, write_ns, crc)
-        io_items.append((self._file, offset, header))
         body = view.nbytes - view.nbytes % ALIGN if self._file.direct else view.nbytes
-        if body:
-            io_items.append((self._file, offset + VALUE_OFFSET, view[:body]))
+        pieces = [header, view[:body]]
         if body < view.nbytes:
-            # O_DIRECT: the tail goes in a zero-padded block, so the engine needs no
-            # read-modify-write of a partial block.
-            tail = bytearray(ALIGN)
+            tail = blocks[ALIGN:]
             tail[:view.nbytes - body] = view[body:]
-            io_items.append((self._file, offset + VALUE_OFFSET + body, tail))
+            tail[view.nbytes - body:] = bytes(ALIGN - (view.nbytes - body))
+            pieces.append(tail)
+        io_items.append((self._file, offset, pieces))
         return entry, header_crc_of(header)
 
     def _publish(self, good, results: list) -> None:
@@ -627,14 +635,18 @@ class OffsetLayoutBackend(StorageBackend):
             pinned = self._pins.acquire([key for _, key, _, _ in plan])
         try:
             heads = self._scratch.take(len(plan) * ALIGN)
-            items = []
-            for n, (_, _, entry, target) in enumerate(plan):
-                items.append((self._file, entry.offset, heads[n * ALIGN:(n + 1) * ALIGN]))
-                items.append((self._file, entry.offset + VALUE_OFFSET, target))
+            # One vectored request per record: its header block into scratch, its value
+            # straight into the caller's buffer.
+            items = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN], target])
+                     for n, (_, _, entry, target) in enumerate(plan)]
             outcomes = self._engine.read(items) if items else []
             for n, (i, key, entry, target) in enumerate(plan):
+                got = outcomes[n]
+                got_head, got_value = got, got
+                if not isinstance(got, IoError):
+                    got_head, got_value = min(got, ALIGN), max(got - ALIGN, 0)
                 results[i] = self._verify(key, entry, heads[n * ALIGN:(n + 1) * ALIGN],
-                                          target, outcomes[2 * n], outcomes[2 * n + 1])
+                                          target, got_head, got_value)
         finally:
             self._pins.release(pinned)
         return results

@@ -167,6 +167,8 @@ class UsrbioEngine(IoEngine):
     and submits to its own rings, up to ``queue_depth`` requests per round."""
 
     name = "usrbio"
+    #: Data moves through the lane's staging copy: vectored items are joined first.
+    native_vectored = False
 
     def __init__(self, api: Any, mount: str, *, queue_depth: int = DEFAULT_ENTRIES,
                  staging_bytes: int = DEFAULT_STAGING) -> None:

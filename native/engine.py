@@ -149,19 +149,24 @@ def _offset_message(index: int, offset: int, nbytes: int) -> str:
 
 
 def _vectored_op(code: int, index: int, file: IoFile, offset: int, buffers: list | tuple,
-                 bounced: dict, joined: dict) -> Op | None:
-    """The request for a vectored item; None (and an entry in ``bounced`` and
-    ``joined``) when O_DIRECT cannot take its pieces as they are."""
+                 bounced: dict, joined: dict, native: bool) -> Op | None:
+    """The request for a vectored item.
+
+    It is joined into one buffer (an entry in ``joined``, scattered back after a read)
+    when the engine has no vectored requests (``native`` False) or O_DIRECT cannot take
+    its pieces as they are; a joined item on an O_DIRECT file is bounced (an entry in
+    ``bounced``, and None returned)."""
     pieces = _pieces(buffers, index, code == READ)
     if offset < 0 or offset + pieces.nbytes > _MAX_END:
         raise ValueError(_offset_message(index, offset, pieces.nbytes))
-    if not file.direct:
-        return (file.fd, offset, pieces, VECTORED, 0)
-    if pieces.nbytes and not _pieces_aligned(pieces, offset):
-        joined[index] = pieces
-        bounced[index] = (file.fd, offset, direct.join(code, pieces))
+    if native and not (file.direct and pieces.nbytes and not _pieces_aligned(pieces, offset)):
+        return (file.fd, offset, pieces, VECTORED, ALIGN if file.direct else 0)
+    view = direct.join(code, pieces)
+    joined[index] = (view, pieces)
+    if file.direct and view.nbytes:
+        bounced[index] = (file.fd, offset, view)
         return None
-    return (file.fd, offset, pieces, VECTORED, ALIGN)
+    return (file.fd, offset, view, None, 0)
 
 
 def _nbytes(buffer: Any) -> int:
@@ -204,6 +209,10 @@ class IoEngine(abc.ABC):
 
     #: ``"uring"`` or ``"posix"``.
     name: str = ""
+    #: Whether ``_run`` takes vectored requests. An engine that does not gets each
+    #: vectored item joined into one buffer by this class (a copy), so the contract
+    #: holds for it all the same.
+    native_vectored: bool = True
 
     def __init__(self, *, direct: bool = False, queue_depth: int = 32):
         if queue_depth < 1:
@@ -282,7 +291,7 @@ class IoEngine(abc.ABC):
         writable = code == READ
         ops: list[Op | None] = []
         bounced: dict[int, tuple[int, int, memoryview]] = {}
-        joined: dict[int, Pieces] = {}  # vectored items on the bounce path, joined
+        joined: dict[int, tuple[memoryview, Pieces]] = {}  # vectored items, joined
         append, from_buffer, cast = ops.append, _ffi.from_buffer, _ffi.cast
         # This loop is the per-item cost of every batch: keep it lean.
         for index, item in enumerate(items):
@@ -299,7 +308,8 @@ class IoEngine(abc.ABC):
             if (type(view) is not memoryview or view.format != "B" or view.ndim != 1
                     or not view.c_contiguous or (writable and view.readonly)):
                 if type(buffer) is list or type(buffer) is tuple:
-                    append(_vectored_op(code, index, file, offset, buffer, bounced, joined))
+                    append(_vectored_op(code, index, file, offset, buffer, bounced, joined,
+                                        self.native_vectored))
                     continue
                 view = _byte_view(buffer, index, writable)
             if offset < 0 or offset + view.nbytes > _MAX_END:
@@ -320,8 +330,9 @@ class IoEngine(abc.ABC):
         else:
             outcomes = direct.write_through_bounce(self._run, ops, bounced)
         if joined and code == READ:
-            for index, pieces in joined.items():
-                direct.scatter(bounced[index][2], pieces, outcomes[index][1])
+            for index, (view, pieces) in joined.items():
+                result, done = outcomes[index]
+                direct.scatter(view, pieces, result if result >= 0 else done)
         op = "read" if code == READ else "write"
         results: list[int | IoError] = []
         for index, (item, (result, done)) in enumerate(zip(items, outcomes)):

@@ -263,3 +263,31 @@ def test_uring_completes_a_short_read_across_pieces():
     assert outcome["result"] == [11]
     assert outcome["data"] == [b"fir", b"st s", b"econ"]
     assert outcome["stats"]["resubmits"] >= 1 and outcome["stats"]["vec_sqes"] >= 2
+
+
+def test_an_engine_without_vectored_requests_gets_them_joined(tmp_path, direct):
+    """An engine whose ``_run`` takes single buffers only (USRBIO) still honours the
+    contract: the base class joins each vectored item and scatters reads back."""
+    from kvstored.native.direct import VECTORED
+    from kvstored.native.posix import PosixEngine
+
+    class SingleBuffersOnly(PosixEngine):
+        native_vectored = False
+
+        def _run(self, code, ops):
+            assert all(op is None or op[3] is not VECTORED for op in ops)
+            return super()._run(code, ops)
+
+    engine = SingleBuffersOnly(threads=2)
+    path = tmp_path / "data"
+    fill(path, bytes(8 * BLOCK))
+    chunks = [os.urandom(BLOCK), os.urandom(3 * BLOCK), os.urandom(100)]
+    with engine.open(path, os.O_RDWR, direct=direct) as f:
+        assert engine.write([(f, BLOCK, _pieces(*chunks)), (f, 0, [b"ab", b"c"]),
+                             (f, 7 * BLOCK, [])]) == [4 * BLOCK + 100, 3, 0]
+        backs = [aligned(BLOCK), aligned(3 * BLOCK), unaligned(BLOCK)]
+        assert engine.read([(f, BLOCK, backs), (f, 0, [bytearray(1), bytearray(2)])]) == [
+            5 * BLOCK, 3]
+    assert [bytes(b) for b in backs[:2]] == chunks[:2]
+    assert bytes(backs[2][:100]) == chunks[2] and bytes(backs[2][100:]) == bytes(BLOCK - 100)
+    assert path.read_bytes()[:3] == b"abc"
