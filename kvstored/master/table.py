@@ -12,8 +12,10 @@ lease on the object has expired). An object with no replica left is gone.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from sortedcontainers import SortedList
 
 DRAM = "dram"
 SSD = "ssd"
@@ -70,16 +72,56 @@ class Pending:
 
 
 class ObjectTable:
-    """All objects of the cluster, with per-node DRAM recency for eviction."""
+    """All objects of the cluster, with the indexes the policies and listings need.
+
+    Besides ``objects`` it keeps, updated on every replica change so that no periodic
+    pass has to scan the table: per-node DRAM recency (``dram_lru``), the keys each node
+    holds (``node_keys``), per-tier totals of complete replicas (``usage``), and the keys
+    in sorted order (for listings that stream page by page while puts go on).
+    """
 
     def __init__(self) -> None:
         self.objects: dict[str, ObjectMeta] = {}
         self.pending: dict[str, Pending] = {}
-        # node -> keys with a DRAM replica there, least recently used first.
+        # node -> keys with a complete DRAM replica there, least recently used first.
         self.dram_lru: dict[str, OrderedDict[str, None]] = {}
-        self.version = 0  # bumps on every membership change (for listing snapshots)
-        self._sorted_keys: list[str] = []
-        self._sorted_version = -1
+        # node -> keys with any replica there.
+        self.node_keys: dict[str, set[str]] = {}
+        self.sorted_keys = SortedList()
+        self._tier_objects = dict.fromkeys(TIERS, 0)
+        self._tier_bytes = dict.fromkeys(TIERS, 0)
+
+    # -- bookkeeping of every replica change ---------------------------------------------
+
+    def _counted(self, meta: ObjectMeta, replica: Replica, sign: int) -> None:
+        """Enter (+1) or leave (-1) the indexes that track complete replicas."""
+        self._tier_objects[replica.tier] += sign
+        self._tier_bytes[replica.tier] += sign * meta.size
+        if replica.tier == DRAM:
+            lru = self.dram_lru.setdefault(replica.node, OrderedDict())
+            if sign > 0:
+                lru[meta.key] = None
+            else:
+                lru.pop(meta.key, None)
+
+    def _attach(self, meta: ObjectMeta, replica: Replica) -> None:
+        meta.replicas.append(replica)
+        self.node_keys.setdefault(replica.node, set()).add(meta.key)
+        if replica.state == COMPLETE:
+            self._counted(meta, replica, +1)
+
+    def _detach(self, meta: ObjectMeta, replica: Replica) -> None:
+        meta.replicas.remove(replica)
+        if replica.state == COMPLETE:
+            self._counted(meta, replica, -1)
+        if not any(r.node == replica.node for r in meta.replicas):
+            self.node_keys.get(replica.node, set()).discard(meta.key)
+
+    def _forget(self, meta: ObjectMeta) -> None:
+        for replica in list(meta.replicas):
+            self._detach(meta, replica)
+        del self.objects[meta.key]
+        self.sorted_keys.remove(meta.key)
 
     # -- puts ------------------------------------------------------------------------
 
@@ -110,13 +152,13 @@ class ObjectTable:
             if meta.size != size or meta.checksum != checksum:
                 return False
             if meta.replica(node, tier) is None:
-                self._add_replica(meta, Replica(node, tier, offset))
+                self._attach(meta, Replica(node, tier, offset))
                 return True
             return False
         meta = ObjectMeta(key, size, checksum, created=now, last_access=now)
         self.objects[key] = meta
-        self.version += 1
-        self._add_replica(meta, Replica(node, tier, offset))
+        self.sorted_keys.add(key)
+        self._attach(meta, Replica(node, tier, offset))
         return True
 
     def add_replica(self, key: str, node: str, tier: str, offset: int = -1) -> bool:
@@ -125,16 +167,14 @@ class ObjectTable:
         if meta is None:
             return False
         existing = meta.replica(node, tier)
-        if existing is not None:
-            existing.offset, existing.state = offset, COMPLETE
+        if existing is None:
+            self._attach(meta, Replica(node, tier, offset))
             return True
-        self._add_replica(meta, Replica(node, tier, offset))
+        if existing.state != COMPLETE:
+            existing.state = COMPLETE
+            self._counted(meta, existing, +1)
+        existing.offset = offset
         return True
-
-    def _add_replica(self, meta: ObjectMeta, replica: Replica) -> None:
-        meta.replicas.append(replica)
-        if replica.tier == DRAM:
-            self.dram_lru.setdefault(replica.node, OrderedDict())[meta.key] = None
 
     # -- reads -------------------------------------------------------------------------
 
@@ -163,9 +203,9 @@ class ObjectTable:
         replica = meta.replica(node, tier) if meta else None
         if replica is None:
             return None
-        replica.state = REMOVING
-        if tier == DRAM:
-            self.dram_lru.get(node, OrderedDict()).pop(key, None)
+        if replica.state == COMPLETE:
+            replica.state = REMOVING
+            self._counted(meta, replica, -1)
         return replica
 
     def drop_replica(self, key: str, node: str, tier: str, ident: int | None = None) -> bool:
@@ -175,89 +215,69 @@ class ObjectTable:
         checksum); a replica of another version (the key was removed and written again
         meanwhile) is kept. Returns True if the object is now gone."""
         meta = self.objects.get(key)
-        if meta is None:
-            return False
-        replica = meta.replica(node, tier)
+        replica = meta.replica(node, tier) if meta else None
         if replica is None:
             return False
         if ident is not None and ident != (replica.offset if tier == DRAM else meta.checksum):
             return False
-        meta.replicas = [r for r in meta.replicas if (r.node, r.tier) != (node, tier)]
-        if tier == DRAM:
-            self.dram_lru.get(node, OrderedDict()).pop(key, None)
+        self._detach(meta, replica)
         if not meta.replicas:
-            del self.objects[key]
-            self.version += 1
+            self._forget(meta)
             return True
         return False
 
     def remove(self, key: str) -> ObjectMeta | None:
-        """Make ``key`` invisible now; returns it so the caller can free its replicas."""
-        meta = self.objects.pop(key, None)
-        if meta is not None:
-            self.version += 1
-            for r in meta.replicas:
-                if r.tier == DRAM:
-                    self.dram_lru.get(r.node, OrderedDict()).pop(key, None)
+        """Make ``key`` invisible now; returns it (with its replicas, which the caller
+        frees) or None."""
+        meta = self.objects.get(key)
+        if meta is None:
+            return None
+        replicas = list(meta.replicas)
+        self._forget(meta)
+        meta.replicas = replicas
         return meta
 
     def drop_node(self, node: str) -> list[str]:
         """Forget every replica on ``node``; returns the keys that vanished with it."""
         gone = []
-        for key in [k for k, m in self.objects.items() if any(r.node == node for r in m.replicas)]:
+        for key in list(self.node_keys.pop(node, ())):
             meta = self.objects[key]
-            meta.replicas = [r for r in meta.replicas if r.node != node]
+            for replica in [r for r in meta.replicas if r.node == node]:
+                self._detach(meta, replica)
             if not meta.replicas:
-                del self.objects[key]
+                self._forget(meta)
                 gone.append(key)
+        self.node_keys.pop(node, None)
         self.dram_lru.pop(node, None)
         for key in [k for k, p in self.pending.items() if p.node == node]:
             del self.pending[key]
-        self.version += 1
         return gone
 
     # -- queries -----------------------------------------------------------------------
 
     def keys_with_prefix(self, prefix: str, after: str | None, limit: int) -> list[str]:
-        """Up to ``limit`` keys starting with ``prefix``, in order, after ``after``.
-
-        Pages come from a sorted snapshot rebuilt only when membership changed, so a
-        listing of millions of keys streams page by page.
-        """
-        import bisect
-
-        if self._sorted_version != self.version:
-            self._sorted_keys = sorted(self.objects)
-            self._sorted_version = self.version
-        keys = self._sorted_keys
-        start = bisect.bisect_right(keys, after) if after is not None else \
-            bisect.bisect_left(keys, prefix)
+        """Up to ``limit`` keys starting with ``prefix``, in order, after ``after``."""
         out = []
-        for key in keys[start:]:
+        start = after if after is not None and after >= prefix else prefix
+        for key in self.sorted_keys.irange(minimum=start, inclusive=(after is None, True)):
             if not key.startswith(prefix):
-                if key > prefix:
-                    break
-                continue
-            if key in self.objects:
-                out.append(key)
-                if len(out) >= limit:
-                    break
+                break
+            out.append(key)
+            if len(out) >= limit:
+                break
         return out
 
     def on_node(self, node: str, tier: str | None = None) -> Iterator[ObjectMeta]:
-        for meta in self.objects.values():
-            if any(r.node == node and (tier is None or r.tier == tier) for r in meta.replicas):
+        for key in list(self.node_keys.get(node, ())):
+            meta = self.objects[key]
+            if tier is None or meta.replica(node, tier) is not None:
                 yield meta
 
     def usage(self) -> dict[str, dict[str, int]]:
-        """Per tier: objects and logical bytes of complete replicas."""
-        out = {tier: {"objects": 0, "bytes": 0} for tier in TIERS}
-        for meta in self.objects.values():
-            for r in meta.replicas:
-                if r.state == COMPLETE:
-                    out[r.tier]["objects"] += 1
-                    out[r.tier]["bytes"] += meta.size
-        return out
+        """Per tier: objects and logical bytes of complete replicas (kept up to date, not
+        computed: the master reports them ten times a second)."""
+        return {tier: {"objects": self._tier_objects[tier], "bytes": self._tier_bytes[tier]}
+                for tier in TIERS}
 
     def check(self) -> None:
         """Assert the table's invariants (tests call this after every mutation)."""
@@ -278,7 +298,14 @@ class ObjectTable:
                     f"LRU of {node} lists {key!r} without a DRAM replica"
         for key in self.pending:
             assert key not in self.objects, f"{key!r} is both pending and committed"
-
-
-def total_size(metas: Iterable[ObjectMeta]) -> int:
-    return sum(m.size for m in metas)
+        holders: dict[str, set[str]] = {}
+        objects, sizes = dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS, 0)
+        for key, meta in self.objects.items():
+            for r in meta.replicas:
+                holders.setdefault(r.node, set()).add(key)
+                if r.state == COMPLETE:
+                    objects[r.tier] += 1
+                    sizes[r.tier] += meta.size
+        assert {n: k for n, k in self.node_keys.items() if k} == holders, "node_keys drifted"
+        assert self.usage() == {t: {"objects": objects[t], "bytes": sizes[t]} for t in TIERS}
+        assert list(self.sorted_keys) == sorted(self.objects), "sorted_keys drifted"

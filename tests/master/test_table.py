@@ -90,6 +90,18 @@ class TableMachine(RuleBasedStateMachine):
             self.model[key].add((node, tier))
 
     @rule(key=keys, node=nodes, tier=tiers)
+    def copy(self, key, node, tier):
+        ok = self.table.add_replica(key, node, tier, 4096)
+        assert ok == (key in self.model)
+        if ok:
+            self.model[key].add((node, tier))
+
+    @rule(key=keys, node=nodes, tier=tiers)
+    def start_removing(self, key, node, tier):
+        replica = self.table.mark_removing(key, node, tier)
+        assert (replica is not None) == ((node, tier) in self.model.get(key, ()))
+
+    @rule(key=keys, node=nodes, tier=tiers)
     def drop(self, key, node, tier):
         self.table.drop_replica(key, node, tier)
         if key in self.model:
@@ -114,7 +126,13 @@ class TableMachine(RuleBasedStateMachine):
     def lookup(self, key):
         self.now += 1
         found = self.table.lookup(key, self.now, 5)
-        assert (found is not None) == (key in self.model)
+        readable = key in self.model and self.table.objects[key].readable()
+        assert (found is not None) == bool(readable)
+
+    @rule(prefix=st.sampled_from(["", "k", "k1", "x"]))
+    def listing(self, prefix):
+        assert self.table.keys_with_prefix(prefix, None, 100) == sorted(
+            k for k in self.model if k.startswith(prefix))
 
     @invariant()
     def consistent(self):
