@@ -31,6 +31,7 @@ from kvstored.wire import (
     DEFAULT_MAX_PAYLOAD,
     PREFIX,
     PROTOCOL_VERSION,
+    READ_AHEAD,
     ConnectionClosed,
     FrameError,
     pack_header,
@@ -48,19 +49,30 @@ Handler = Callable[["FramedSocket", dict[str, Any]],
 
 
 class FramedSocket:
-    """A trio socket that speaks frames. ``payload_left`` counts unread request bytes."""
+    """A trio socket that speaks frames, through a small read-ahead buffer.
+
+    A small request (prefix, header, small payload) is read with one ``recv_into`` instead
+    of three; every await is a trip through trio's scheduler, and on the latency of a
+    single get those trips are most of the daemon's cost. Large payloads still go straight
+    into their destination. ``payload_left`` counts the unread bytes of the current
+    frame's payload.
+    """
 
     def __init__(self, sock: trio.socket.SocketType, max_payload: int = DEFAULT_MAX_PAYLOAD):
         self.sock = sock
         self.max_payload = max_payload
         self.payload_left = 0
         self.peer: Any = None
+        self._buf = bytearray(READ_AHEAD)
+        self._view = memoryview(self._buf)
+        self._pos = self._end = 0
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass  # not TCP (a socketpair in tests)
 
     async def recv_exactly_into(self, view: memoryview) -> None:
+        """Fill ``view`` from the socket itself (the read-ahead must be drained first)."""
         got, total = 0, len(view)
         while got < total:
             n = await self.sock.recv_into(view[got:], total - got)
@@ -68,23 +80,52 @@ class FramedSocket:
                 raise ConnectionClosed("the peer closed the connection mid-frame")
             got += n
 
+    async def _fill(self, need: int, *, between_frames: bool = False) -> None:
+        """Have at least ``need`` (<= READ_AHEAD) bytes buffered."""
+        if self._end - self._pos >= need:
+            return
+        if self._pos:
+            left = self._end - self._pos
+            self._view[:left] = self._view[self._pos:self._end]
+            self._pos, self._end = 0, left
+        while self._end < need:
+            n = await self.sock.recv_into(self._view[self._end:])
+            if n == 0:
+                if between_frames and self._end == 0:
+                    raise ConnectionClosed("closed between frames")
+                raise ConnectionClosed("the peer closed the connection mid-frame")
+            self._end += n
+
+    def _take(self, view: memoryview) -> int:
+        n = min(len(view), self._end - self._pos)
+        if n:
+            view[:n] = self._view[self._pos:self._pos + n]
+            self._pos += n
+        return n
+
     async def recv_header(self) -> dict[str, Any]:
-        prefix = bytearray(PREFIX.size)
-        view = memoryview(prefix)
-        first = await self.sock.recv_into(view, PREFIX.size)
-        if first == 0:
-            raise ConnectionClosed("closed between frames")
-        await self.recv_exactly_into(view[first:])
-        header_len, payload_len = parse_prefix(bytes(prefix), self.max_payload)
-        body = bytearray(header_len)
-        await self.recv_exactly_into(memoryview(body))
+        await self._fill(PREFIX.size, between_frames=True)
+        header_len, payload_len = parse_prefix(
+            bytes(self._view[self._pos:self._pos + PREFIX.size]), self.max_payload)
+        self._pos += PREFIX.size
+        if header_len <= READ_AHEAD:
+            await self._fill(header_len)
+            body = bytes(self._view[self._pos:self._pos + header_len])
+            self._pos += header_len
+        else:
+            big = bytearray(header_len)
+            taken = self._take(memoryview(big))
+            await self.recv_exactly_into(memoryview(big)[taken:])
+            body = bytes(big)
         self.payload_left = payload_len
-        return unpack_header(bytes(body))
+        return unpack_header(body)
 
     async def recv_payload_into(self, view: memoryview) -> None:
         if len(view) > self.payload_left:
             raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
-        await self.recv_exactly_into(view)
+        taken = self._take(view)
+        if taken < len(view):
+            await self.recv_exactly_into(view[taken:])
         self.payload_left -= len(view)
 
     async def discard_payload(self) -> None:
@@ -92,9 +133,7 @@ class FramedSocket:
             return
         scratch = memoryview(bytearray(min(self.payload_left, 1 << 20)))
         while self.payload_left:
-            n = min(self.payload_left, len(scratch))
-            await self.recv_exactly_into(scratch[:n])
-            self.payload_left -= n
+            await self.recv_payload_into(scratch[:min(self.payload_left, len(scratch))])
 
     async def send_frame(self, header: dict[str, Any], payload: Payload = ()) -> None:
         views = [memoryview(p).cast("B") for p in payload if len(p)]

@@ -79,6 +79,10 @@ def unpack_header(body: bytes) -> dict[str, Any]:
 
 # -- blocking sockets (the client library) ---------------------------------------------
 
+#: Bytes a connection reads ahead: a whole small response (prefix, header and a small
+#: payload) arrives in one system call instead of three.
+READ_AHEAD = 64 * 1024
+
 
 def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from ``sock``; ConnectionClosed if the peer goes away first."""
@@ -91,9 +95,82 @@ def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
+class FrameReader:
+    """Reads frames from a blocking socket through a small read-ahead buffer.
+
+    Large payloads still go straight into the caller's buffer with ``recv_into``; only
+    what the read-ahead already holds is copied.
+    """
+
+    def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.sock = sock
+        self.max_payload = max_payload
+        self._buf = bytearray(READ_AHEAD)
+        self._view = memoryview(self._buf)
+        self._pos = self._end = 0
+        #: Unread bytes of the current frame's payload.
+        self.payload_left = 0
+
+    def _fill(self, need: int) -> None:
+        """Have at least ``need`` (<= READ_AHEAD) bytes buffered."""
+        if self._end - self._pos >= need:
+            return
+        if self._pos:
+            left = self._end - self._pos
+            self._view[:left] = self._view[self._pos:self._end]
+            self._pos, self._end = 0, left
+        while self._end < need:
+            n = self.sock.recv_into(self._view[self._end:])
+            if n == 0:
+                raise ConnectionClosed("the peer closed the connection mid-frame")
+            self._end += n
+
+    def _take(self, view: memoryview) -> int:
+        """Copy what the read-ahead holds into ``view``; returns the bytes copied."""
+        n = min(len(view), self._end - self._pos)
+        if n:
+            view[:n] = self._view[self._pos:self._pos + n]
+            self._pos += n
+        return n
+
+    def recv_header(self) -> dict[str, Any]:
+        """Read the next frame's prefix and header; then read its ``payload_left``."""
+        if self.payload_left:
+            self.discard_payload()
+        self._fill(PREFIX.size)
+        header_len, payload_len = parse_prefix(
+            bytes(self._view[self._pos:self._pos + PREFIX.size]), self.max_payload)
+        self._pos += PREFIX.size
+        if header_len <= READ_AHEAD:
+            self._fill(header_len)
+            body = bytes(self._view[self._pos:self._pos + header_len])
+            self._pos += header_len
+        else:
+            big = bytearray(header_len)
+            taken = self._take(memoryview(big))
+            recv_exactly_into(self.sock, memoryview(big)[taken:])
+            body = bytes(big)
+        self.payload_left = payload_len
+        return unpack_header(body)
+
+    def recv_payload_into(self, view: memoryview) -> None:
+        if len(view) > self.payload_left:
+            raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
+        taken = self._take(view)
+        if taken < len(view):
+            recv_exactly_into(self.sock, view[taken:])
+        self.payload_left -= len(view)
+
+    def discard_payload(self) -> None:
+        scratch = memoryview(bytearray(min(self.payload_left, 1 << 20) or 1))
+        while self.payload_left:
+            self.recv_payload_into(scratch[:min(self.payload_left, len(scratch))])
+
+
 def recv_header(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD
                 ) -> tuple[dict[str, Any], int]:
-    """Read a frame's prefix and header; the caller then reads ``payload_len`` bytes."""
+    """Read one frame's prefix and header without read-ahead (nothing of the payload is
+    consumed); the caller then reads ``payload_len`` bytes. Prefer :class:`FrameReader`."""
     prefix = bytearray(PREFIX.size)
     recv_exactly_into(sock, memoryview(prefix))
     header_len, payload_len = parse_prefix(bytes(prefix), max_payload)

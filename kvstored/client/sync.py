@@ -37,9 +37,7 @@ from kvstored.wire import (
     PROTOCOL_VERSION,
     ConnectionClosed,
     FrameError,
-    discard,
-    recv_exactly_into,
-    recv_header,
+    FrameReader,
     send_frame,
 )
 
@@ -57,6 +55,7 @@ class _Connection:
             raise UnreachableError(f"cannot reach {address[0]}:{address[1]} "
                                    f"({exc.strerror or exc}); is kvstored running?") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = FrameReader(self.sock)
         self.hello = self.request({"op": "hello", "version": PROTOCOL_VERSION, "token": token,
                                    "role": "client"})
 
@@ -64,14 +63,14 @@ class _Connection:
         """Send a request, return its response header; the caller reads any payload."""
         try:
             send_frame(self.sock, header, payload)
-            reply, self.payload_left = recv_header(self.sock)
+            reply = self.reader.recv_header()
+            if not reply.get("ok"):
+                self.reader.discard_payload()
         except (OSError, ConnectionClosed, FrameError) as exc:
             self.close()
             raise UnreachableError(f"{header.get('op')}: connection to "
                                    f"{self.address[0]}:{self.address[1]} failed: {exc}") from None
         if not reply.get("ok"):
-            if self.payload_left:
-                discard(self.sock, self.payload_left)
             raise from_wire(reply.get("error") or {})
         return reply
 
@@ -260,11 +259,11 @@ class Client:
                     results[i] = MISSING
                     continue
                 if size > len(buf):
-                    discard(conn.sock, size)
+                    conn.reader.discard_payload()
                     raise BadRequestError(f"object grew to {size} bytes", key=keys[0])
-                recv_exactly_into(conn.sock, buf[:size])
+                conn.reader.recv_payload_into(buf[:size])
                 results[i] = size
-        except (OSError, ConnectionClosed) as exc:
+        except (OSError, ConnectionClosed, FrameError) as exc:
             conn.close()
             raise UnreachableError(f"get from node {node} failed: {exc}") from None
 
