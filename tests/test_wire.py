@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import msgpack
 import pytest
@@ -73,3 +74,36 @@ def test_bin_values_stay_bytes():
     header = unpack_header(pack_header({"blob": b"\x00\xff"})[PREFIX.size:])
     assert header["blob"] == b"\x00\xff"
     assert struct.calcsize("<4sIQ") == PREFIX.size == 16
+
+
+def test_frame_reader_handles_frames_arriving_together_and_payloads_past_its_buffer():
+    from kvstored.wire import READ_AHEAD, FrameReader
+
+    a, b = socket.socketpair()
+    with a, b:
+        big = bytes(range(256)) * (3 * READ_AHEAD // 256)  # three read-aheads of payload
+        send_frame(a, {"n": 1}, [b"tiny"])
+        send_frame(a, {"n": 2, "pad": "x" * (READ_AHEAD + 10)})  # header > read-ahead
+        threading.Thread(target=send_frame, args=(a, {"n": 3}, [big])).start()
+        reader = FrameReader(b)
+        assert reader.recv_header()["n"] == 1 and reader.payload_left == 4
+        dest = bytearray(4)
+        reader.recv_payload_into(memoryview(dest))
+        assert dest == b"tiny"
+        assert reader.recv_header()["n"] == 2
+        assert reader.recv_header()["n"] == 3
+        dest = bytearray(len(big))
+        reader.recv_payload_into(memoryview(dest))
+        assert dest == big and reader.payload_left == 0
+
+
+def test_frame_reader_skips_an_unread_payload():
+    from kvstored.wire import FrameReader
+
+    a, b = socket.socketpair()
+    with a, b:
+        send_frame(a, {"n": 1}, [b"ignored" * 1000])
+        send_frame(a, {"n": 2})
+        reader = FrameReader(b)
+        assert reader.recv_header()["n"] == 1
+        assert reader.recv_header()["n"] == 2  # the first payload was discarded
