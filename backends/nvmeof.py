@@ -57,7 +57,11 @@ BLKSSZGET = 0x1268
 #: Where a bare block device's quarantine goes when no quarantine_dir is given.
 DEVICE_QUARANTINE_ROOT = Path("/var/lib/kvstored/quarantine")
 #: How long to retry a device that is busy because its previous user is still exiting.
-BUSY_WAIT = 5.0
+#: The kernel releases a block device's exclusive claim on the last ``fput``, which can
+#: be deferred to a work queue; on a loaded machine that has been seen to take over 5 s.
+BUSY_WAIT = 30.0
+#: After this long busy, say once that we are waiting, so a slow start is explained.
+BUSY_NOTICE = 1.0
 BINDING_NAME = "volume.json"
 
 
@@ -147,7 +151,9 @@ class NvmeofBackend(OffsetLayoutBackend):
 
     def _open_device(self, target: str) -> IoFile:
         """O_EXCL: no mounted or otherwise claimed device is ever written."""
-        deadline = time.monotonic() + BUSY_WAIT
+        start = time.monotonic()
+        deadline = start + BUSY_WAIT
+        noticed = False
         while True:
             try:
                 return self._engine.open(target, os.O_RDWR | os.O_EXCL)
@@ -159,6 +165,10 @@ class NvmeofBackend(OffsetLayoutBackend):
                         "the device is in use: mounted, part of an md/LVM/device-mapper "
                         "device, or open by another kvstored; free it first (lsblk and "
                         "`fuser -v` show who holds it)", path=target) from None
+                if not noticed and time.monotonic() - start >= BUSY_NOTICE:
+                    noticed = True
+                    log.warning("%s is busy (held exclusively by someone else); waiting up "
+                                "to %.0f s for it to be released", target, BUSY_WAIT)
                 time.sleep(0.05)
 
     def _may_format(self, volume: Volume, first_block) -> bool:
