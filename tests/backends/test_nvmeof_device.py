@@ -82,6 +82,28 @@ def test_device_in_use_is_refused(loops, monkeypatch):
         backend.close()
 
 
+def test_a_device_released_while_waiting_is_opened(loops, monkeypatch, caplog):
+    """A device still held when we open it (its previous user exiting, the kernel's
+    deferred release) is waited for, with one log line, and then opened."""
+    import threading
+
+    import kvstored.backends.nvmeof as nvmeof
+
+    monkeypatch.setattr(nvmeof, "BUSY_NOTICE", 0.05)
+    device = loops()
+    holder = os.open(device, os.O_RDWR | os.O_EXCL)
+    releaser = threading.Timer(0.5, os.close, [holder])
+    releaser.start()
+    try:
+        with caplog.at_level("WARNING", logger="kvstored.backends.nvmeof"):
+            backend = open_backend("nvmeof", device)
+        backend.close()
+    finally:
+        releaser.join()
+    waits = [r for r in caplog.records if "is busy" in r.getMessage()]
+    assert len(waits) == 1, caplog.text
+
+
 def test_foreign_data_is_not_formatted_without_consent(loops):
     device = loops()
     fd = os.open(device, os.O_WRONLY)
