@@ -53,6 +53,15 @@ class Mount:
     def log(self) -> str:
         return "\n".join(self.lines[-60:])
 
+    def wait_log(self, *texts: str, timeout: float = 10) -> None:
+        """Wait until one of ``texts`` is in the log: the process may answer a FUSE
+        request before the line about it has come through the pipe and the reader."""
+        deadline = time.monotonic() + timeout
+        while not any(text in "\n".join(self.lines) for text in texts):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"none of {texts} in the mount's log:\n{self.log}")
+            time.sleep(0.02)
+
     def __truediv__(self, part: str | bytes) -> Path | bytes:
         if isinstance(part, bytes):
             return os.fsencode(self.path) + b"/" + part

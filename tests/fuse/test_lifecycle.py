@@ -21,7 +21,7 @@ def test_a_signal_unmounts_cleanly(cluster, mount, sig):
     assert sorted(os.listdir(m.path)) == ["keys", "nodes", "stats"]
     assert m.unmount(sig) == 0, m.log
     assert not is_mounted(m.path)
-    assert "unmounted" in m.log
+    m.wait_log("unmounted")
 
 
 def test_fusermount_u_ends_the_mount_process(cluster, mount):
@@ -92,7 +92,7 @@ def test_a_mount_with_a_token_outlives_a_cluster_restart(fuse, mount, tmp_path):
         with pytest.raises(OSError) as down:
             os.listdir(m / "keys")
         assert down.value.errno == errno.EIO
-        assert "cannot reach" in m.log or "failed" in m.log
+        m.wait_log("cannot reach", "failed")
         daemon = start()  # the node re-registers what it has on SSD
         wait_for(lambda: os.listdir(m / "keys") == ["kept"], timeout=20,
                  what="the listing to come back")

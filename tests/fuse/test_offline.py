@@ -62,7 +62,7 @@ def test_a_corrupt_record_reads_as_eio_never_as_bad_bytes(stopped_store, mount):
         with open(victim, "rb") as f, pytest.raises(OSError) as failed:
             f.read()
         assert failed.value.errno == errno.EIO
-    assert "failed its checksum" in m.log
+    m.wait_log("failed its checksum")
 
 
 def test_offline_xattrs_and_backend_stats(stopped_store, mount):
