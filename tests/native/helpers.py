@@ -7,8 +7,10 @@ import ctypes
 import json
 import os
 import platform
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,13 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     if done.returncode != 0:
         pytest.fail(f"the child process failed ({done.returncode}):\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def wait_until_drained(read_end: int, timeout: float = 20.0) -> None:
+    """Wait until nothing is left to read in a pipe: a reader thread has taken what was
+    there. A fixed sleep instead would race with a slow thread start on a busy machine."""
+    deadline = time.monotonic() + timeout
+    while select.select([read_end], [], [], 0)[0]:
+        if time.monotonic() > deadline:
+            raise AssertionError("the reader never took the pipe's contents")
+        time.sleep(0.01)

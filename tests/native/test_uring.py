@@ -6,13 +6,12 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-import time
 
 import pytest
 from kvstored.native import IoFile, probe_uring
 
 from tests.conftest import require
-from tests.native.helpers import CAP_IPC_LOCK, run_python
+from tests.native.helpers import CAP_IPC_LOCK, run_python, wait_until_drained
 
 
 @pytest.fixture
@@ -71,7 +70,7 @@ def test_short_reads_are_completed_by_the_ring(uring):
 
     thread = threading.Thread(target=reader)
     thread.start()
-    time.sleep(0.3)
+    wait_until_drained(read_end)  # the first read has taken "first" and come back short
     os.write(write_end, b" second")
     thread.join(10)
     os.close(write_end)

@@ -7,7 +7,6 @@ import errno
 import os
 import random
 import threading
-import time
 
 import pytest
 from kvstored.native import IoError, IoFile, direct, probe_uring
@@ -15,6 +14,7 @@ from kvstored.native.engine import MAX_PIECES
 from kvstored.native.posix import IOV_MAX
 
 from tests.conftest import require
+from tests.native.helpers import wait_until_drained
 from tests.native.test_engine_io import BLOCK, aligned, fill, unaligned
 
 
@@ -255,7 +255,7 @@ def test_uring_completes_a_short_read_across_pieces():
 
     thread = threading.Thread(target=reader)
     thread.start()
-    time.sleep(0.3)
+    wait_until_drained(read_end)  # the first read has taken "first" and come back short
     os.write(write_end, b" second")
     thread.join(10)
     os.close(write_end)
