@@ -34,6 +34,7 @@ from kvstored.wire import (
     READ_AHEAD,
     ConnectionClosed,
     FrameError,
+    ReadAhead,
     pack_header,
     parse_prefix,
     unpack_header,
@@ -63,9 +64,7 @@ class FramedSocket:
         self.max_payload = max_payload
         self.payload_left = 0
         self.peer: Any = None
-        self._buf = bytearray(READ_AHEAD)
-        self._view = memoryview(self._buf)
-        self._pos = self._end = 0
+        self._ahead = ReadAhead()
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
@@ -82,40 +81,25 @@ class FramedSocket:
 
     async def _fill(self, need: int, *, between_frames: bool = False) -> None:
         """Have at least ``need`` (<= READ_AHEAD) bytes buffered."""
-        if self._end - self._pos >= need:
-            return
-        if self._pos:
-            left = self._end - self._pos
-            self._view[:left] = self._view[self._pos:self._end]
-            self._pos, self._end = 0, left
-        while self._end < need:
-            n = await self.sock.recv_into(self._view[self._end:])
+        ahead = self._ahead
+        while ahead.buffered < need:
+            n = await self.sock.recv_into(ahead.room())
             if n == 0:
-                if between_frames and self._end == 0:
+                if between_frames and ahead.buffered == 0:
                     raise ConnectionClosed("closed between frames")
                 raise ConnectionClosed("the peer closed the connection mid-frame")
-            self._end += n
-
-    def _take(self, view: memoryview) -> int:
-        n = min(len(view), self._end - self._pos)
-        if n:
-            view[:n] = self._view[self._pos:self._pos + n]
-            self._pos += n
-        return n
+            ahead.received(n)
 
     async def recv_header(self) -> dict[str, Any]:
         await self._fill(PREFIX.size, between_frames=True)
-        header_len, payload_len = parse_prefix(
-            bytes(self._view[self._pos:self._pos + PREFIX.size]), self.max_payload)
-        self._pos += PREFIX.size
+        header_len, payload_len = parse_prefix(self._ahead.consume(PREFIX.size),
+                                               self.max_payload)
         if header_len <= READ_AHEAD:
             await self._fill(header_len)
-            body = bytes(self._view[self._pos:self._pos + header_len])
-            self._pos += header_len
+            body = self._ahead.consume(header_len)
         else:
-            big = bytearray(header_len)
-            taken = self._take(memoryview(big))
-            await self.recv_exactly_into(memoryview(big)[taken:])
+            big = memoryview(bytearray(header_len))
+            await self.recv_exactly_into(big[self._ahead.take(big):])
             body = bytes(big)
         self.payload_left = payload_len
         return unpack_header(body)
@@ -123,7 +107,7 @@ class FramedSocket:
     async def recv_payload_into(self, view: memoryview) -> None:
         if len(view) > self.payload_left:
             raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
-        taken = self._take(view)
+        taken = self._ahead.take(view)
         if taken < len(view):
             await self.recv_exactly_into(view[taken:])
         self.payload_left -= len(view)

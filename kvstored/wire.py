@@ -84,6 +84,48 @@ def unpack_header(body: bytes) -> dict[str, Any]:
 READ_AHEAD = 64 * 1024
 
 
+class ReadAhead:
+    """The read-ahead buffer of a frame reader, without any I/O (both the blocking
+    :class:`FrameReader` and the trio ``FramedSocket`` keep one): bytes received from
+    the socket and not yet consumed, between ``_pos`` and ``_end``."""
+
+    def __init__(self, size: int = READ_AHEAD) -> None:
+        self._view = memoryview(bytearray(size))
+        self._pos = self._end = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed."""
+        return self._end - self._pos
+
+    def room(self) -> memoryview:
+        """Where the next ``recv_into`` goes, after moving the unread bytes to the front
+        so that the whole buffer can fill."""
+        if self._pos:
+            left = self._end - self._pos
+            self._view[:left] = self._view[self._pos:self._end]
+            self._pos, self._end = 0, left
+        return self._view[self._end:]
+
+    def received(self, n: int) -> None:
+        """``n`` bytes were just received into :meth:`room`."""
+        self._end += n
+
+    def consume(self, n: int) -> bytes:
+        """The next ``n`` (<= :attr:`buffered`) bytes."""
+        data = bytes(self._view[self._pos:self._pos + n])
+        self._pos += n
+        return data
+
+    def take(self, view: memoryview) -> int:
+        """Copy what is buffered, up to ``len(view)``, into ``view``; returns the count."""
+        n = min(len(view), self._end - self._pos)
+        if n:
+            view[:n] = self._view[self._pos:self._pos + n]
+            self._pos += n
+        return n
+
+
 def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from ``sock``; ConnectionClosed if the peer goes away first."""
     got = 0
@@ -105,50 +147,32 @@ class FrameReader:
     def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.sock = sock
         self.max_payload = max_payload
-        self._buf = bytearray(READ_AHEAD)
-        self._view = memoryview(self._buf)
-        self._pos = self._end = 0
+        self._ahead = ReadAhead()
         #: Unread bytes of the current frame's payload.
         self.payload_left = 0
 
     def _fill(self, need: int) -> None:
         """Have at least ``need`` (<= READ_AHEAD) bytes buffered."""
-        if self._end - self._pos >= need:
-            return
-        if self._pos:
-            left = self._end - self._pos
-            self._view[:left] = self._view[self._pos:self._end]
-            self._pos, self._end = 0, left
-        while self._end < need:
-            n = self.sock.recv_into(self._view[self._end:])
+        ahead = self._ahead
+        while ahead.buffered < need:
+            n = self.sock.recv_into(ahead.room())
             if n == 0:
                 raise ConnectionClosed("the peer closed the connection mid-frame")
-            self._end += n
-
-    def _take(self, view: memoryview) -> int:
-        """Copy what the read-ahead holds into ``view``; returns the bytes copied."""
-        n = min(len(view), self._end - self._pos)
-        if n:
-            view[:n] = self._view[self._pos:self._pos + n]
-            self._pos += n
-        return n
+            ahead.received(n)
 
     def recv_header(self) -> dict[str, Any]:
         """Read the next frame's prefix and header; then read its ``payload_left``."""
         if self.payload_left:
             self.discard_payload()
         self._fill(PREFIX.size)
-        header_len, payload_len = parse_prefix(
-            bytes(self._view[self._pos:self._pos + PREFIX.size]), self.max_payload)
-        self._pos += PREFIX.size
+        header_len, payload_len = parse_prefix(self._ahead.consume(PREFIX.size),
+                                               self.max_payload)
         if header_len <= READ_AHEAD:
             self._fill(header_len)
-            body = bytes(self._view[self._pos:self._pos + header_len])
-            self._pos += header_len
+            body = self._ahead.consume(header_len)
         else:
-            big = bytearray(header_len)
-            taken = self._take(memoryview(big))
-            recv_exactly_into(self.sock, memoryview(big)[taken:])
+            big = memoryview(bytearray(header_len))
+            recv_exactly_into(self.sock, big[self._ahead.take(big):])
             body = bytes(big)
         self.payload_left = payload_len
         return unpack_header(body)
@@ -156,7 +180,7 @@ class FrameReader:
     def recv_payload_into(self, view: memoryview) -> None:
         if len(view) > self.payload_left:
             raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
-        taken = self._take(view)
+        taken = self._ahead.take(view)
         if taken < len(view):
             recv_exactly_into(self.sock, view[taken:])
         self.payload_left -= len(view)

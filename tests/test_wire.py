@@ -107,3 +107,20 @@ def test_frame_reader_skips_an_unread_payload():
         reader = FrameReader(b)
         assert reader.recv_header()["n"] == 1
         assert reader.recv_header()["n"] == 2  # the first payload was discarded
+
+
+def test_read_ahead_compacts_unread_bytes_to_the_front():
+    from kvstored.wire import ReadAhead
+
+    ahead = ReadAhead(8)
+    room = ahead.room()
+    room[:6] = b"abcdef"
+    ahead.received(6)
+    assert ahead.consume(4) == b"abcd" and ahead.buffered == 2
+    room = ahead.room()  # "ef" moves to the front: the rest of the buffer is free
+    assert len(room) == 6
+    room[:3] = b"ghi"
+    ahead.received(3)
+    out = memoryview(bytearray(10))
+    assert ahead.take(out) == 5 and bytes(out[:5]) == b"efghi"
+    assert ahead.buffered == 0 and ahead.take(out) == 0
