@@ -18,13 +18,13 @@ from collections.abc import Callable
 
 import pyfuse3
 import trio
-from kvstored.sdk.errors import BackendError, InvalidRequestError
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.errors import StoreError
 from kvstored.fuse.ops import KvstoreOperations
 from kvstored.fuse.sources import Source
 from kvstored.fuse.tree import Tree
+from kvstored.sdk.errors import BackendError, InvalidRequestError
 
 log = logging.getLogger("kvstored.fuse")
 
