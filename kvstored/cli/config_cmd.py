@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvstored.cli.lazy import LazyGroup
 from kvstored.cli.program import debug_option
 from kvstored.config import (
     CONFIG_ENV,
@@ -30,7 +31,7 @@ def _console() -> Console:
     return console
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def config() -> None:
     """Show the effective configuration, or list every setting.
 

@@ -24,7 +24,7 @@ import click
 import kvstored
 from kvstored.cli.errors import QuietError, exit_code_of
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.program import CliState, state
+from kvstored.cli.program import CliState, debug_option, state
 from kvstored.client import Client
 from kvstored.config import load_config
 
@@ -53,8 +53,8 @@ def _remember(name: str) -> Callable[[click.Context, click.Parameter, Any], None
 
 
 def client_options(function: Callable) -> Callable:
-    """``--master``, ``--token-file``, ``--timeout`` and ``--config``: on the ``kvstore``
-    group and on each command that talks to a cluster, the command's winning."""
+    """``--master``, ``--token-file``, ``--timeout``, ``--config`` and ``--debug``: on the
+    ``kvstore`` group and on each command that talks to a cluster, the command's winning."""
     for option in reversed((
         click.option("--master", metavar="HOST:PORT", expose_value=False,
                      callback=_remember("master"),
@@ -69,6 +69,7 @@ def client_options(function: Callable) -> Callable:
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      expose_value=False, callback=_remember("config_file"),
                      help="A TOML configuration file [default: $KVSTORED_CONFIG]."),
+        debug_option,
     )):
         function = option(function)
     return function

@@ -49,11 +49,11 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     """
     from kvstored.capabilities import probe_fuse
 
+    if backend and not offline_dir:
+        raise click.UsageError("--backend only applies with --offline DIR")
     available, reason = probe_fuse()
     if not available:
         raise QuietError(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
-    if backend and not offline_dir:
-        raise click.UsageError("--backend only applies with --offline DIR")
     if os.path.ismount(mountpoint):
         raise QuietError(f"something is already mounted on {mountpoint}; unmount it first "
                          f"(fusermount3 -u {mountpoint})", ExitCode.IN_USE)

@@ -53,11 +53,6 @@ debug_option = click.option(
 class Program(LazyGroup):
     """A lazily loaded group that ends every run through :func:`report`."""
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
-        name, command, rest = super().resolve_command(ctx, args)
-        state(ctx).command = f"{ctx.command_path} {name}" if name else ctx.command_path
-        return name, command, rest
-
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:

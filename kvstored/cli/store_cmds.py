@@ -204,8 +204,8 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
 @click.option("--dry-run", is_flag=True, help="Say what would go; change nothing.")
 @click.option("--drop", is_flag=True, help="Also drop last copies (data is lost).")
 @json_option
-@store_command
-def evict(client, tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> None:
+@client_options
+def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> None:
     """Evict objects from a tier. A last copy is never lost without --drop: from DRAM it
     is offloaded to SSD first; on SSD it is skipped."""
     chosen = sum(bool(x) for x in (everything, nbytes, keys, prefix))
@@ -215,15 +215,16 @@ def evict(client, tier, everything, nbytes, keys, prefix, dry_run, drop, as_json
         budget = parse_size(nbytes) if nbytes else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bytes") from None
-    reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
-                        bytes=budget, dry_run=dry_run, drop=drop)
+    with open_client(client_settings(state())) as client:
+        reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
+                            bytes=budget, dry_run=dry_run, drop=drop)
+        # A named key the master did not consider either does not exist or has no copy
+        # in that tier; only the first is an error, as for rm and get.
+        considered = {*reply["evicted"], *reply["offloading"], *reply["skipped_last_copy"]}
+        unseen = [k for k in dict.fromkeys(keys) if k not in considered]
+        missing = [k for k, there in zip(unseen, client.batch_exists(unseen)) if not there] \
+            if unseen else []
     reply.pop("ok", None)
-    # A named key the master did not consider either does not exist or has no copy in
-    # that tier; only the first is an error, as for rm and get.
-    considered = {*reply["evicted"], *reply["offloading"], *reply["skipped_last_copy"]}
-    unseen = [k for k in dict.fromkeys(keys) if k not in considered]
-    missing = [k for k, there in zip(unseen, client.batch_exists(unseen)) if not there] \
-        if unseen else []
     if as_json:
         _print_json({**reply, "missing": missing})
     else:

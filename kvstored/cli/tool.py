@@ -6,7 +6,7 @@ import click
 
 from kvstored import __version__
 from kvstored.cli.connection import client_options
-from kvstored.cli.program import Program, debug_option, state
+from kvstored.cli.program import Program, state
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
@@ -33,7 +33,6 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 @client_options
 @click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
               help="Commands that can print JSON print one JSON document.")
-@debug_option
 @click.version_option(__version__, prog_name="kvstore")
 def main() -> None:
     """kvstore: use and administer a kvstored cache, and plan its capacity.
