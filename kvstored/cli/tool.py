@@ -32,7 +32,7 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
 )
 @client_options
 @click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
-              help="Commands that can print JSON print one JSON document.")
+              help="The commands that talk to a cluster print one JSON document.")
 @click.version_option(__version__, prog_name="kvstore")
 def main() -> None:
     """kvstore: use and administer a kvstored cache, and plan its capacity.
