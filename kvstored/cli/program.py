@@ -68,4 +68,6 @@ class Program(LazyGroup):
         except BaseException as exc:  # the top level: everything ends here
             sys.exit(report(exc, command=run.command or prog_name or self.name or "kvstore",
                             debug=run.debug))
-        sys.exit(result if isinstance(result, int) else 0)
+        # click returns the code of a ctx.exit(code) here; a command's return value is not
+        # an exit code.
+        sys.exit(result if type(result) is int else 0)
