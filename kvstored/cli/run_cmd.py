@@ -16,7 +16,12 @@ from kvstored.config import ConfigError, load_config
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
 token_option = click.option("--token-file", type=click.Path(dir_okay=False),
-                            help="Require this shared secret on every connection.")
+                            help="The client token clients must present "
+                                 "(default ~/.config/kvstored/token, created at first "
+                                 "start).")
+node_token_option = click.option("--node-token-file", type=click.Path(dir_okay=False),
+                                 help="The node token nodes present "
+                                      "(default ~/.config/kvstored/node-token).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
@@ -35,7 +40,20 @@ def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
             banner(started)
 
     try:
-        trio.run(wrapper)
+        try:
+            trio.run(wrapper)
+        except BaseExceptionGroup as group:
+            # A configuration problem found at start (a token file that cannot be read)
+            # arrives wrapped by the nurseries it crossed.
+            found, _ = group.split(ConfigError)
+            while isinstance(found, BaseExceptionGroup):
+                found = found.exceptions[0]
+            if found is None:
+                raise
+            raise found from None
+    except ConfigError as exc:
+        click.echo(f"kvstored: {exc}", err=True)
+        sys.exit(ExitCode.USAGE)
     except KeyboardInterrupt:
         sys.exit(ExitCode.INTERRUPTED)
     except OSError as exc:
@@ -59,9 +77,10 @@ def _logging(verbose: bool) -> None:
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
 def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
-       verbose) -> None:
+       node_token_file, verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
 
     Stop it with Ctrl-C or SIGTERM; DRAM-only objects are lost then, so run
@@ -73,9 +92,10 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
     cfg = _load(config_file, {
         "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
         "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
-        "security.token_file": token_file},
+        "security.token_file": token_file, "security.node_token_file": node_token_file},
         {"master.listen": "--listen", "master.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+         "security.token_file": "--token-file",
+         "security.node_token_file": "--node-token-file"})
 
     def banner(started) -> None:
         host, port = started["master"]
@@ -93,16 +113,19 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
-def master(listen, metrics, config_file, token_file, verbose) -> None:
+def master(listen, metrics, config_file, token_file, node_token_file, verbose) -> None:
     """Run the cluster's master (metadata only; data never passes through it)."""
     from kvstored.server import run_master
 
     _logging(verbose)
     cfg = _load(config_file, {"master.listen": listen, "master.metrics": metrics,
-                              "security.token_file": token_file},
+                              "security.token_file": token_file,
+                              "security.node_token_file": node_token_file},
                 {"master.listen": "--listen", "master.metrics": "--metrics",
-                 "security.token_file": "--token-file"})
+                 "security.token_file": "--token-file",
+                 "security.node_token_file": "--node-token-file"})
     _run(run_master, cfg, lambda bound: click.echo(
         f"kvstored master: listening on {bound[0]}:{bound[1]}"))
 
@@ -117,10 +140,10 @@ def master(listen, metrics, config_file, token_file, verbose) -> None:
 @click.option("--name", help="Node name (default: hostname:port).")
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
-@token_option
+@node_token_option
 @verbose_option
 def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
-         token_file, verbose) -> None:
+         node_token_file, verbose) -> None:
     """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
     from kvstored.server import run_node
 
@@ -128,8 +151,8 @@ def node(master_address, listen, data, dram, ssd, backend, name, metrics, config
     cfg = _load(config_file, {
         "node.master": master_address, "node.listen": listen, "node.data": data,
         "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
-        "node.metrics": metrics, "security.token_file": token_file},
+        "node.metrics": metrics, "security.node_token_file": node_token_file},
         {"node.master": "--master", "node.listen": "--listen", "node.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+         "security.node_token_file": "--node-token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
         f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))

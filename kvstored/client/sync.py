@@ -21,20 +21,24 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    client_token,
     parse_address,
     plan_reads,
     prepare_values,
+    split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
     NoSpaceError,
     StoreError,
+    UnauthorizedError,
     UnreachableError,
     from_wire,
 )
+from kvstored.protocol import Hello, Role
+from kvstored.security import ClientToken
 from kvstored.wire import (
-    PROTOCOL_VERSION,
     ConnectionClosed,
     FrameError,
     FrameReader,
@@ -47,17 +51,23 @@ NO_SPACE_RETRY_SECONDS = 5.0
 
 
 class _Connection:
-    def __init__(self, address: tuple[str, int], token: str | None, timeout: float) -> None:
+    def __init__(self, address: tuple[str, int], token: ClientToken, timeout: float) -> None:
         self.address = address
         try:
             self.sock = socket.create_connection(address, timeout=timeout)
         except OSError as exc:
             raise UnreachableError(f"cannot reach {address[0]}:{address[1]} "
                                    f"({exc.strerror or exc}); is kvstored running?") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = FrameReader(self.sock)
-        self.hello = self.request({"op": "hello", "version": PROTOCOL_VERSION, "token": token,
-                                   "role": "client"})
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.reader = FrameReader(self.sock)
+            self.hello = self.request(Hello(Role.CLIENT, token.token).to_wire())
+        except UnauthorizedError as exc:
+            self.close()
+            raise token.explain(exc) from None
+        except BaseException:
+            self.close()  # nothing stays open when the hello fails
+            raise
 
     def request(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
         """Send a request, return its response header; the caller reads any payload."""
@@ -82,12 +92,12 @@ class Client:
     """A connection to a kvstored cluster. Use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 token_file: str | None = None, timeout: float = 30.0) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
         self.master_address = parse_address(master)
         self.transport = transport
-        self.token = token
+        self.token = client_token(token, token_file)
         self.timeout = timeout
         self.segments = Segments(transport)
         self._local = threading.local()
@@ -252,6 +262,13 @@ class Client:
 
     def _get_from_node(self, node, keys, bufs, checksums, idx, results) -> None:
         conn = self._node_conn(node)
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        limit = conn.hello.get("max_read_staging")
+        for part in split_by_bytes([max(results[i], 0) for i in idx], limit):
+            self._get_part(node, conn, [keys[j] for j in part], [bufs[j] for j in part],
+                           [checksums[j] for j in part], [idx[j] for j in part], results)
+
+    def _get_part(self, node, conn, keys, bufs, checksums, idx, results) -> None:
         reply = conn.request({"op": "get", "keys": keys, "checksums": checksums})
         try:
             for i, buf, size in zip(idx, bufs, reply["sizes"]):
@@ -339,10 +356,17 @@ class Client:
 
 
 def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-            token: str | None = None, timeout: float = 30.0) -> Client:
+            token: str | None = None, token_file: str | None = None,
+            timeout: float = 30.0) -> Client:
     """Connect to the cluster whose master listens at ``master``.
 
     ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
     otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
+
+    The client token is ``token``, else the first line of ``token_file``, else the file
+    ``security.token_file`` of the configuration names (by default
+    ``~/.config/kvstored/token``, which the master creates for its user); see
+    docs/security.md.
     """
-    return Client(master, transport=transport, token=token, timeout=timeout)
+    return Client(master, transport=transport, token=token, token_file=token_file,
+                  timeout=timeout)
