@@ -254,7 +254,7 @@ def test_paths_resolve_against_the_file_folder_or_the_working_directory(tmp_path
 def test_token_files_default_to_the_user_config_dir_and_cannot_be_emptied(tmp_path):
     cfg = load_config(env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": "relative/ignored"})
     assert cfg["security.token_file"] == tmp_path / ".config" / "kvstored" / "token"
-    with pytest.raises(ConfigError, match="set security.auth = none"):
+    with pytest.raises(ConfigError, match=r"set security\.auth = none"):
         load_config(env={"KVSTORED_SECURITY_TOKEN_FILE": ""})
 
 
