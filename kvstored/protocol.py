@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstored.errors import BadRequestError
+from kvstored.sdk.types import MAX_KEY_BYTES
 
 PROTOCOL_VERSION = 1
 #: Keys in one batch request (lookup, put_target, get, ...).
@@ -80,6 +81,25 @@ class Str(Shape):
     def check(self, value: Any, path: str) -> None:
         if type(value) is not str:
             raise self.fail(value, path)
+
+
+class KeyStr(Shape):
+    """An object key: a non-empty string of at most MAX_KEY_BYTES bytes of UTF-8 (what
+    every backend accepts; see :func:`kvstored.sdk.types.encode_key`)."""
+
+    expected = f"a key (a non-empty string of at most {MAX_KEY_BYTES} bytes)"
+
+    def check(self, value: Any, path: str) -> None:
+        if type(value) is not str:
+            raise self.fail(value, path)
+        if not _short_key(value) and not (value and len(value.encode()) <= MAX_KEY_BYTES):
+            raise self.fail(value, path, f"must be {self.expected}; this one has "
+                                         f"{len(value.encode())} bytes")
+
+
+def _short_key(value: str) -> bool:
+    # A UTF-8 character is at most 4 bytes, so this many characters always fit.
+    return 0 < len(value) <= MAX_KEY_BYTES // 4
 
 
 class Int(Shape):
@@ -154,7 +174,7 @@ class List(Shape):
             raise self.fail(value, path, f"has {len(value)} items, more than {self.max_len}")
         item = self.item
         # The common case (keys), kept cheap for big batches.
-        if type(item) is Str and all(type(v) is str for v in value):
+        if type(item) is KeyStr and all(type(v) is str and _short_key(v) for v in value):
             return
         for i, v in enumerate(value):
             item.check(v, f"{path}[{i}]")
@@ -230,8 +250,8 @@ class OpSpec:
                                   f"expected, but {shown}")
 
 
-Key = Str()
-Keys = List(Str())
+Key = KeyStr()
+Keys = List(Key)
 Size = Int(0, 2**63 - 1)
 Checksum = Int(0, 2**32 - 1)
 Tier = OneOf("dram", "ssd")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import socket
 import time
 from collections import Counter
@@ -63,6 +64,9 @@ Handler = Callable[["FramedSocket", dict[str, Any]],
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 #: accept() errors that mean "out of descriptors or memory for now", not "stop serving".
 _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: TCP keepalive: probe after 60 s idle, every 10 s, give up after 6 unanswered.
+KEEPALIVE = tuple((getattr(socket, name), value) for name, value in (
+    ("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)) if hasattr(socket, name))
 
 
 class FramedSocket:
@@ -77,10 +81,14 @@ class FramedSocket:
     """
 
     def __init__(self, sock: trio.socket.SocketType, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 *, max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD):
+                 *, max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD,
+                 send_stall: float = math.inf):
         self.sock = sock
         self.max_payload = max_payload
         self.max_header = max_header
+        #: A send that makes no progress for this long breaks the connection: a peer that
+        #: stopped reading must not hold the pins and buffers of its answer forever.
+        self.send_stall = send_stall
         self.payload_left = 0
         self.peer: Any = None
         self.role: Role | None = None
@@ -89,6 +97,11 @@ class FramedSocket:
         self._ahead = ReadAhead(read_ahead)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A peer that vanished without closing (a host gone, a cable pulled) is found
+            # in about two minutes, and its descriptor freed.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in KEEPALIVE:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
         except OSError:
             pass  # not TCP (a socketpair in tests)
 
@@ -152,7 +165,11 @@ class FramedSocket:
         views = [memoryview(p).cast("B") for p in payload if len(p)]
         pieces = [memoryview(pack_header(header, sum(v.nbytes for v in views))), *views]
         while pieces:
-            sent = await self.sock.sendmsg(pieces[:512])
+            sent = None
+            with trio.move_on_after(self.send_stall):
+                sent = await self.sock.sendmsg(pieces[:512])
+            if sent is None:
+                raise trio.BrokenResourceError(f"the peer read nothing for {self.send_stall:g}s")
             while sent:
                 if sent >= pieces[0].nbytes:
                     sent -= pieces[0].nbytes
@@ -171,6 +188,8 @@ class ServerLimits:
     preauth_header_limit: int = 4096
     max_connections: int = 1024
     max_unauthenticated_per_peer: int = 32
+    #: A peer that reads nothing of an answer for this long is disconnected.
+    send_stall: float = 120.0
 
 
 class _QuietLog:
@@ -282,7 +301,8 @@ class Service:
             return
         conn = FramedSocket(stream.socket, 0, max_header=self.limits.preauth_header_limit,
                             read_ahead=min(READ_AHEAD,
-                                           PREFIX.size + self.limits.preauth_header_limit))
+                                           PREFIX.size + self.limits.preauth_header_limit),
+                            send_stall=self.limits.send_stall)
         conn.peer = peer
         conn.admitted_as = address
         try:
