@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 import kvstored
 from kvstored.wire import MAGIC, PREFIX
@@ -120,6 +121,23 @@ def test_fuzzing_every_field_of_every_op_leaves_the_daemon_serving(daemon):
         peer.close()
     print("outcomes:", outcomes)
     assert outcomes.get("error bad_request", 0) > 1000  # the checks did the refusing
+    _still_serving(up)
+
+
+def test_a_put_of_a_key_no_backend_accepts_is_refused_at_the_door(daemon):
+    """An empty key was stored in DRAM, then its offload raised and took the daemon down."""
+    up = daemon()
+    ports = _ports(up)
+    peer = wirefuzz.Peer(ports, _tokens())
+    for key in ("", "k" * 1025, "é" * 513):
+        case = wirefuzz.Case(f"put of key {key[:8]!r}…", "node", "client", wirefuzz.pack(
+            {"op": "put", "keys": [key], "sizes": [3], "checksums": [crc32c(b"abc")]}, 3),
+            b"abc")
+        got = peer.send(case)
+        assert got.startswith("error bad_request") and "key" in got, f"{case} -> {got}"
+    peer.close()
+    with kvstored.connect(up.addr, token=CLIENT_TOKEN) as c:
+        assert c.call("flush", wait=True)["done"]  # an offload round has run
     _still_serving(up)
 
 
