@@ -70,6 +70,20 @@ def create_token_file(path: Path) -> str:
     exists; either way return the token in the file. Concurrent starts agree: the file
     appears whole or not at all (written aside, then linked into place)."""
     path = Path(path)
+    try:
+        token = _create_token_file(path)
+    except FileExistsError:
+        return read_token_file(path)
+    except OSError as exc:
+        raise CredentialsError(
+            f"cannot create the token file {path}: {exc.strerror or exc}; name a writable "
+            "place with security.token_file / security.node_token_file (or the flags), or "
+            "set XDG_CONFIG_HOME") from None
+    log.info("created the token file %s (mode 0600)", path)
+    return token
+
+
+def _create_token_file(path: Path) -> str:
     make_private_dir(path.parent)
     token = secrets.token_urlsafe(TOKEN_BYTES)
     aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
@@ -82,9 +96,7 @@ def create_token_file(path: Path) -> str:
     finally:
         os.close(fd)
     try:
-        os.link(aside, path)
-    except FileExistsError:
-        return read_token_file(path)
+        os.link(aside, path)  # FileExistsError: a concurrent start made it first
     finally:
         aside.unlink()
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -92,7 +104,6 @@ def create_token_file(path: Path) -> str:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    log.info("created the token file %s (mode 0600)", path)
     return token
 
 

@@ -4,6 +4,7 @@ tests/faults/test_security.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import stat
 import threading
 
@@ -104,3 +105,14 @@ def test_a_client_finds_its_token_in_order(tmp_path, monkeypatch):
     assert find_client_token("given", str(explicit)).token == "given"
     monkeypatch.setenv("KVSTORED_SECURITY_AUTH", "none")
     assert find_client_token().token is None
+
+
+def test_a_token_file_that_cannot_be_created_is_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    locked.chmod(0o500)
+    if os.access(locked, os.W_OK):  # root ignores modes: use a path under a file instead
+        locked = tmp_path / "a-file"
+        locked.write_text("")
+    with pytest.raises(CredentialsError, match="cannot create the token file"):
+        create_token_file(locked / "kvstored" / "token")
