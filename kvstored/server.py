@@ -8,6 +8,7 @@ DRAM segment.
 from __future__ import annotations
 
 import logging
+import resource
 import signal
 from typing import Any
 
@@ -28,6 +29,23 @@ from kvstored.security import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _open_files_for(cfg: Config, servers: int) -> None:
+    """Raise this process's open-files limit so that ``servers`` servers can each hold
+    security.max_connections connections (plus files and a margin); say so if the hard
+    limit does not allow it, since accept() would then fail with EMFILE first."""
+    need = servers * cfg["security.max_connections"] + 512
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < need:
+        log.warning("the open-files limit is %d, too low for security.max_connections = %d "
+                    "on %d server(s); lower the setting or raise the limit (ulimit -Hn)",
+                    target, cfg["security.max_connections"], servers)
 
 
 def server_limits(cfg: Config) -> ServerLimits:
@@ -117,6 +135,7 @@ async def _until_signalled(cancel_scope: trio.CancelScope) -> None:
 
 
 async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
     if cfg["master.metrics"]:
@@ -129,6 +148,7 @@ async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> No
 
 
 async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
     node = build_node(cfg, registry=registry)
     if cfg["node.metrics"]:
@@ -142,6 +162,7 @@ async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The master and one node in this process; the node reaches the master over
     loopback like any other node, so the embedded store behaves like a cluster."""
+    _open_files_for(cfg, servers=2)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
     metrics = cfg["master.metrics"] or cfg["node.metrics"]
