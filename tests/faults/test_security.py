@@ -224,6 +224,12 @@ def test_a_client_token_cannot_send_node_operations_nor_forge_a_commit(start, sh
     assert _request(sock, reader, {"op": "status"})["ok"]  # the connection is still fine
     assert hello["role"] == "client"
     sock.close()
+    # A node hands its segment's name and token only to peers that authenticated.
+    node_address = _node_address(up.addr, token)
+    for bad in (None, "wrong", "é"):
+        sock, _, hello = _hello(node_address, "client", bad)
+        assert not hello["ok"] and "segment" not in hello and "token" not in hello, hello
+        sock.close()
     # Nor can the client token claim the node role in its hello.
     sock, _, hello = _hello(up.address, "node", token)
     assert hello["error"]["code"] == "unauthorized" and "node token" in hello["error"]["message"]
