@@ -91,16 +91,18 @@ def client_settings(run: CliState, *, wait_timeout: str | None = None) -> Client
         "client.wait_timeout": wait_timeout, "security.token_file": run.token_file},
         flag_names=FLAGS)
     return ClientSettings(master=cfg["client.master"],
-                          token=read_token(cfg["security.token_file"],
-                                           cfg.source("security.token_file")),
+                          token=None if cfg["security.auth"] == "none" else read_token(
+                              cfg["security.token_file"], cfg.source("security.token_file")),
                           transport=cfg["client.transport"], timeout=cfg["client.timeout"],
                           connect_timeout=cfg["client.connect_timeout"],
                           wait_timeout=cfg["client.wait_timeout"])
 
 
 def read_token(path: Path | None, source: str) -> str | None:
-    """The shared secret in ``path`` (``None``: no token); errors name the file."""
-    if not path:
+    """The client token in ``path`` (``None``: no token); errors name the file. The
+    default file is absent until a master of this user first started (docs/security.md):
+    then the server says whether it needs a token."""
+    if not path or (source == "default" and not Path(path).exists()):
         return None
     try:
         token = Path(path).read_text().strip()
