@@ -3,7 +3,8 @@
 - Budgets are taken in ascending order. A budget whose block count is at least the
   trace's unique blocks is not simulated (it could only return the ceiling), and neither
   is any larger one.
-- A budget of 0 blocks is a cache that holds nothing: 0 hits.
+- A budget of 0 blocks is a cache that holds nothing: 0 hits; except for ``tiered``,
+  where the budget is the DRAM tier and 0 DRAM leaves the SSD tier (lru on the SSD).
 - When a policy's cache never filled during the warm-up, that budget's point is
   replaced by the ceiling for every policy (mode ``ceiling_no_pressure``) and the curve
   ends there.
@@ -79,6 +80,8 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
     seen: set[PolicySpec] = set()
     for k, budget in enumerate(simulated):
         if budget.blocks == 0:
+            if "tiered" in spec.policies and spec.tier.ssd_blocks > 0:
+                tasks.append((k, _specs(spec, budget)["tiered"], False))
             continue
         wanted = [(s, True) for s in _specs(spec, budget).values()]
         if "tiered" in spec.policies:
@@ -148,7 +151,11 @@ def _point(replay: Replay, spec: SweepSpec, budget: Budget, results, ceiling: Ru
         empty = RunResult(0, replay.measured_tokens(), False)
         out = {p: _result(empty) for p in spec.policies}
         if "tiered" in out:
-            out["tiered"] = tiered.point(spec.tier, empty, lru_dram_hits=None,
+            ssd_only = results.get(specs["tiered"], empty)
+            if ssd_only.underfilled:  # the SSD never filled: it holds every block
+                ssd_only = RunResult(ceiling.hit_tokens, ceiling.total_tokens, False,
+                                     ssd_hit_tokens=ceiling.hit_tokens)
+            out["tiered"] = tiered.point(spec.tier, ssd_only, lru_dram_hits=None,
                                          lru_total_hits=None, requests=measured,
                                          bytes_per_token=bytes_per_token) | {"mode": FIXED}
         return {"gib": budget.gib, "cacheBlocks": budget.blocks, "mode": FIXED, "results": out}
