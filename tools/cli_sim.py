@@ -29,14 +29,20 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
         click.echo(json.dumps({"precisions": table.precisions, "models": rows}, indent=1))
         return
     out = Table(header_style="bold", title="KV-cache bytes per token")
-    for name in ("model", "formula", "shape", *table.precisions):
-        out.add_column(name, justify="left" if name in ("model", "formula", "shape") else
-                       "right")
+    out.caption = ("* depends on the sequence length: shown at 4,096 tokens; the simulator "
+                   "sizes it at the trace's mean input length")
+    for name in ("model", "family", "formula", *table.precisions):
+        out.add_column(name, justify="left" if name in ("model", "family", "formula") else
+                       "right", no_wrap=name == "model")
     for row in rows:
-        shape = " ".join(f"{k}={v}" for k, v in row["shape"].items())
-        out.add_row(row["id"], row["formula"], shape,
-                    *[f"{row['bytesPerToken'][p]:,.0f}" for p in table.precisions])
-    Console().print(out)
+        mark = "*" if row["tokenDependent"] else ""
+        out.add_row(row["id"], row["family"], row["formula"],
+                    *[f"{row['bytesPerToken'][p]:,.0f}{mark}" if p in row["bytesPerToken"]
+                      else "-" for p in table.precisions])
+    console = Console()
+    if not console.is_terminal:
+        console.width = 160
+    console.print(out)
 
 
 @click.command("sim")
@@ -49,8 +55,17 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
 @click.option("--model", help="Model whose KV bytes per token size the blocks "
                               "(--list-models).")
 @click.option("--bytes-per-token", type=float, help="KV bytes per token, instead of --model.")
-@click.option("--precision", type=click.Choice(["bf16", "fp8", "fp4"]), default="bf16",
-              show_default=True, help="KV precision of --model.")
+@click.option("--precision", "--kv-precision", "precision",
+              help="KV precision of --model: bf16, fp8, fp4 (or the reference's bf16_fp16, "
+                   "fp8_int8, fp4_int4); default: the model's own (bf16 for most).")
+@click.option("--indexer-precision", help="Precision of the sparse-attention indexer keys, "
+                                          "for models that have them (default: the model's, "
+                                          "else the KV precision).")
+@click.option("--include-draft-kv", is_flag=True,
+              help="Add the KV of the model's draft (MTP / next-n) layers.")
+@click.option("--estimate-tokens", type=click.IntRange(min=1),
+              help="Sequence length that sizes models with sliding-window or compressed "
+                   "layers (default: the trace's mean input length).")
 @click.option("--models-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="A TOML model table adding to or overriding the packaged one.")
 @click.option("--budgets", help="Cache budgets, e.g. 1GiB,512GiB,2TiB (a bare number is GiB); "
@@ -89,7 +104,8 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
               help="Write a self-contained HTML report.")
 @click.option("--list-models", is_flag=True, help="Print the model table and exit.")
 @reports_errors
-def sim(traces, fmt, block_size, model, bytes_per_token, precision, models_file, budgets,
+def sim(traces, fmt, block_size, model, bytes_per_token, precision, indexer_precision,
+        include_draft_kv, estimate_tokens, models_file, budgets,
         blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion, prefill_tps,
         dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, plot, html,
         list_models):
@@ -107,7 +123,9 @@ def sim(traces, fmt, block_size, model, bytes_per_token, precision, models_file,
         raise UsageProblem("give a trace to simulate (see kvstore sim --help)")
     options = SimOptions(
         fmt=fmt, block_size=block_size, model=model, bytes_per_token=bytes_per_token,
-        precision=precision, models_file=models_file, budgets_gib=parse_gib_list(budgets),
+        precision=precision, indexer_precision=indexer_precision,
+        include_draft_kv=include_draft_kv, estimate_tokens=estimate_tokens,
+        models_file=models_file, budgets_gib=parse_gib_list(budgets),
         blocks=parse_int_list(blocks, "--blocks"),
         policies=split_list(policies) or [], warmup=warmup,
         ssd_gib=parse_gib(ssd) if ssd else None, ssd_blocks=ssd_blocks,

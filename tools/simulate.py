@@ -27,7 +27,10 @@ class SimOptions:
     block_size: int | None = None
     model: str | None = None
     bytes_per_token: float | None = None
-    precision: str = "bf16"
+    precision: str | None = None               # default: the model's own
+    indexer_precision: str | None = None
+    include_draft_kv: bool = False
+    estimate_tokens: int | None = None         # default: the trace's mean input length
     models_file: Path | None = None
     budgets_gib: list[float] | None = None     # default: 1 GiB .. 16 TiB
     blocks: list[int] | None = None            # instead of budgets
@@ -80,10 +83,8 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
     started = time.perf_counter()
     table = models.load(options.models_file)
     if options.model:
-        bytes_per_token = table.bytes_per_token(options.model, options.precision)
-    else:
-        bytes_per_token = options.bytes_per_token
-    if bytes_per_token is None and options.blocks is None:
+        table.get(options.model)  # an unknown model fails before the trace is read
+    elif options.bytes_per_token is None and options.blocks is None:
         raise UsageProblem("give --model (see --list-models) or --bytes-per-token to turn "
                            "budgets into blocks, or give capacities in --blocks")
     if progress:
@@ -92,6 +93,15 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
     if trace is None:
         trace = reader.load(paths, options.fmt, options.block_size)
     loaded = time.perf_counter()
+    sizing = None
+    if options.model:
+        sizing = table.sizing(options.model, options.precision,
+                              indexer_precision=options.indexer_precision,
+                              tokens=options.estimate_tokens or estimate_tokens(trace),
+                              draft=options.include_draft_kv)
+        bytes_per_token = sizing.bytes_per_token
+    else:
+        bytes_per_token = options.bytes_per_token
     if progress:
         progress(0, 1, "building the prefix trie")
     replay = Replay(trace, options.warmup, next_use="optimal" in options.policies,
@@ -120,7 +130,7 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
         "version": __version__,
         "engine": replay.engine,
         "trace": trace.summary() | {"uniqueBlocks": replay.unique_blocks},
-        "model": _model_info(table, options, bytes_per_token),
+        "model": _model_info(table, options, sizing, bytes_per_token),
         "blockSize": trace.block_size,
         "bytesPerToken": bytes_per_token,
         "bytesPerBlock": bytes_per_block,
@@ -154,11 +164,19 @@ def _budgets(options: SimOptions, bytes_per_block: float | None) -> list[sweep.B
     return [sweep.Budget(g, planning.cache_blocks(g, bytes_per_block)) for g in gibs]
 
 
-def _model_info(table: models.ModelTable, options: SimOptions, bytes_per_token) -> dict | None:
-    if options.model:
+def estimate_tokens(trace: EventTrace) -> int:
+    """The sequence length that length-dependent formulas are sized at: the trace's mean
+    input tokens (the sum of the block weights over the requests), as the reference
+    simulator takes it."""
+    return max(1, int(int(trace.tokens.sum(dtype="uint64")) // max(1, trace.requests)))
+
+
+def _model_info(table: models.ModelTable, options: SimOptions, sizing, bytes_per_token
+                ) -> dict | None:
+    if sizing is not None:
         model = table.models[options.model]
-        return {"id": model.id, "label": model.label, "precision": options.precision,
-                "formula": model.formula}
+        return {"id": model.id, "label": model.label, "formula": model.formula,
+                "family": model.family} | sizing.to_dict()
     if bytes_per_token:
         return {"id": None, "label": f"{bytes_per_token:g} bytes/token (given)",
                 "precision": None, "formula": None}

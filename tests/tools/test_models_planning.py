@@ -24,9 +24,24 @@ def test_published_values():
 
 def test_every_formula_is_covered():
     table = models.load()
-    assert {m.formula for m in table.models.values()} == {"gqa", "mla", "mla_indexer"}
+    assert {m.formula for m in table.models.values()} == set(models.FORMULAS)
     assert set(table.precisions) == {"bf16", "fp8", "fp4"}
     assert all(m.source for m in table.models.values())
+
+
+def test_precision_defaults_and_fixed_formats():
+    table = models.load()
+    # DeepSeek-V4 defaults to FP8 KV with FP4 indexer keys; V4.1 ships in FP4 only.
+    v4 = table.sizing("deepseek-v4-flash", tokens=4096)
+    assert (v4.precision, v4.indexer_precision) == ("fp8", "fp4")
+    assert table.sizing("deepseek-v4.1-flash", "bf16", tokens=4096).precision == "fp4"
+    # the reference's precision ids are accepted as they are
+    assert table.bytes_per_token("glm-5.1", "fp8_int8") == 109_824 // 2
+    # the indexer precision moves only the indexer part
+    mixed = table.sizing("glm-5.1", "bf16", indexer_precision="fp8")
+    assert mixed.kv_bytes_per_token == 89_856 and mixed.indexer_bytes_per_token == 9_984
+    # a draft model adds its layers
+    assert table.bytes_per_token("glm-5.1", draft=True) > 109_824
 
 
 def test_user_table_adds_and_overrides(tmp_path):
@@ -38,7 +53,7 @@ def test_user_table_adds_and_overrides(tmp_path):
     assert table.bytes_per_token("tiny") == 2 * 2 * 1 * 4 * 2
     assert table.bytes_per_token("glm-5.1", "fp32") == 64
     extra.write_text('[models."bad"]\nformula = "gqa"\nlayers = 2\n')
-    with pytest.raises(UsageProblem, match="needs a positive integer kv_heads"):
+    with pytest.raises(UsageProblem, match=r"needs num_key_value_heads \(or kv_heads\)"):
         models.load(extra)
     with pytest.raises(UsageProblem, match="unknown model"):
         models.load().bytes_per_token("gpt-9")
