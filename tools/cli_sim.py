@@ -1,12 +1,18 @@
-"""``kvstore sim``: the hit-rate simulator on the command line (docs/simulator.md)."""
+"""``kvstore sim``: the hit-rate simulator on the command line (docs/simulator.md).
+
+``kvstore sim TRACE...`` sweeps budgets (the ``run`` subcommand, taken when the first
+word is no subcommand); ``kvstore sim plan TRACE...`` sizes DRAM and SSD together.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from pathlib import Path
 
 import click
-from kvstored.tools import html_report, models, plots, report_table, tiered
+from kvstored.tools import html_report, models, plots, reference_schema, report_table, tiered
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
     parse_gib,
@@ -45,29 +51,117 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
     console.print(out)
 
 
-@click.command("sim")
-@click.argument("traces", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True,
-              help="Trace format; auto looks at the first record.")
-@click.option("--block-size", type=click.IntRange(min=1),
-              help="Tokens per block when the trace does not say (default: 512 Mooncake, "
-                   "16 Bailian, 64 sessions).")
-@click.option("--model", help="Model whose KV bytes per token size the blocks "
-                              "(--list-models).")
-@click.option("--bytes-per-token", type=float, help="KV bytes per token, instead of --model.")
-@click.option("--precision", "--kv-precision", "precision",
-              help="KV precision of --model: bf16, fp8, fp4 (or the reference's bf16_fp16, "
-                   "fp8_int8, fp4_int4); default: the model's own (bf16 for most).")
-@click.option("--indexer-precision", help="Precision of the sparse-attention indexer keys, "
-                                          "for models that have them (default: the model's, "
-                                          "else the KV precision).")
-@click.option("--include-draft-kv", is_flag=True,
-              help="Add the KV of the model's draft (MTP / next-n) layers.")
-@click.option("--estimate-tokens", type=click.IntRange(min=1),
-              help="Sequence length that sizes models with sliding-window or compressed "
-                   "layers (default: the trace's mean input length).")
-@click.option("--models-file", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="A TOML model table adding to or overriding the packaged one.")
+class _DefaultRun(click.Group):
+    """A group whose default subcommand is ``run``: ``kvstore sim TRACE`` is
+    ``kvstore sim run TRACE`` (a trace file named like a subcommand: write ``./plan``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("sim", cls=_DefaultRun, context_settings={"help_option_names": ["-h", "--help"]})
+def sim() -> None:
+    """Simulate KV-cache hit rates (kvstore sim TRACE..., see kvstore sim run --help) and
+    plan DRAM + SSD capacity (kvstore sim plan --help)."""
+
+
+def trace_options(command):
+    """The options that name and read the trace, shared by run and plan."""
+    for option in reversed((
+        click.argument("traces", nargs=-1, type=click.Path(path_type=Path)),
+        click.option("--trace", "trace_opts", multiple=True, metavar="TRACE",
+                     help="A trace (repeatable), as the positional TRACE: a file, a session "
+                          "directory, - for standard input,."),
+        click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto",
+                     show_default=True, help="Trace format; auto looks at the first record."),
+        click.option("--block-size", type=click.IntRange(min=1),
+                     help="Tokens per block when the trace does not say (default: 512 "
+                          "Mooncake, 16 Bailian, 64 sessions)."),
+        click.option("--skip-bad-lines", is_flag=True,
+                     help="Leave out (and count) lines that are not valid records instead of "
+                          "stopping at the first."),
+    )):
+        command = option(command)
+    return command
+
+
+def model_options(command):
+    """The options that turn budgets into blocks."""
+    for option in reversed((
+        click.option("--model", help="Model whose KV bytes per token size the blocks "
+                                     "(--list-models)."),
+        click.option("--bytes-per-token", type=float,
+                     help="KV bytes per token, instead of --model."),
+        click.option("--precision", "--kv-precision", "precision",
+                     help="KV precision of --model: bf16, fp8, fp4 (or the reference's "
+                          "bf16_fp16, fp8_int8, fp4_int4); default: the model's own."),
+        click.option("--indexer-precision",
+                     help="Precision of the sparse-attention indexer keys, for models that "
+                          "have them (default: the model's, else the KV precision)."),
+        click.option("--include-draft-kv", is_flag=True,
+                     help="Add the KV of the model's draft (MTP / next-n) layers."),
+        click.option("--estimate-tokens", type=click.IntRange(min=1),
+                     help="Sequence length that sizes models with sliding-window or "
+                          "compressed layers (default: the trace's mean input length)."),
+        click.option("--models-file", type=click.Path(path_type=Path, exists=True,
+                                                      dir_okay=False),
+                     help="A TOML model table adding to or overriding the packaged one."),
+    )):
+        command = option(command)
+    return command
+
+
+def output_options(command):
+    for option in reversed((
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+        click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Write the table (or JSON) to this file instead of the terminal."),
+    )):
+        command = option(command)
+    return command
+
+
+def all_traces(traces: tuple, trace_opts: tuple) -> list:
+    found = [*trace_opts, *traces]
+    if not found:
+        raise UsageProblem("give a trace (a file, or - for standard input)")
+    return found
+
+
+def write_output(text: str, output: Path | None) -> None:
+    """Print, or write ``output`` whole (through a temporary name, so an interrupted run
+    never leaves half a file)."""
+    if output is None:
+        click.echo(text)
+        return
+    partial = output.with_name(output.name + ".partial")
+    try:
+        partial.write_text(text if text.endswith("\n") else text + "\n")
+        os.replace(partial, output)
+        click.echo(f"wrote {output}", err=True)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageProblem(f"{output}: cannot write ({exc.strerror or exc})") from None
+
+
+def render_console(render, output: Path | None) -> None:
+    """Run ``render(console)`` on the terminal, or into ``output`` as plain text."""
+    if output is None:
+        console = Console()
+        if not console.is_terminal:  # a file or a pipe: no reason to wrap at 80 columns
+            console.width = 160
+        render(console)
+        return
+    buffer = io.StringIO()
+    render(Console(file=buffer, width=160, no_color=True, force_terminal=False))
+    write_output(buffer.getvalue(), output)
+
+
+@sim.command("run")
+@trace_options
+@model_options
 @click.option("--budgets", help="Cache budgets, e.g. 1GiB,512GiB,2TiB (a bare number is GiB); "
                                 "default 1 GiB to 16 TiB in powers of two.")
 @click.option("--blocks", help="Capacities in blocks instead of --budgets, e.g. 100,1000.")
@@ -96,7 +190,12 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
 @click.option("--jobs", type=click.IntRange(min=0), default=1, show_default=True,
               help="Replays run at once on threads (0: one per CPU). Each thread keeps its "
                    "own workspace, about 4 bytes per unique block.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@output_options
+@click.option("--json-schema", "schema", type=click.Choice(["kvstored", "reference"]),
+              default="kvstored", show_default=True,
+              help="JSON layout: kvstored's, or the reference simulator's "
+                   "(kvcache-simulator run --format json), for scripts written for it. "
+                   "Implies --json.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a PNG of hit rate and speedup against budget (and, with tiered, "
                    "NAME-tiers.png: hits by tier and the TTFT model).")
@@ -104,23 +203,26 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
               help="Write a self-contained HTML report.")
 @click.option("--list-models", is_flag=True, help="Print the model table and exit.")
 @reports_errors
-def sim(traces, fmt, block_size, model, bytes_per_token, precision, indexer_precision,
-        include_draft_kv, estimate_tokens, models_file, budgets,
-        blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion, prefill_tps,
-        dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, plot, html,
-        list_models):
+def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
+        precision, indexer_precision, include_draft_kv, estimate_tokens, models_file,
+        budgets, blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion,
+        prefill_tps, dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, output,
+        schema, plot, html, list_models):
     """Simulate the KV-cache hit rate of TRACE... against cache budgets and policies.
 
     \b
     TRACE is a Mooncake or Bailian JSONL file (optionally .gz), a session JSON file, a
-    directory of session files, a JSONL of sessions, or a binary event file from
-    `kvstore trace convert`. Several traces are replayed one after another.
+    directory of session files, a JSONL of sessions, a binary event file from
+    `kvstore trace convert`, or - for standard input.
+    Several traces are replayed one after another.
+
+    \b
+    kvstore sim plan TRACE...  sizes DRAM and SSD together (kvstore sim plan --help).
     """
     if list_models:
         _list_models(models_file, as_json)
         return
-    if not traces:
-        raise UsageProblem("give a trace to simulate (see kvstore sim --help)")
+    paths = all_traces(traces, trace_opts)
     options = SimOptions(
         fmt=fmt, block_size=block_size, model=model, bytes_per_token=bytes_per_token,
         precision=precision, indexer_precision=indexer_precision,
@@ -131,9 +233,10 @@ def sim(traces, fmt, block_size, model, bytes_per_token, precision, indexer_prec
         ssd_gib=parse_gib(ssd) if ssd else None, ssd_blocks=ssd_blocks,
         write_through=tier_mode == "write-through", promote=promotion,
         prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
-        knee_speedup_per_tib=knee_per_tib, knee_policy=knee_policy, jobs=jobs)
+        knee_speedup_per_tib=knee_per_tib, knee_policy=knee_policy, jobs=jobs,
+        skip_bad_lines=skip_bad_lines, count_distinct_ids=schema == "reference")
     with progress_bar(enabled=True) as progress:
-        result = simulate(list(traces), options, progress=progress)
+        result = simulate(paths, options, progress=progress)
     tier_plot = None
     if plot:
         plots.save(plots.sim_figure(result), plot)
@@ -142,13 +245,15 @@ def sim(traces, fmt, block_size, model, bytes_per_token, precision, indexer_prec
             plots.save(plots.tier_figure(result), tier_plot)
     if html:
         html_report.write(result, html)
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
+    if as_json or schema == "reference":
+        document = reference_schema.convert(result) if schema == "reference" else result
+        write_output(json.dumps(document, indent=1), output)
         return
-    console = Console()
-    if not console.is_terminal:  # a file or a pipe: no reason to wrap at 80 columns
-        console.width = 160
-    report_table.render(result, console)
-    for label, path in (("plot", plot), ("tier plot", tier_plot), ("report", html)):
-        if path:
-            console.print(f"[bold]Wrote[/] {label}: {path}")
+
+    def render(console: Console) -> None:
+        report_table.render(result, console)
+        for label, path in (("plot", plot), ("tier plot", tier_plot), ("report", html)):
+            if path:
+                console.print(f"[bold]Wrote[/] {label}: {path}")
+
+    render_console(render, output)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import click
-from kvstored.tools import reader, stats, writers
+from kvstored.tools import reader, report_table, stats, writers
 from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors
 from kvstored.tools.errors import UsageProblem
 from rich.console import Console
@@ -20,13 +20,17 @@ def trace() -> None:
     """Describe traces and convert them between formats."""
 
 
-def _load(traces, fmt, block_size):
+def _load(traces, fmt, block_size, skip_bad_lines=False):
     if not traces:
         raise UsageProblem("give a trace")
     with progress_bar(enabled=True) as progress:
         if progress:
             progress(0, 1, "reading the trace")
-        return reader.load(list(traces), fmt, block_size)
+        loaded = reader.load(list(traces), fmt, block_size, skip_bad_lines=skip_bad_lines)
+    note = report_table.bad_lines_note(loaded.summary())
+    if note:
+        click.echo(note, err=True)
+    return loaded
 
 
 def _duration(seconds: float) -> str:
@@ -42,15 +46,17 @@ def _duration(seconds: float) -> str:
               help="Tokens per block when the trace does not say.")
 @click.option("--warmup", type=float, default=0.5, show_default=True,
               help="Warm-up share for the ceiling (as in kvstore sim).")
+@click.option("--skip-bad-lines", is_flag=True,
+              help="Leave out (and count) lines that are not valid records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a PNG of the reuse-gap distribution.")
 @reports_errors
-def stats_command(traces, fmt, block_size, warmup, as_json, plot):
+def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot):
     """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
     if not 0 <= warmup < 1:
         raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
-    loaded = _load(traces, fmt, block_size)
+    loaded = _load(traces, fmt, block_size, skip_bad_lines)
     result = stats.describe(loaded, warmup=warmup)
     if plot:
         from kvstored.tools import plots
@@ -98,10 +104,12 @@ def stats_command(traces, fmt, block_size, warmup, as_json, plot):
 @click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True)
 @click.option("--block-size", type=click.IntRange(min=1),
               help="Tokens per block when the trace does not say.")
+@click.option("--skip-bad-lines", is_flag=True,
+              help="Leave out (and count) lines that are not valid records.")
 @reports_errors
-def convert_command(traces, target, output, fmt, block_size):
+def convert_command(traces, target, output, fmt, block_size, skip_bad_lines):
     """Convert TRACE... to another format; the replay stays exactly the same."""
-    loaded = _load(traces, fmt, block_size)
+    loaded = _load(traces, fmt, block_size, skip_bad_lines)
     if output.resolve() in {Path(t).resolve() for t in traces}:
         raise UsageProblem(f"{output} is also an input; write elsewhere")
     writers.write(loaded, target, output)

@@ -28,6 +28,9 @@ class EventTrace:
     sources: list[str] = field(default_factory=list)
     skipped: int = 0           # records without blocks, left out as the reference does
     id_names: list[str] = field(default_factory=list)  # texts of interned ids
+    bad_lines: dict | None = None  # with --skip-bad-lines: {"skipped": n, "examples": [...]}
+    kinds: np.ndarray | None = None  # int16 [requests]: index into kind_names, -1 none
+    kind_names: list[str] = field(default_factory=list)  # request types (Bailian, sessions)
 
     @property
     def requests(self) -> int:
@@ -53,6 +56,7 @@ class EventTrace:
             "inputTokens": int(self.input_lengths.sum()),
             "blockTokens": int(self.tokens.sum(dtype=np.uint64)),
             "skippedRecords": self.skipped,
+            "badLines": self.bad_lines,
             "timeSpanSeconds": span,
         }
 
@@ -70,8 +74,10 @@ def block_weights(offsets: np.ndarray, input_lengths: np.ndarray, block_size: in
 def build(ids: np.ndarray, counts: np.ndarray, input_lengths: np.ndarray,
           timestamps: np.ndarray, output_lengths: np.ndarray, block_size: int, fmt: str, *,
           sources: list[str], skipped: int = 0, id_names: list[str] | None = None,
-          explicit_tokens: dict[int, list[int]] | None = None) -> EventTrace:
-    """Assemble an EventTrace; ``explicit_tokens`` maps a request to its own weights."""
+          explicit_tokens: dict[int, list[int]] | None = None,
+          kinds: list | None = None) -> EventTrace:
+    """Assemble an EventTrace; ``explicit_tokens`` maps a request to its own weights,
+    ``kinds`` gives each request's type (or None)."""
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     input_lengths = np.asarray(input_lengths, dtype=np.int64)
@@ -82,7 +88,18 @@ def build(ids: np.ndarray, counts: np.ndarray, input_lengths: np.ndarray,
         ids=np.asarray(ids, dtype=np.int64), tokens=tokens, offsets=offsets,
         timestamps=np.asarray(timestamps, dtype=np.float64), input_lengths=input_lengths,
         output_lengths=np.asarray(output_lengths, dtype=np.int64), block_size=block_size,
-        format=fmt, sources=sources, skipped=skipped, id_names=list(id_names or []))
+        format=fmt, sources=sources, skipped=skipped, id_names=list(id_names or []),
+        **_kind_codes(kinds))
+
+
+def _kind_codes(kinds: list | None) -> dict:
+    """Request types as codes; nothing when no request has one."""
+    if not kinds or all(k is None for k in kinds):
+        return {}
+    names = sorted({str(k) for k in kinds if k is not None})
+    index = {name: i for i, name in enumerate(names)}
+    codes = np.array([index[str(k)] if k is not None else -1 for k in kinds], dtype=np.int16)
+    return {"kinds": codes, "kind_names": names}
 
 
 def concatenate(traces: list[EventTrace]) -> EventTrace:
@@ -106,4 +123,4 @@ def concatenate(traces: list[EventTrace]) -> EventTrace:
         output_lengths=np.concatenate([t.output_lengths for t in traces]),
         block_size=traces[0].block_size, format=traces[0].format,
         sources=[s for t in traces for s in t.sources],
-        skipped=sum(t.skipped for t in traces))
+        skipped=sum(t.skipped for t in traces), bad_lines=traces[0].bad_lines)

@@ -27,9 +27,21 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.2f}%"
 
 
+def bad_lines_note(trace: dict) -> str | None:
+    """One line on what --skip-bad-lines left out, or None."""
+    bad = trace.get("badLines")
+    if not bad or not bad["skipped"]:
+        return None
+    return f"Skipped {bad['skipped']:,} bad line(s) (--skip-bad-lines); first: " \
+           f"{bad['examples'][0]}"
+
+
 def render(result: dict, console: Console) -> None:
     trace = result["trace"]
     model = result["model"]
+    note = bad_lines_note(trace)
+    if note:
+        console.print(f"[yellow]{note}[/]", markup=True, highlight=False)
     console.print(f"[bold]Trace[/]: {', '.join(trace['sources'])} ({trace['format']}): "
                   f"{trace['requests']:,} requests, {trace['blockEvents']:,} block events, "
                   f"{trace['uniqueBlocks']:,} unique prefix blocks of {result['blockSize']} "
@@ -38,6 +50,11 @@ def render(result: dict, console: Console) -> None:
         per_block = result["bytesPerBlock"]
         console.print(f"[bold]Model[/]: {model['label']}"
                       + (f" at {model['precision']}" if model.get("precision") else "")
+                      + (f" (indexer {model['indexerPrecision']})"
+                         if model.get("indexerPrecision") else "")
+                      + (" with draft KV" if model.get("includeDraftKv") else "")
+                      + (f", sized at {model['estimateTokens']:,} tokens"
+                         if model.get("tokenDependent") else "")
                       + f": {result['bytesPerToken']:,.0f} bytes/token, "
                         f"{format_size(per_block)} per block")
     console.print(f"[bold]Measured[/]: requests {result['warmupRequests']:,} onwards "

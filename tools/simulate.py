@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from kvstored.tools import models, planning, reader, sweep, tiered
 from kvstored.tools.core import POLICIES, Replay
 from kvstored.tools.errors import UsageProblem
@@ -48,6 +49,8 @@ class SimOptions:
     s3fifo_small: float = 0.1
     jobs: int = 1                              # replays at once; 0: one per CPU
     engine: str = "auto"
+    skip_bad_lines: bool = False               # count and leave out malformed lines
+    count_distinct_ids: bool = False           # the reference layout's rawUniqueBlocks
 
 
 def default_jobs() -> int:
@@ -91,19 +94,21 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
         progress(0, 1, "reading the trace")
     owned = trace is None
     if trace is None:
-        trace = reader.load(paths, options.fmt, options.block_size)
+        trace = reader.load(paths, options.fmt, options.block_size,
+                            skip_bad_lines=options.skip_bad_lines)
     loaded = time.perf_counter()
     sizing = None
+    sizing_tokens = options.estimate_tokens or estimate_tokens(trace)
     if options.model:
         sizing = table.sizing(options.model, options.precision,
                               indexer_precision=options.indexer_precision,
-                              tokens=options.estimate_tokens or estimate_tokens(trace),
-                              draft=options.include_draft_kv)
+                              tokens=sizing_tokens, draft=options.include_draft_kv)
         bytes_per_token = sizing.bytes_per_token
     else:
         bytes_per_token = options.bytes_per_token
     if progress:
         progress(0, 1, "building the prefix trie")
+    distinct = len(np.unique(trace.ids)) if options.count_distinct_ids else None
     replay = Replay(trace, options.warmup, next_use="optimal" in options.policies,
                     engine=options.engine)
     if owned:  # the block ids are in the trie now; free their 8 bytes per event
@@ -129,8 +134,9 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
         "tool": "kvstore sim",
         "version": __version__,
         "engine": replay.engine,
-        "trace": trace.summary() | {"uniqueBlocks": replay.unique_blocks},
-        "model": _model_info(table, options, sizing, bytes_per_token),
+        "trace": trace.summary() | {"uniqueBlocks": replay.unique_blocks,
+                                    "distinctIds": distinct},
+        "model": _model_info(table, options, sizing, bytes_per_token, sizing_tokens),
         "blockSize": trace.block_size,
         "bytesPerToken": bytes_per_token,
         "bytesPerBlock": bytes_per_block,
@@ -171,12 +177,13 @@ def estimate_tokens(trace: EventTrace) -> int:
     return max(1, int(int(trace.tokens.sum(dtype="uint64")) // max(1, trace.requests)))
 
 
-def _model_info(table: models.ModelTable, options: SimOptions, sizing, bytes_per_token
-                ) -> dict | None:
+def _model_info(table: models.ModelTable, options: SimOptions, sizing, bytes_per_token,
+                tokens: int) -> dict | None:
     if sizing is not None:
         model = table.models[options.model]
         return {"id": model.id, "label": model.label, "formula": model.formula,
-                "family": model.family} | sizing.to_dict()
+                "family": model.family, "tokenDependent": model.spec.uses_tokens} \
+            | sizing.to_dict() | {"estimateTokens": tokens}
     if bytes_per_token:
         return {"id": None, "label": f"{bytes_per_token:g} bytes/token (given)",
                 "precision": None, "formula": None}
