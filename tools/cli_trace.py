@@ -39,6 +39,20 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
+def _gap_rows(prefix: str, gaps: dict) -> list[tuple[str, str]]:
+    """Table rows of both reuse-gap distributions: share by count and by tokens."""
+    rows = []
+    for key, head, each in (("perReuse", "block reuses (gap since previous use)", "reused"),
+                            ("perBlockMaxGap", "reused blocks (by longest gap)",
+                             "longest gap")):
+        dist = gaps[key]
+        rows.append((f"{prefix}{head}", f"{dist['count']:,}  (by count / by tokens)"))
+        rows += [(f"  {each} {b['label']}",
+                  f"{b['share'] * 100:5.1f}% / {b['tokenShare'] * 100:5.1f}%  "
+                  f"({b['count']:,})") for b in dist["bins"]]
+    return rows
+
+
 @trace.command("stats")
 @click.argument("traces", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True)
@@ -50,9 +64,13 @@ def _duration(seconds: float) -> str:
               help="Leave out (and count) lines that are not valid records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a PNG of the reuse-gap distribution.")
+              help="Write a PNG of the reuse-gap distributions.")
+@click.option("--plot-weight", type=click.Choice(["count", "tokens"]), default="count",
+              show_default=True, help="What the plot's shares count: reuses and blocks, "
+                                      "or their tokens.")
 @reports_errors
-def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot):
+def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot,
+                  plot_weight):
     """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
     if not 0 <= warmup < 1:
         raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
@@ -61,7 +79,7 @@ def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot
     if plot:
         from kvstored.tools import plots
 
-        plots.save(stats.figure(result), plot)
+        plots.save(stats.figure(result, plot_weight), plot)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -83,9 +101,9 @@ def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot
                     " over all requests"),
     ]
     gaps = result["reuseGaps"]
-    rows.append(("block reuses", f"{gaps['reuses']:,}"))
-    rows += [(f"  reused after {b['label']}", f"{b['share'] * 100:.1f}%  ({b['reuses']:,})")
-             for b in gaps["bins"]]
+    rows += _gap_rows("", gaps)
+    for kind, by_kind in (gaps["byRequestType"] or {}).items():
+        rows += _gap_rows(f"[{kind}] ", by_kind)
     if loaded.skipped:
         rows.append(("records without blocks (skipped)", f"{loaded.skipped:,}"))
     for name, value in rows:

@@ -85,13 +85,13 @@ int sim_ceiling(const sim_trace *trace, sim_result *out);
 int sim_run(sim_workspace *ws, const sim_trace *trace, const sim_params *params,
             sim_result *out);
 
-/* Histogram of reuse gaps: each event whose node an earlier request touched adds 1 to the
- * bin of (its request's time - the time of the last request touching the node). Bins are
- * [edges[k], edges[k+1]) for k < n_edges - 1; gaps beyond either end go to the end bins.
- * Returns a sim_status. */
+/* Reuse gaps: event_gap[i] = the time of event i's request minus the time of the last
+ * earlier request touching the same node (0 when time goes backwards), or -1 for a first
+ * use; node_max_gap[n] = the longest gap of node n, or -1 when it was never reused.
+ * event_gap holds one double per event, node_max_gap one per node. Returns a sim_status. */
 int sim_reuse_gaps(const uint32_t *node_of_event, const int64_t *req_off, int64_t n_req,
-                   const double *request_time, int64_t n_nodes, const double *edges,
-                   int64_t n_edges, uint64_t *counts);
+                   const double *request_time, int64_t n_nodes, double *event_gap,
+                   double *node_max_gap);
 
 /* Scratch memory reused across runs, so that repeated runs do not pay for fresh pages. */
 sim_workspace *sim_workspace_new(void);
