@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import sys
 import time
@@ -67,6 +68,21 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] 
     finally:
         if shown:
             bar.stop()
+
+
+def write_file(path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all (through ``NAME.partial``); a failure is a
+    usage error naming the file."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        if isinstance(data, str):
+            partial.write_text(data)
+        else:
+            partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageProblem(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def split_list(text: str | None) -> list[str] | None:

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import click
-from kvstored.tools import html_report, models, plots, reference_schema, report_table, tiered
+from kvstored.tools import (
+    builtin,
+    html_report,
+    models,
+    plots,
+    reference_schema,
+    report_table,
+    tiered,
+)
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
     parse_gib,
@@ -21,11 +28,14 @@ from kvstored.tools.cli_common import (
     progress_bar,
     reports_errors,
     split_list,
+    write_file,
 )
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
 from rich.console import Console
 from rich.table import Table
+
+from kvstored.units import format_size
 
 
 def _list_models(models_file: Path | None, as_json: bool) -> None:
@@ -59,6 +69,19 @@ class _DefaultRun(click.Group):
         if not args or args[0] not in self.commands:
             args = ["run", *args]
         return super().parse_args(ctx, args)
+
+
+def _list_traces(as_json: bool) -> None:
+    rows = builtin.catalogue()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    out = Table(header_style="bold", title="Built-in traces (docs/simulator.md)")
+    for name in ("trace", "format", "what", "size"):
+        out.add_column(name, no_wrap=name == "trace")
+    for row in rows:
+        out.add_row(row["name"], row["format"], row["summary"], format_size(row["bytes"]))
+    Console().print(out)
 
 
 @click.group("sim", cls=_DefaultRun, context_settings={"help_option_names": ["-h", "--help"]})
@@ -126,7 +149,8 @@ def output_options(command):
 def all_traces(traces: tuple, trace_opts: tuple) -> list:
     found = [*trace_opts, *traces]
     if not found:
-        raise UsageProblem("give a trace (a file, or - for standard input)")
+        raise UsageProblem("give a trace (a file, - for standard input, or builtin:NAME; "
+                           "see --list-traces)")
     return found
 
 
@@ -136,14 +160,8 @@ def write_output(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text)
         return
-    partial = output.with_name(output.name + ".partial")
-    try:
-        partial.write_text(text if text.endswith("\n") else text + "\n")
-        os.replace(partial, output)
-        click.echo(f"wrote {output}", err=True)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise UsageProblem(f"{output}: cannot write ({exc.strerror or exc})") from None
+    write_file(output, text if text.endswith("\n") else text + "\n")
+    click.echo(f"wrote {output}", err=True)
 
 
 def render_console(render, output: Path | None) -> None:
@@ -202,18 +220,19 @@ def render_console(render, output: Path | None) -> None:
 @click.option("--html", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a self-contained HTML report.")
 @click.option("--list-models", is_flag=True, help="Print the model table and exit.")
+@click.option("--list-traces", is_flag=True, help="Print the built-in traces and exit.")
 @reports_errors
 def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
         precision, indexer_precision, include_draft_kv, estimate_tokens, models_file,
         budgets, blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion,
         prefill_tps, dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, output,
-        schema, plot, html, list_models):
+        schema, plot, html, list_models, list_traces):
     """Simulate the KV-cache hit rate of TRACE... against cache budgets and policies.
 
     \b
     TRACE is a Mooncake or Bailian JSONL file (optionally .gz), a session JSON file, a
     directory of session files, a JSONL of sessions, a binary event file from
-    `kvstore trace convert`, or - for standard input.
+    `kvstore trace convert`, - for standard input, or builtin:NAME (--list-traces).
     Several traces are replayed one after another.
 
     \b
@@ -221,6 +240,9 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
     """
     if list_models:
         _list_models(models_file, as_json)
+        return
+    if list_traces:
+        _list_traces(as_json)
         return
     paths = all_traces(traces, trace_opts)
     options = SimOptions(

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import click
-from kvstored.tools import reader, report_table, stats, writers
-from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors
+from kvstored.tools import reader, report_table, stats, workloads, writers
+from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
 from kvstored.tools.errors import UsageProblem
 from rich.console import Console
 from rich.table import Table
@@ -133,3 +133,22 @@ def convert_command(traces, target, output, fmt, block_size, skip_bad_lines):
     writers.write(loaded, target, output)
     click.echo(f"wrote {output} ({target}): {loaded.requests:,} requests, "
                f"{loaded.events:,} block events, {format_size(output.stat().st_size)}")
+
+
+@trace.command("generate")
+@click.argument("workload", type=click.Choice(list(workloads.WORKLOADS)))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Output file (gzip-compressed JSONL; name it .jsonl.gz).")
+@click.option("--seed", type=int, default=workloads.DEFAULT_SEED, show_default=True,
+              help="Random seed; the same seed gives the same bytes.")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Multiply the load: sessions for coding-agent, the "
+                                      "arrival rate for the others.")
+@reports_errors
+def generate_command(workload, output, seed, scale):
+    """Write a trace from one of the workload models (the built-in traces are these at
+    the default seed and scale; docs/simulator.md describes each model)."""
+    data = workloads.generate(workload, seed, scale)
+    write_file(output, data)
+    click.echo(f"wrote {output} ({workloads.WORKLOADS[workload].format}, seed {seed}, "
+               f"scale {scale:g}): {format_size(len(data))}")

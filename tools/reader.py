@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from kvstored.tools import binfile, events
+from kvstored.tools import binfile, builtin, events
 from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem, shown
 from kvstored.tools.requests_jsonl import read_requests
 from kvstored.tools.sessions import read_sessions, session_files
@@ -55,7 +55,8 @@ def load(paths: list[str | Path], fmt: str = "auto", block_size: int | None = No
     if sum(str(p) == STDIN for p in paths) > 1:
         raise UsageProblem("standard input (-) can be read only once")
     with contextlib.ExitStack() as stack:
-        resolved = [stack.enter_context(spooled_stdin()) if str(p) == STDIN else Path(p)
+        resolved = [stack.enter_context(spooled_stdin()) if str(p) == STDIN
+                    else builtin.resolve(p) if builtin.is_builtin(p) else Path(p)
                     for p in paths]
         trace = _load(resolved, fmt, block_size, BadLines(skip=skip_bad_lines))
         trace.sources = [shown(p) for p in resolved]
