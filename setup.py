@@ -46,5 +46,6 @@ CFFI_MODULES = [
 setup(
     packages=_packages(),
     cffi_modules=CFFI_MODULES,
-    package_data={"kvstored": ["py.typed"], "kvstored.tools": ["data/*.toml", "data/traces/*.jsonl.gz"]},
+    package_data={"kvstored": ["py.typed"],
+                  "kvstored.tools": ["data/*.toml", "data/traces/*.jsonl.gz"]},
 )
