@@ -200,11 +200,12 @@ def render_console(render, output: Path | None) -> None:
               help="TTFT model: DRAM-to-GPU load bandwidth, GB/s.")
 @click.option("--ssd-gbps", type=float, default=tiered.DEFAULT_SSD_GBPS, show_default=True,
               help="TTFT model: SSD-to-GPU load bandwidth, GB/s.")
-@click.option("--knee", "knee_per_tib", type=float, default=0.5, show_default=True,
-              help="Recommended budget: where more capacity adds less than this ideal "
-                   "speedup per TiB.")
-@click.option("--knee-policy", help="Policy the recommendation follows (default: tiered, "
-                                    "else lru, else the first).")
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.05,
+              show_default=True,
+              help="Recommended budget: the smallest within this share of the best speedup "
+                   "on the curve.")
+@click.option("--recommend-policy", help="Policy the recommendation follows (default: "
+                                         "tiered, else lru, else the first).")
 @click.option("--jobs", type=click.IntRange(min=0), default=1, show_default=True,
               help="Replays run at once on threads (0: one per CPU). Each thread keeps its "
                    "own workspace, about 4 bytes per unique block.")
@@ -225,7 +226,7 @@ def render_console(render, output: Path | None) -> None:
 def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
         precision, indexer_precision, include_draft_kv, estimate_tokens, models_file,
         budgets, blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion,
-        prefill_tps, dram_gbps, ssd_gbps, knee_per_tib, knee_policy, jobs, as_json, output,
+        prefill_tps, dram_gbps, ssd_gbps, margin, recommend_policy, jobs, as_json, output,
         schema, plot, html, list_models, list_traces):
     """Simulate the KV-cache hit rate of TRACE... against cache budgets and policies.
 
@@ -255,7 +256,7 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
         ssd_gib=parse_gib(ssd) if ssd else None, ssd_blocks=ssd_blocks,
         write_through=tier_mode == "write-through", promote=promotion,
         prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
-        knee_speedup_per_tib=knee_per_tib, knee_policy=knee_policy, jobs=jobs,
+        margin=margin, recommend_policy=recommend_policy, jobs=jobs,
         skip_bad_lines=skip_bad_lines, count_distinct_ids=schema == "reference")
     with progress_bar(enabled=True) as progress:
         result = simulate(paths, options, progress=progress)

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from kvstored.tools import plots
-from kvstored.tools.report_table import budget_label, size_label
+from kvstored.tools.planning import size_label
+from kvstored.tools.report_table import budget_label, gain_column
 
 from kvstored.units import format_size
 
@@ -22,6 +23,7 @@ table { border-collapse: collapse; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 tr.ceiling td { color: #777; font-style: italic; }
+tr.chosen td { background: #eef6ee; font-weight: bold; }
 .rec { background: #eef6ee; border-left: 4px solid #2ca02c; padding: 0.6em 1em; }
 img { max-width: 100%; } code { background: #f3f3f3; padding: 0 0.2em; }
 """
@@ -75,8 +77,12 @@ def _results(result: dict) -> str:
     tier = bool(result.get("tiered"))
     if tier:
         head += ["DRAM share of hits", "two-point estimate", "TTFT speedup"]
+    gains = gain_column(result)
+    rec = result["recommended"]
+    if gains:
+        head.append(f"{rec['policy']} gain per extra TiB")
     rows = []
-    for point in result["points"]:
+    for k, point in enumerate(result["points"]):
         cells = [budget_label(point), f"{point['cacheBlocks']:,}"]
         cells += [_pct(point["results"][p]["hitRate"]) for p in policies]
         cells += [f"{point['results'][p]['idealSpeedup']:.2f}x" for p in policies]
@@ -85,7 +91,12 @@ def _results(result: dict) -> str:
             speed = (t.get("ttft") or {}).get("speedup")
             cells += [_pct(t.get("dramShareOfHits")), _pct(t.get("twoPointDramShare")),
                       f"{speed:.2f}x" if speed else "-"]
+        if gains:
+            cells.append("-" if gains[k] is None else f"{gains[k]:+.2f}x")
         css = ' class="ceiling"' if point["mode"] == "ceiling_no_pressure" else ""
+        if point["gib"] == rec.get("gib"):
+            css = ' class="chosen"'
+
         rows.append(f"<tr{css}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                     + "</tr>")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)

@@ -100,7 +100,7 @@ def tier_figure(result: dict):
 
 def _budget_axis(axis, by_gib: bool) -> None:
     """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB)."""
-    from kvstored.tools.report_table import size_label
+    from kvstored.tools.planning import size_label
     from matplotlib.ticker import FuncFormatter
 
     axis.set_xscale("log", base=2)

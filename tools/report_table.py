@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
+from kvstored.tools.planning import marginal_gains, size_label
 from rich.console import Console
 from rich.table import Table
 
 from kvstored.units import format_size
-
-
-def size_label(gib: float) -> str:
-    """``512 GiB``, ``2 TiB``, ``1.5 GiB``: budgets as people write them."""
-    for unit, scale in (("TiB", 1024.0), ("GiB", 1.0)):
-        if gib >= scale or unit == "GiB":
-            value = gib / scale
-            return f"{value:g} {unit}" if value == round(value, 3) else format_size(gib * 2**30)
-    raise AssertionError("unreachable")
 
 
 def budget_label(point: dict) -> str:
@@ -34,6 +26,16 @@ def bad_lines_note(trace: dict) -> str | None:
         return None
     return f"Skipped {bad['skipped']:,} bad line(s) (--skip-bad-lines); first: " \
            f"{bad['examples'][0]}"
+
+
+def gain_column(result: dict) -> list[float | None] | None:
+    """The marginal gain of the recommended policy at each point (speedup per extra
+    TiB from the previous budget), or None when budgets are in blocks."""
+    policy = result["recommended"].get("policy")
+    points = result["points"]
+    if not policy or not points or any(p["gib"] is None for p in points):
+        return None
+    return marginal_gains([(p["gib"], p["results"][policy]["idealSpeedup"]) for p in points])
 
 
 def render(result: dict, console: Console) -> None:
@@ -71,6 +73,8 @@ def render(result: dict, console: Console) -> None:
                       f"{model_line['prefillTokensPerSecond']:,.0f} tokens/s, DRAM "
                       f"{model_line['dramGBps']:g} GB/s, SSD {model_line['ssdGBps']:g} GB/s")
     policies = result["policies"]
+    rec = result["recommended"]
+    gains = gain_column(result)
     table = Table(show_lines=False, header_style="bold")
     table.add_column("Budget", justify="right", no_wrap=True)
     table.add_column("Blocks", justify="right", no_wrap=True)
@@ -79,7 +83,9 @@ def render(result: dict, console: Console) -> None:
     if tier:
         for name in ("DRAM share\nof hits", "2-point\nestimate", "TTFT\nspeedup"):
             table.add_column(name, justify="right", no_wrap=True)
-    for point in result["points"]:
+    if gains:
+        table.add_column(f"{rec['policy']} gain\nper TiB", justify="right", no_wrap=True)
+    for k, point in enumerate(result["points"]):
         cells = [budget_label(point), f"{point['cacheBlocks']:,}"]
         ceiling = point["mode"] == "ceiling_no_pressure"
         for policy in policies:
@@ -91,7 +97,9 @@ def render(result: dict, console: Console) -> None:
             ttft = t.get("ttft") or {}
             cells += [_pct(t.get("dramShareOfHits")), _pct(t.get("twoPointDramShare")),
                       f"{ttft['speedup']:.2f}x" if ttft.get("speedup") else "-"]
-        table.add_row(*cells)
+        if gains:
+            cells.append("-" if gains[k] is None else f"{gains[k]:+.2f}x")
+        table.add_row(*cells, style="bold" if point["gib"] == rec.get("gib") else None)
     if result["points"]:
         console.print(table)
     else:
@@ -100,7 +108,9 @@ def render(result: dict, console: Console) -> None:
     if any(p["mode"] == "ceiling_no_pressure" for p in result["points"]):
         console.print("* the cache never filled during the warm-up: the point is the "
                       "ceiling and the curve ends there")
-    rec = result["recommended"]
+    if gains:
+        console.print(f"gain per TiB: {rec['policy']}'s ideal speedup added per extra TiB "
+                      "from the budget above; bold: the recommended budget")
     if rec.get("gib") is not None:
         console.print(f"[bold]Recommended[/] ({rec['policy']}): {size_label(rec['gib'])}, "
                       f"{rec['idealSpeedup']:.2f}x - {rec['reason']}")

@@ -44,8 +44,8 @@ class SimOptions:
     prefill_tokens_per_s: float = tiered.DEFAULT_PREFILL_TOKENS_PER_S
     dram_gbps: float = tiered.DEFAULT_DRAM_GBPS
     ssd_gbps: float = tiered.DEFAULT_SSD_GBPS
-    knee_speedup_per_tib: float = 0.5
-    knee_policy: str | None = None
+    margin: float = 0.05                       # recommended: within this share of the best
+    recommend_policy: str | None = None
     s3fifo_small: float = 0.1
     jobs: int = 1                              # replays at once; 0: one per CPU
     engine: str = "auto"
@@ -75,19 +75,59 @@ def _check(options: SimOptions) -> None:
     if "tiered" in options.policies and options.ssd_gib is None and options.ssd_blocks is None:
         raise UsageProblem("the tiered policy needs the SSD tier's size: give --ssd (e.g. "
                            "--ssd 2TiB) or --ssd-blocks")
+    if not 0 <= options.margin < 1:
+        raise UsageProblem(f"--margin must be in [0, 1), got {options.margin}")
     if not 0 < options.s3fifo_small < 1:
         raise UsageProblem("the s3fifo small-queue share must be in (0, 1)")
 
 
-def simulate(paths: list[str | Path], options: SimOptions, *,
-             progress: ProgressFn | None = None, trace: EventTrace | None = None) -> dict:
-    """Load the trace (unless given), replay it, and return the result document."""
-    _check(options)
+@dataclass
+class Prepared:
+    """A trace read, sized for a model and built into a prefix trie: what ``simulate``
+    and the DRAM x SSD plan both start from."""
+
+    trace: EventTrace
+    replay: Replay
+    bytes_per_token: float | None
+    bytes_per_block: float | None
+    model: dict | None
+    distinct_ids: int | None
+    started: float
+    loaded: float
+
+    def header(self, tool: str) -> dict:
+        """The result fields that describe the input."""
+        ceiling = self.replay.ceiling()
+        return {
+            "tool": tool,
+            "version": __version__,
+            "engine": self.replay.engine,
+            "trace": self.trace.summary() | {"uniqueBlocks": self.replay.unique_blocks,
+                                             "distinctIds": self.distinct_ids},
+            "model": self.model,
+            "blockSize": self.trace.block_size,
+            "bytesPerToken": self.bytes_per_token,
+            "bytesPerBlock": self.bytes_per_block,
+            "warmupFraction": None,  # set by the caller
+            "warmupRequests": self.replay.warmup_requests,
+            "totalMeasuredTokens": self.replay.measured_tokens(),
+            "reuseCeiling": ceiling.hit_rate,
+            "ceiling": {"hitTokens": ceiling.hit_tokens, "totalTokens": ceiling.total_tokens,
+                        "hitRate": ceiling.hit_rate,
+                        "idealSpeedup": planning.ideal_speedup(ceiling.hit_rate)},
+        }
+
+
+def prepare(paths: list[str | Path], options: SimOptions, *,
+            progress: ProgressFn | None = None, trace: EventTrace | None = None,
+            need_blocks_size: bool = True, keep_ids: bool = False) -> Prepared:
+    """Read the trace (unless given), size it for the model, build the trie. The block
+    ids are freed afterwards unless ``keep_ids`` or the trace was given."""
     started = time.perf_counter()
     table = models.load(options.models_file)
     if options.model:
         table.get(options.model)  # an unknown model fails before the trace is read
-    elif options.bytes_per_token is None and options.blocks is None:
+    elif options.bytes_per_token is None and need_blocks_size:
         raise UsageProblem("give --model (see --list-models) or --bytes-per-token to turn "
                            "budgets into blocks, or give capacities in --blocks")
     if progress:
@@ -111,9 +151,21 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
     distinct = len(np.unique(trace.ids)) if options.count_distinct_ids else None
     replay = Replay(trace, options.warmup, next_use="optimal" in options.policies,
                     engine=options.engine)
-    if owned:  # the block ids are in the trie now; free their 8 bytes per event
+    if owned and not keep_ids:  # the ids are in the trie now; free their 8 bytes per event
         trace.ids = trace.ids[:0]
     bytes_per_block = bytes_per_token * trace.block_size if bytes_per_token else None
+    return Prepared(trace, replay, bytes_per_token, bytes_per_block,
+                    _model_info(table, options, sizing, bytes_per_token, sizing_tokens),
+                    distinct, started, loaded)
+
+
+def simulate(paths: list[str | Path], options: SimOptions, *,
+             progress: ProgressFn | None = None, trace: EventTrace | None = None) -> dict:
+    """Load the trace (unless given), replay it, and return the result document."""
+    _check(options)
+    ready = prepare(paths, options, progress=progress, trace=trace,
+                    need_blocks_size=options.blocks is None)
+    replay, bytes_per_block = ready.replay, ready.bytes_per_block
     budgets = _budgets(options, bytes_per_block)
     tier = None
     if "tiered" in options.policies:
@@ -128,33 +180,18 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
                                  options.ssd_gbps)
     spec = sweep.SweepSpec(tuple(options.policies), tuple(budgets), tier,
                            options.s3fifo_small, options.jobs or default_jobs())
-    swept = sweep.run(replay, spec, bytes_per_token=bytes_per_token, progress=progress)
-    ceiling = swept["ceiling"]
-    result = {
-        "tool": "kvstore sim",
-        "version": __version__,
-        "engine": replay.engine,
-        "trace": trace.summary() | {"uniqueBlocks": replay.unique_blocks,
-                                    "distinctIds": distinct},
-        "model": _model_info(table, options, sizing, bytes_per_token, sizing_tokens),
-        "blockSize": trace.block_size,
-        "bytesPerToken": bytes_per_token,
-        "bytesPerBlock": bytes_per_block,
+    swept = sweep.run(replay, spec, bytes_per_token=ready.bytes_per_token, progress=progress)
+    result = ready.header("kvstore sim") | {
         "warmupFraction": options.warmup,
-        "warmupRequests": replay.warmup_requests,
-        "totalMeasuredTokens": replay.measured_tokens(),
         "policies": list(options.policies),
-        "reuseCeiling": ceiling.hit_rate,
-        "ceiling": {"hitTokens": ceiling.hit_tokens, "totalTokens": ceiling.total_tokens,
-                    "hitRate": ceiling.hit_rate,
-                    "idealSpeedup": planning.ideal_speedup(ceiling.hit_rate)},
         "tiered": tier.describe(bytes_per_block) if tier else None,
         "points": swept["points"],
     }
-    result["recommended"] = _recommend(result, options)
+    fits = any(b.blocks >= replay.unique_blocks for b in budgets)
+    result["recommended"] = _recommend(result, options, fits)
     result["memory"] = replay.memory_bytes() | {"jobs": spec.jobs}
-    result["timing"] = {"loadSeconds": loaded - started,
-                        "replaySeconds": time.perf_counter() - loaded}
+    result["timing"] = {"loadSeconds": ready.loaded - ready.started,
+                        "replaySeconds": time.perf_counter() - ready.loaded}
     return result
 
 
@@ -190,11 +227,14 @@ def _model_info(table: models.ModelTable, options: SimOptions, sizing, bytes_per
     return None
 
 
-def _recommend(result: dict, options: SimOptions) -> dict:
-    policy = options.knee_policy or next(
+def _recommend(result: dict, options: SimOptions, fits: bool) -> dict:
+    policy = options.recommend_policy or next(
         p for p in ("tiered", "lru", "s3fifo", "fifo", "optimal") if p in options.policies)
     if policy not in options.policies:
-        raise UsageProblem(f"--knee-policy {policy} is not among --policies")
+        raise UsageProblem(f"--recommend-policy {policy} is not among --policies")
     points = [(p["gib"], p["results"][policy]["idealSpeedup"]) for p in result["points"]
               if p["gib"] is not None]
-    return {"policy": policy} | planning.knee(points, options.knee_speedup_per_tib)
+    fits = fits or any(p["mode"] == sweep.CEILING for p in result["points"])
+    return {"policy": policy} | planning.recommend_budget(
+        points, options.margin, ceiling_speedup=result["ceiling"]["idealSpeedup"],
+        fits=fits)

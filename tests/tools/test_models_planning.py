@@ -68,13 +68,21 @@ def test_cache_blocks_and_speedup():
     assert planning.ideal_speedup(1.0) == 1000.0
 
 
-def test_knee():
-    # The published Weka curve (GiB, speedup): steep to 1 TiB, then flattening.
+def test_recommend_budget():
     weka = [(512, 6.34), (1024, 7.91), (2048, 8.67), (4096, 8.99)]
-    assert planning.knee(weka, 1.0)["gib"] == 1024       # 1->2 TiB adds 0.76x per TiB
-    assert planning.knee(weka, 0.5)["gib"] == 2048       # 2->4 TiB adds 0.16x per TiB
-    assert planning.knee(weka, 0.1)["gib"] == 4096       # still gaining at the end
-    assert "try larger budgets" in planning.knee(weka, 0.1)["reason"]
-    assert planning.knee(weka, 10)["gib"] == 512         # never steep enough
-    assert planning.knee([], 1)["gib"] is None
-    assert math.isclose(planning.knee(weka, 1.0)["idealSpeedup"], 7.91)
+    pick = planning.recommend_budget
+    assert pick(weka, 0.05, ceiling_speedup=9.53, fits=False)["gib"] == 2048  # 8.67 >= 8.54
+    assert pick(weka, 0.15, ceiling_speedup=9.53, fits=False)["gib"] == 1024  # 7.91 >= 7.64
+    assert pick(weka, 0.0, ceiling_speedup=9.53, fits=False)["gib"] == 4096
+    assert pick([], 0.05, ceiling_speedup=2, fits=False)["gib"] is None
+    # never "larger budgets" where the trace fits, whatever the slope
+    fitted = pick([(1, 1.2), (2, 1.5), (4, 3.0), (8, 16.9)], 0.05, ceiling_speedup=16.9,
+                  fits=True)
+    assert fitted["gib"] == 8 and "larger budgets" not in fitted["reason"]
+    rising = pick(weka, 0.0, ceiling_speedup=20.0, fits=False)
+    assert "larger budgets" in rising["reason"]
+    # the same curve scaled to another trace size (budgets x 1000) picks the same point
+    scaled = [(g * 1000, s) for g, s in weka]
+    assert pick(scaled, 0.05, ceiling_speedup=9.53, fits=False)["gib"] == 2048 * 1000
+    gains = planning.marginal_gains(weka)
+    assert gains[0] is None and math.isclose(gains[1], (7.91 - 6.34) / 0.5)

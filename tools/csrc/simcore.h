@@ -53,6 +53,12 @@ typedef struct {
     uint32_t small_capacity;       /* SIM_S3FIFO: target size of the small FIFO */
     volatile int32_t *cancel;      /* optional: a non-zero value stops the run */
     volatile int64_t *progress;    /* optional: requests replayed so far */
+    int32_t full_run;              /* replay every request even when the cache never
+                                      filled during the warm-up (underfilled is still
+                                      reported) */
+    uint64_t *request_hit_tokens;  /* optional, SIM_TIERED, n_req entries: prefix-hit
+                                      tokens of every request, measured or not */
+    uint64_t *request_ssd_hit_tokens; /* optional, SIM_TIERED: the part the SSD served */
 } sim_params;
 
 typedef struct {

@@ -114,6 +114,10 @@ int run_tiered(sim_workspace *ws, replay_frame *f) {
                 f->out->hit_tokens += t->tokens[i];
                 if (!d) f->out->ssd_hit_tokens += t->tokens[i];
             }
+            if (p->request_hit_tokens) {
+                p->request_hit_tokens[r] += t->tokens[i];
+                if (!d && p->request_ssd_hit_tokens) p->request_ssd_hit_tokens[r] += t->tokens[i];
+            }
             if (d) plru_touch(&x.dram, d);
             if (s) plru_touch(&x.ssd, s);
         }
