@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from kvstored.units import format_size
@@ -57,7 +58,7 @@ def recommend_budget(points: list[tuple[float, float]], margin: float, *,
 def marginal_gains(points: list[tuple[float, float]]) -> list[float | None]:
     """Speedup added per extra TiB from the previous budget: the marginal gain column."""
     gains: list[float | None] = [None]
-    for (g0, s0), (g1, s1) in zip(points, points[1:]):
+    for (g0, s0), (g1, s1) in itertools.pairwise(points):
         gains.append((s1 - s0) / ((g1 - g0) / 1024) if g1 > g0 else None)
     return gains
 

@@ -150,11 +150,11 @@ class TierReplay:
         out = []
         for w in range(n):
             tokens, dram, ssd = (float(s[w]) for s in sums)
-            share = (lambda x: x / tokens if tokens else 0.0)  # noqa: E731
+            scale = 1.0 / tokens if tokens else 0.0
             out.append({"start": float(self.timestamps.min() + w * seconds),
                         "requests": int(count[w]), "tokens": int(tokens),
-                        "hit_rate": share(dram + ssd), "dram_hit_rate": share(dram),
-                        "ssd_hit_rate": share(ssd)})
+                        "hit_rate": (dram + ssd) * scale, "dram_hit_rate": dram * scale,
+                        "ssd_hit_rate": ssd * scale})
         return out
 
 
