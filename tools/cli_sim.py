@@ -20,6 +20,7 @@ from kvstored.tools import (
     report_table,
     tiered,
 )
+from kvstored.tools import plan as plan_module
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
     parse_gib,
@@ -276,6 +277,101 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
     def render(console: Console) -> None:
         report_table.render(result, console)
         for label, path in (("plot", plot), ("tier plot", tier_plot), ("report", html)):
+            if path:
+                console.print(f"[bold]Wrote[/] {label}: {path}")
+
+    render_console(render, output)
+
+
+@sim.command("plan")
+@trace_options
+@model_options
+@click.option("--dram", help="DRAM sizes: A..B doubles from A to B, or a list "
+                             "(default 64GiB..4TiB).")
+@click.option("--ssd", help="SSD sizes: A..B (from 0: 0, then B/64 doubling to B) or a "
+                            "list (default 0..32TiB).")
+@click.option("--dram-cost", type=click.FloatRange(min=0),
+              default=plan_module.DEFAULT_DRAM_COST_PER_GIB, show_default=True,
+              help="DRAM price, $ per GiB.")
+@click.option("--ssd-cost", type=click.FloatRange(min=0),
+              default=plan_module.DEFAULT_SSD_COST_PER_GIB, show_default=True,
+              help="SSD price, $ per GiB.")
+@click.option("--tier-mode", type=click.Choice(["write-through", "offload"]),
+              default="write-through", show_default=True,
+              help="Write new blocks to the SSD at once, or when DRAM evicts them.")
+@click.option("--promotion/--no-promotion", default=True, show_default=True,
+              help="Copy SSD hits back into DRAM.")
+@click.option("--prefill-rate", "--prefill-tps", "prefill_tps", type=float,
+              default=tiered.DEFAULT_PREFILL_TOKENS_PER_S, show_default=True,
+              help="TTFT model: prefill throughput, tokens/s.")
+@click.option("--dram-gbps", type=float, default=tiered.DEFAULT_DRAM_GBPS, show_default=True,
+              help="TTFT model: DRAM-to-GPU load bandwidth, GB/s.")
+@click.option("--ssd-gbps", type=float, default=tiered.DEFAULT_SSD_GBPS, show_default=True,
+              help="TTFT model: SSD-to-GPU load bandwidth, GB/s.")
+@click.option("--target-speedup", type=float,
+              help="Recommend the cheapest cell with at least this modelled TTFT speedup.")
+@click.option("--budget", type=click.FloatRange(min=0),
+              help="Recommend the fastest cell costing at most this many $.")
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True),
+              default=plan_module.DEFAULT_MARGIN, show_default=True,
+              help="Without a target or budget: the cheapest cell within this share of the "
+                   "best modelled speedup.")
+@click.option("--warmup", type=float, default=0.5, show_default=True,
+              help="Share of the requests that only warm the cache.")
+@click.option("--jobs", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Replays run at once on threads (0: one per CPU).")
+@output_options
+@click.option("--heatmap", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a PNG heatmap of the grid (DRAM by SSD), the recommendation "
+                   "marked.")
+@click.option("--heatmap-metric", type=click.Choice(["speedup", "ttft"]), default="speedup",
+              show_default=True, help="What the heatmap colours: TTFT speedup or seconds.")
+@click.option("--html", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write a self-contained HTML report of the plan.")
+@reports_errors
+def plan(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
+         precision, indexer_precision, include_draft_kv, estimate_tokens, models_file, dram,
+         ssd, dram_cost, ssd_cost, tier_mode, promotion, prefill_tps, dram_gbps, ssd_gbps,
+         target_speedup, budget, margin, warmup, jobs, as_json, output, heatmap,
+         heatmap_metric, html):
+    """Size DRAM and SSD together: replay TRACE on a grid of DRAM x SSD sizes with the
+    tiered policy and recommend a configuration (docs/simulator.md).
+
+    \b
+    Each cell reports the hit rate, the DRAM and SSD shares of the hits, the ideal
+    speedup, the modelled TTFT and the cost; the recommendation is the cheapest cell
+    within --margin of the best modelled speedup, or the cheapest meeting
+    --target-speedup, or the fastest within --budget.
+    """
+    paths = all_traces(traces, trace_opts)
+    sim_options = SimOptions(
+        fmt=fmt, block_size=block_size, model=model, bytes_per_token=bytes_per_token,
+        precision=precision, indexer_precision=indexer_precision,
+        include_draft_kv=include_draft_kv, estimate_tokens=estimate_tokens,
+        models_file=models_file, policies=["tiered"], warmup=warmup,
+        skip_bad_lines=skip_bad_lines)
+    if not 0 <= warmup < 1:
+        raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
+    options = plan_module.PlanOptions(
+        dram_gib=plan_module.parse_grid(dram, plan_module.DEFAULT_DRAM_GIB, parse_gib),
+        ssd_gib=plan_module.parse_grid(ssd, plan_module.DEFAULT_SSD_GIB, parse_gib),
+        dram_cost_per_gib=dram_cost, ssd_cost_per_gib=ssd_cost,
+        write_through=tier_mode == "write-through", promote=promotion,
+        prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
+        margin=margin, target_speedup=target_speedup, budget=budget, jobs=jobs)
+    with progress_bar(enabled=True) as progress:
+        result = plan_module.plan(paths, sim_options, options, progress=progress)
+    if heatmap:
+        plots.save(plots.plan_heatmap(result, heatmap_metric), heatmap)
+    if html:
+        html_report.write_plan(result, html)
+    if as_json:
+        write_output(json.dumps(result, indent=1), output)
+        return
+
+    def render(console: Console) -> None:
+        report_table.render_plan(result, console)
+        for label, path in (("heatmap", heatmap), ("report", html)):
             if path:
                 console.print(f"[bold]Wrote[/] {label}: {path}")
 

@@ -48,7 +48,8 @@ def recommend_budget(points: list[tuple[float, float]], margin: float, *,
                   f"curve ({best:.2f}x at {size_label(best_gib)})")
     if fits:
         reason += "; the whole trace fits at the largest budgets"
-    elif best_gib == points[-1][0] and best < ceiling_speedup * (1 - margin):
+    elif (len(points) > 1 and best_gib == points[-1][0] and points[-2][1] < best
+          and best < ceiling_speedup * (1 - margin)):
         reason += (f"; the curve still rises at the largest budget and the trace does not "
                    f"fit: larger budgets may reach up to {ceiling_speedup:.2f}x")
     out["reason"] = reason

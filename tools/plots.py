@@ -98,6 +98,54 @@ def tier_figure(result: dict):
     return fig
 
 
+def plan_heatmap(result: dict, metric: str = "speedup"):
+    """The DRAM x SSD plan as a heatmap of the modelled TTFT speedup (``metric``
+    "speedup") or the modelled TTFT in seconds ("ttft"), every cell annotated, the
+    recommended one outlined with its value and cost."""
+    import numpy as np
+    from kvstored.tools.planning import size_label
+
+    plt = _pyplot()
+    drams, ssds = result["dramGib"], result["ssdGib"]
+    by_cell = {(c["dramGib"], c["ssdGib"]): c for c in result["cells"]}
+    key = "ttftSpeedup" if metric == "speedup" else "ttftSeconds"
+    grid = np.array([[by_cell[(d, s)][key] for s in ssds] for d in drams])
+    fig, axis = plt.subplots(figsize=(1.15 * len(ssds) + 3.2, 0.62 * len(drams) + 2.4))
+    cmap = "viridis" if metric == "speedup" else "viridis_r"
+    image = axis.imshow(grid, cmap=cmap, aspect="auto", origin="lower")
+    bar = fig.colorbar(image, ax=axis, pad=0.02)
+    bar.set_label("modelled TTFT speedup (x)" if metric == "speedup"
+                  else "modelled prefill time per request (s)")
+    low, high = float(grid.min()), float(grid.max())
+    for i in range(len(drams)):
+        for j in range(len(ssds)):
+            value = grid[i, j]
+            light = (value - low) / (high - low or 1) < 0.6
+            if metric != "speedup":
+                light = not light
+            axis.text(j, i, f"{value:.2f}{'x' if metric == 'speedup' else ' s'}",
+                      ha="center", va="center", fontsize=8,
+                      color="white" if light else "black")
+    rec = result["recommended"]
+    i, j = drams.index(rec["dramGib"]), ssds.index(rec["ssdGib"])
+    axis.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="#d62728", lw=2.5))
+    chosen = by_cell[(rec["dramGib"], rec["ssdGib"])]
+    value = (f"{chosen['ttftSpeedup']:.2f}x" if metric == "speedup"
+             else f"{chosen['ttftSeconds']:.2f} s")
+    axis.set_xticks(range(len(ssds)), [size_label(s) if s else "none" for s in ssds],
+                    rotation=30, ha="right")
+    axis.set_yticks(range(len(drams)), [size_label(d) for d in drams])
+    axis.set_xlabel("SSD tier")
+    axis.set_ylabel("DRAM tier")
+    model = (result.get("model") or {}).get("label", "")
+    axis.set_title(f"{', '.join(result['trace']['sources'])} - {model}\n"
+                   f"recommended (red box): {size_label(rec['dramGib'])} DRAM + "
+                   f"{size_label(rec['ssdGib']) if rec['ssdGib'] else 'no'} SSD, {value}, "
+                   f"${rec['cost']:,.0f}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def _budget_axis(axis, by_gib: bool) -> None:
     """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB)."""
     from kvstored.tools.planning import size_label

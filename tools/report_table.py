@@ -1,4 +1,5 @@
-"""The terminal report of a simulation: one rich table and a few lines around it."""
+"""The terminal reports: a simulation's table (``render``) and a DRAM x SSD plan's grid
+(``render_plan``), each with a few lines around it."""
 
 from __future__ import annotations
 
@@ -114,3 +115,41 @@ def render(result: dict, console: Console) -> None:
     if rec.get("gib") is not None:
         console.print(f"[bold]Recommended[/] ({rec['policy']}): {size_label(rec['gib'])}, "
                       f"{rec['idealSpeedup']:.2f}x - {rec['reason']}")
+
+
+def render_plan(result: dict, console: Console) -> None:
+    """The DRAM x SSD plan: a grid of modelled TTFT speedups with each cell's cost, the
+    recommended cell in bold, then the recommendation in words."""
+    trace, model = result["trace"], result["model"] or {}
+    console.print(f"[bold]Trace[/]: {', '.join(trace['sources'])} ({trace['format']}): "
+                  f"{trace['requests']:,} requests, {trace['uniqueBlocks']:,} unique prefix "
+                  f"blocks of {result['blockSize']} tokens "
+                  f"({format_size(trace['uniqueBlocks'] * result['bytesPerBlock'])} for "
+                  f"{model.get('label', 'the given bytes per token')})")
+    m, costs = result["ttftModel"], result["costs"]
+    console.print(f"[bold]Tiers[/]: DRAM over SSD, {result['tierMode']}, promotion "
+                  f"{'on' if result['promotion'] else 'off'}; TTFT model: prefill "
+                  f"{m['prefillTokensPerSecond']:,.0f} tokens/s, DRAM {m['dramGBps']:g} GB/s,"
+                  f" SSD {m['ssdGBps']:g} GB/s; cost ${costs['dramPerGib']:g}/GiB DRAM, "
+                  f"${costs['ssdPerGib']:g}/GiB SSD")
+    console.print(f"[bold]Ceiling[/]: {_pct(result['reuseCeiling'])} hit rate, "
+                  f"{result['ceilingTtft']['speedup']:.2f}x modelled TTFT speedup with an "
+                  "infinite DRAM")
+    rec = result["recommended"]
+    table = Table(header_style="bold", title="modelled TTFT speedup (hit rate, cost)",
+                  show_lines=True)
+    table.add_column("DRAM \\ SSD", justify="right", no_wrap=True)
+    for ssd in result["ssdGib"]:
+        table.add_column(size_label(ssd) if ssd else "none", justify="right", no_wrap=True)
+    by_cell = {(c["dramGib"], c["ssdGib"]): c for c in result["cells"]}
+    for dram in result["dramGib"]:
+        row = [size_label(dram)]
+        for ssd in result["ssdGib"]:
+            c = by_cell[(dram, ssd)]
+            text = f"{c['ttftSpeedup']:.2f}x\n{c['hitRate'] * 100:.1f}% ${c['cost']:,.0f}"
+            if (dram, ssd) == (rec["dramGib"], rec["ssdGib"]):
+                text = f"[bold reverse]{text}[/]"
+            row.append(text)
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"[bold]Recommended[/]: {rec['reason']}", highlight=False)

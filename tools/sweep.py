@@ -93,7 +93,7 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
             if s not in seen:
                 seen.add(s)
                 tasks.append((k, s, ends))
-    results = _execute(replay, tasks, spec.jobs, progress)
+    results = execute(replay, tasks, spec.jobs, progress)
     points = []
     for budget in simulated:
         point = _point(replay, spec, budget, results, ceiling, unique, bytes_per_token)
@@ -103,8 +103,10 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
     return {"ceiling": ceiling, "points": points}
 
 
-def _execute(replay: Replay, tasks, jobs: int, progress: ProgressFn | None
-             ) -> dict[PolicySpec, RunResult]:
+def execute(replay: Replay, tasks, jobs: int, progress: ProgressFn | None
+            ) -> dict[PolicySpec, RunResult]:
+    """Run ``tasks`` (budget index, spec, whether an underfilled result ends the curve)
+    on ``jobs`` threads; a task past an ending budget is skipped."""
     stop_at = [len(tasks) and max(k for k, _, _ in tasks)]
     lock = threading.Lock()
     cancel = np.zeros(1, dtype=np.int32)

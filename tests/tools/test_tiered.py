@@ -201,3 +201,29 @@ def test_sweep_runs_tiered_at_zero_dram_as_lru_on_the_ssd(tmp_path):
     assert lru_at_ssd > 0
     assert zero["results"]["tiered"]["hitTokens"] == lru_at_ssd
     assert zero["results"]["tiered"]["ssdHitTokens"] == lru_at_ssd
+
+
+def test_replay_tiers_library_call_per_request_and_windows():
+    trace = _trace(random_requests(5, requests=150))
+    replay = Replay(trace, 0.5)
+    run = replay.run(PolicySpec("tiered", 4, 20, True, True))
+    assert not run.underfilled
+    got = tiered.replay_tiers(trace, 4, 20, warmup=0.5)
+    assert got.filled
+    assert (got.hit_tokens, got.ssd_hit_tokens, got.total_tokens) == \
+        (run.hit_tokens, run.ssd_hit_tokens, run.total_tokens)
+    assert got.rates()["hit_rate"] == pytest.approx(run.hit_rate)
+    # per request: every request, warm-up included; per window: they add up
+    assert len(got.request_tokens) == trace.requests
+    assert int(got.request_tokens.sum()) == int(trace.tokens.sum())
+    windows = got.windows(600.0)  # requests are 60 s apart: 10 per window
+    assert [w["requests"] for w in windows] == [10] * 15
+    assert sum(w["tokens"] for w in windows) == int(trace.tokens.sum())
+    hits = sum(w["hit_rate"] * w["tokens"] for w in windows)
+    assert hits == pytest.approx(int(got.request_dram_hit_tokens.sum()
+                                     + got.request_ssd_hit_tokens.sum()))
+    # a cache that never fills in the warm-up is replayed to the end all the same
+    big = tiered.replay_tiers(trace, 10_000, 10_000, warmup=0.5)
+    assert not big.filled and big.hit_tokens == replay.ceiling().hit_tokens
+    assert big.ssd_hit_tokens == 0
+    assert tiered.replay_tiers(trace, 0, 0).hit_tokens == 0
