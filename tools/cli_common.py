@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 
 import click
 from kvstored.tools.errors import ToolError, UsageProblem
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.units import parse_size
@@ -49,6 +47,9 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] 
     if not enabled or not sys.stderr.isatty():
         yield None
         return
+    from rich.console import Console  # only on a terminal: --json runs never load rich
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
         "{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console, transient=True)

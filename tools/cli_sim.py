@@ -11,15 +11,7 @@ import json
 from pathlib import Path
 
 import click
-from kvstored.tools import (
-    builtin,
-    html_report,
-    models,
-    plots,
-    reference_schema,
-    report_table,
-    tiered,
-)
+from kvstored.tools import builtin, models, tiered
 from kvstored.tools import plan as plan_module
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
@@ -33,10 +25,12 @@ from kvstored.tools.cli_common import (
 )
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
-from rich.console import Console
-from rich.table import Table
 
 from kvstored.units import format_size
+
+# Imported where used, so that a --json run does not load rich, matplotlib or the report
+# code (its peak memory is measured against the reference's): report_table, rich,
+# plots, html_report, reference_schema.
 
 
 def _list_models(models_file: Path | None, as_json: bool) -> None:
@@ -45,6 +39,9 @@ def _list_models(models_file: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"precisions": table.precisions, "models": rows}, indent=1))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     out = Table(header_style="bold", title="KV-cache bytes per token")
     out.caption = ("* depends on the sequence length: shown at 4,096 tokens; the simulator "
                    "sizes it at the trace's mean input length")
@@ -77,6 +74,9 @@ def _list_traces(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     out = Table(header_style="bold", title="Built-in traces (docs/simulator.md)")
     for name in ("trace", "format", "what", "size"):
         out.add_column(name, no_wrap=name == "trace")
@@ -167,6 +167,8 @@ def write_output(text: str, output: Path | None) -> None:
 
 def render_console(render, output: Path | None) -> None:
     """Run ``render(console)`` on the terminal, or into ``output`` as plain text."""
+    from rich.console import Console
+
     if output is None:
         console = Console()
         if not console.is_terminal:  # a file or a pipe: no reason to wrap at 80 columns
@@ -263,18 +265,29 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
         result = simulate(paths, options, progress=progress)
     tier_plot = None
     if plot:
+        from kvstored.tools import plots
+
         plots.save(plots.sim_figure(result), plot)
         if result["tiered"] and any(p["mode"] == "fixed_window" for p in result["points"]):
             tier_plot = plot.with_name(f"{plot.stem}-tiers{plot.suffix}")
             plots.save(plots.tier_figure(result), tier_plot)
     if html:
+        from kvstored.tools import html_report
+
         html_report.write(result, html)
     if as_json or schema == "reference":
-        document = reference_schema.convert(result) if schema == "reference" else result
+        if schema == "reference":
+            from kvstored.tools import reference_schema
+
+            document = reference_schema.convert(result)
+        else:
+            document = result
         write_output(json.dumps(document, indent=1), output)
         return
 
-    def render(console: Console) -> None:
+    def render(console) -> None:
+        from kvstored.tools import report_table
+
         report_table.render(result, console)
         for label, path in (("plot", plot), ("tier plot", tier_plot), ("report", html)):
             if path:
@@ -362,14 +375,20 @@ def plan(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_t
     with progress_bar(enabled=True) as progress:
         result = plan_module.plan(paths, sim_options, options, progress=progress)
     if heatmap:
+        from kvstored.tools import plots
+
         plots.save(plots.plan_heatmap(result, heatmap_metric), heatmap)
     if html:
+        from kvstored.tools import html_report
+
         html_report.write_plan(result, html)
     if as_json:
         write_output(json.dumps(result, indent=1), output)
         return
 
-    def render(console: Console) -> None:
+    def render(console) -> None:
+        from kvstored.tools import report_table
+
         report_table.render_plan(result, console)
         for label, path in (("heatmap", heatmap), ("report", html)):
             if path:

@@ -12,6 +12,7 @@ slower; ``s3fifo`` and ``tiered`` then raise UnavailableError.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import asdict, dataclass, field
 
@@ -203,6 +204,23 @@ class Replay:
         total = trie + next_use + workspaces
         return {"trieBytes": trie, "nextUseBytes": next_use, "workspaceBytes": workspaces,
                 "totalBytes": total, "bytesPerEvent": total / max(1, self.events)}
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). Reading a JSON trace frees millions of small objects; without this the
+    replay would start on top of their pages, and the peak would be their sum."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def build_trie(ids: np.ndarray, offsets: np.ndarray, engine: str = "c"

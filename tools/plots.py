@@ -22,24 +22,40 @@ def _pyplot():
 
 _COLOURS = {"fifo": "#8c8c8c", "lru": "#1f77b4", "optimal": "#2ca02c", "s3fifo": "#ff7f0e",
             "tiered": "#9467bd"}
+# Curves often coincide (LRU and S3-FIFO on recency-driven traces): each policy has its
+# own width, dash and marker, drawn widest first, so one never hides another.
+_STYLES = {"lru": dict(lw=4.0, ls="-", marker="o", ms=6, alpha=0.55, zorder=2),
+           "tiered": dict(lw=3.0, ls="-", marker="D", ms=5, alpha=0.7, zorder=3),
+           "fifo": dict(lw=1.6, ls=":", marker="v", ms=5, zorder=4),
+           "optimal": dict(lw=1.6, ls="-.", marker="^", ms=5, zorder=4),
+           "s3fifo": dict(lw=1.4, ls="--", marker="x", ms=6, zorder=5)}
+_DRAW_ORDER = ("lru", "tiered", "fifo", "optimal", "s3fifo")
 
 
 def _x(point: dict) -> float:
     return point["gib"] if point["gib"] is not None else point["cacheBlocks"]
 
 
+def _style(policy: str) -> dict:
+    return {"color": _COLOURS.get(policy)} | _STYLES.get(policy, dict(lw=1.5, marker="o",
+                                                                     ms=4))
+
+
 def sim_figure(result: dict):
-    """Hit rate and ideal speedup against budget, with the ceiling as a dashed line."""
+    """Hit rate and ideal speedup against budget, the ceiling dashed, the recommended
+    budget marked with its value; legends beside the axes, never over a curve."""
     plt = _pyplot()
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9.5, 7.5), sharex=True)
     points = result["points"]
     by_gib = bool(points) and points[0]["gib"] is not None
-    for policy in result["policies"]:
-        xs = [_x(p) for p in points]
-        top.plot(xs, [p["results"][policy]["hitRate"] * 100 for p in points], marker="o",
-                 ms=3, label=policy, color=_COLOURS.get(policy))
-        bottom.plot(xs, [p["results"][policy]["idealSpeedup"] for p in points], marker="o",
-                    ms=3, label=policy, color=_COLOURS.get(policy))
+    xs = [_x(p) for p in points]
+    policies = sorted(result["policies"], key=lambda p: (_DRAW_ORDER.index(p)
+                                                         if p in _DRAW_ORDER else 9))
+    for policy in policies:
+        top.plot(xs, [p["results"][policy]["hitRate"] * 100 for p in points], label=policy,
+                 **_style(policy))
+        bottom.plot(xs, [p["results"][policy]["idealSpeedup"] for p in points],
+                    label=policy, **_style(policy))
     ceiling = result["ceiling"]
     top.axhline(ceiling["hitRate"] * 100, ls="--", color="black", lw=1,
                 label=f"ceiling {ceiling['hitRate'] * 100:.1f}%")
@@ -47,17 +63,23 @@ def sim_figure(result: dict):
                    label=f"ceiling {ceiling['idealSpeedup']:.2f}x")
     rec = result.get("recommended") or {}
     if rec.get("gib") is not None and by_gib:
+        from kvstored.tools.planning import size_label
+
+        label = f"recommended ({rec['policy']}): {size_label(rec['gib'])}, " \
+                f"{rec['idealSpeedup']:.2f}x"
         for axis in (top, bottom):
-            axis.axvline(rec["gib"], color="#d62728", lw=1, ls=":")
-        bottom.annotate(f"recommended ({rec['policy']})", (rec["gib"], rec["idealSpeedup"]),
-                        textcoords="offset points", xytext=(6, -14), color="#d62728",
-                        fontsize=8)
+            axis.axvline(rec["gib"], color="#d62728", lw=1.2, ls=":", zorder=1)
+        bottom.plot([rec["gib"]], [rec["idealSpeedup"]], marker="*", ms=14,
+                    color="#d62728", zorder=6, ls="none", label=label)
     top.set_ylabel("hit rate (% of measured tokens)")
+    top.set_ylim(bottom=0)
     bottom.set_ylabel("ideal prefill speedup (x)")
+    bottom.set_ylim(bottom=0)
     bottom.set_xlabel("cache budget" if by_gib else "cache capacity (blocks)")
     for axis in (top, bottom):
-        _budget_axis(axis, by_gib)
-        axis.legend(fontsize=8, loc="upper left")
+        _budget_axis(axis, by_gib, xs, rec.get("gib") if by_gib else None)
+        axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                    borderaxespad=0)
     model = result.get("model") or {}
     title = ", ".join(result["trace"]["sources"])
     fig.suptitle(f"{title}\n{model.get('label', '')} - block {result['blockSize']} tokens",
@@ -66,34 +88,55 @@ def sim_figure(result: dict):
     return fig
 
 
+def _ssd_label(result: dict) -> str:
+    tier = result["tiered"]
+    from kvstored.tools.planning import size_label
+
+    size = size_label(tier["ssdGib"]) if tier.get("ssdGib") else f"{tier['ssdBlocks']:,}-block"
+    return (f"over a {size} SSD ({tier['mode']}, promotion "
+            f"{'on' if tier['promotion'] else 'off'})")
+
+
 def tier_figure(result: dict):
-    """For tiered runs: hits by tier against the DRAM budget, and the modelled TTFT."""
+    """For tiered runs: hits by tier against the DRAM budget over the stated SSD, and the
+    modelled TTFT (axis from 0)."""
     plt = _pyplot()
     points = [p for p in result["points"] if p["mode"] == "fixed_window"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     xs = [_x(p) for p in points]
+    by_gib = bool(points) and points[0]["gib"] is not None
     tiers = [p["results"]["tiered"] for p in points]
     total = [t["totalTokens"] or 1 for t in tiers]
-    dram = [t["dramHitTokens"] / n * 100 for t, n in zip(tiers, total)]
-    ssd = [t["ssdHitTokens"] / n * 100 for t, n in zip(tiers, total)]
-    left.stackplot(xs, dram, ssd, labels=["DRAM hits", "SSD hits"],
+    dram = [t["dramHitTokens"] / n * 100 for t, n in zip(tiers, total, strict=True)]
+    ssd = [t["ssdHitTokens"] / n * 100 for t, n in zip(tiers, total, strict=True)]
+    left.stackplot(xs, dram, ssd, labels=["hits from DRAM", "hits from the SSD"],
                    colors=["#1f77b4", "#ff7f0e"], alpha=0.8)
     if "lru" in result["policies"]:
         left.plot(xs, [p["results"]["lru"]["hitRate"] * 100 for p in points], color="black",
-                  lw=1, ls="--", label="DRAM-only LRU")
+                  lw=1.2, ls="--", marker="o", ms=3, label="DRAM-only LRU (no SSD)")
     left.set_ylabel("% of measured tokens")
+    left.set_ylim(0, 100)
     left.set_xlabel("DRAM budget")
-    left.legend(fontsize=8, loc="upper left")
+    left.set_title(f"hits by tier, DRAM {_ssd_label(result)}", fontsize=9)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
+                frameon=False)
     if tiers and "ttft" in tiers[0]:
-        right.plot(xs, [t["ttft"]["meanSeconds"] for t in tiers], marker="o", ms=3,
-                   label="tiered")
+        right.plot(xs, [t["ttft"]["meanSeconds"] for t in tiers], marker="o", ms=4,
+                   color=_COLOURS["tiered"], label="DRAM + SSD (modelled)")
         right.axhline(tiers[0]["ttft"]["noCacheSeconds"], ls="--", color="black", lw=1,
                       label="no cache")
+        right.set_ylim(bottom=0)
         right.set_ylabel("modelled prefill time per request (s)")
-        right.legend(fontsize=8)
+        m = result["tiered"]["ttftModel"]
+        right.set_title(f"TTFT model: prefill {m['prefillTokensPerSecond']:,.0f} tokens/s, "
+                        f"DRAM {m['dramGBps']:g} GB/s, SSD {m['ssdGBps']:g} GB/s", fontsize=9)
+        right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+                     frameon=False)
     right.set_xlabel("DRAM budget")
     for axis in (left, right):
-        _budget_axis(axis, True)
+        _budget_axis(axis, by_gib, xs)
+    fig.suptitle(f"{', '.join(result['trace']['sources'])}: DRAM {_ssd_label(result)}",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -146,15 +189,31 @@ def plan_heatmap(result: dict, metric: str = "speedup"):
     return fig
 
 
-def _budget_axis(axis, by_gib: bool) -> None:
-    """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB)."""
+def _budget_axis(axis, by_gib: bool, xs: list[float] | None = None,
+                 marked: float | None = None) -> None:
+    """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB), with a tick at
+    every simulated budget (thinned to at most ~8 labels) and always one at ``marked``."""
     from kvstored.tools.planning import size_label
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-    axis.set_xscale("log", base=2)
-    axis.grid(True, which="both", alpha=0.3)
+    positive = sorted({x for x in (xs or []) if x > 0})
+    if positive:
+        axis.set_xscale("log", base=2)
+    axis.grid(True, which="major", alpha=0.3)
+    if not positive:
+        return
+    step = max(1, -(-len(positive) // 8))
+    ticks = positive[::step]
+    if marked is not None and marked > 0 and marked not in ticks:
+        ticks = sorted({*ticks, marked})
+    axis.xaxis.set_major_locator(FixedLocator(ticks))
+    axis.xaxis.set_minor_locator(NullLocator())
     if by_gib:
         axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: size_label(x)))
+    else:
+        axis.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    for label in axis.get_xticklabels():
+        label.set_fontsize(8)
 
 
 def save(fig, path: Path) -> None:

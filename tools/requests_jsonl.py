@@ -27,7 +27,8 @@ from kvstored.tools.textio import STRICT, BadLines, json_lines
 
 #: Block size and timestamp unit (seconds per unit) of each format.
 DEFAULTS = {"mooncake": (512, 1e-3), "bailian": (16, 1.0)}
-_FLUSH_IDS = 1 << 20
+_FLUSH_IDS = 1 << 16        # integer ids: converted 65,536 at a time
+_FLUSH_STRING_IDS = 1 << 14  # string ids cost ~70 bytes each while pending: fewer
 
 
 def _positive_int(value: object) -> int | None:
@@ -58,6 +59,7 @@ class _Reader:
         self.pending_from = 0             # first record index in pending
         self.record_lines: list[tuple[Path, int]] = []  # of pending records
         self.chunks: list[np.ndarray] = []
+        self.flush_at = _FLUSH_IDS
 
     def read(self, path: Path) -> None:
         counts, lengths, outputs, stamps = self.counts, self.lengths, self.outputs, self.stamps
@@ -87,13 +89,15 @@ class _Reader:
             else:
                 pending.extend(hash_ids)
                 record_lines.append((path, number))
+                if type(hash_ids[0]) is str:
+                    self.flush_at = _FLUSH_STRING_IDS
             counts.append(len(hash_ids))
             lengths.append(length)
             outputs.append(int(output))
             stamps.append(stamp)
             if self.kinds is not None:
                 self.kinds.append(record.get("type"))
-            if len(pending) >= _FLUSH_IDS:
+            if len(pending) >= self.flush_at:
                 self.flush()
 
     def _checked(self, path: Path, number: int, record: dict, mentions_bool: bool) -> bool:
@@ -153,7 +157,9 @@ class _Reader:
         """Convert the pending ids: one numpy call when they are all plain integers,
         record by record (naming the bad one) otherwise."""
         if self.pending:
-            keys = fast_keys(self.pending)
+            keys = fast_keys(self.pending) if type(self.pending[0]) is int else None
+            if keys is None:
+                keys = self.interner.batch(self.pending)
             if keys is None:
                 parts, at = [], 0
                 for offset, (path, number) in enumerate(self.record_lines):
@@ -189,14 +195,18 @@ class _Reader:
 
 
 def read_requests(paths: list[Path], fmt: str, block_size: int | None,
-                  bad: BadLines = STRICT) -> events.EventTrace:
-    """Read one or more JSONL files of format ``fmt``, replayed one after another."""
+                  bad: BadLines = STRICT, *, keep_id_names: bool = True) -> events.EventTrace:
+    """Read one or more JSONL files of format ``fmt``, replayed one after another.
+    Without ``keep_id_names`` the texts of string ids are dropped as soon as every id
+    has its key (a replay compares keys only)."""
     default_block, seconds_per_unit = DEFAULTS[fmt]
     reader = _Reader(fmt, bad)
     for path in paths:
         reader.read(path)
     reader.flush()
     reader.drop_bad_requests()
+    names = reader.interner.names if keep_id_names else []
+    reader.interner = None  # without the names, this frees the texts before the arrays
     if not reader.counts:
         raise TraceError(", ".join(map(str, paths)), "holds no request with hash_ids and "
                                                      "input_length")
@@ -212,7 +222,7 @@ def read_requests(paths: list[Path], fmt: str, block_size: int | None,
         np.array(reader.stamps, dtype=np.float64) * seconds_per_unit,
         np.array(reader.outputs, dtype=np.int64), size, fmt,
         sources=[str(p) for p in paths], skipped=reader.skipped,
-        id_names=reader.interner.names, explicit_tokens=reader.explicit, kinds=reader.kinds)
+        id_names=names, explicit_tokens=reader.explicit, kinds=reader.kinds)
     if bad.skip:
         trace.bad_lines = bad.to_dict()
     return trace

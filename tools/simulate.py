@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from kvstored.tools import models, planning, reader, sweep, tiered
-from kvstored.tools.core import POLICIES, Replay
+from kvstored.tools.core import POLICIES, Replay, trim_heap
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.events import EventTrace
 
@@ -135,7 +135,8 @@ def prepare(paths: list[str | Path], options: SimOptions, *,
     owned = trace is None
     if trace is None:
         trace = reader.load(paths, options.fmt, options.block_size,
-                            skip_bad_lines=options.skip_bad_lines)
+                            skip_bad_lines=options.skip_bad_lines, keep_id_names=keep_ids)
+        trim_heap()
     loaded = time.perf_counter()
     sizing = None
     sizing_tokens = options.estimate_tokens or estimate_tokens(trace)
@@ -153,6 +154,7 @@ def prepare(paths: list[str | Path], options: SimOptions, *,
                     engine=options.engine)
     if owned and not keep_ids:  # the ids are in the trie now; free their 8 bytes per event
         trace.ids = trace.ids[:0]
+        trim_heap()
     bytes_per_block = bytes_per_token * trace.block_size if bytes_per_token else None
     return Prepared(trace, replay, bytes_per_token, bytes_per_block,
                     _model_info(table, options, sizing, bytes_per_token, sizing_tokens),

@@ -99,6 +99,21 @@ int sim_reuse_gaps(const uint32_t *node_of_event, const int64_t *req_off, int64_
                    const double *request_time, int64_t n_nodes, double *event_gap,
                    double *node_max_gap);
 
+/* The interner of string block ids (intern.c). sim_intern keys n texts: text i is the
+ * bytes text[ends[i-1] : ends[i]] (from 0 for i = 0). A decimal text
+ * (-?(0|[1-9][0-9]*)) in [-2^62, 2^62) is its integer; any other text is base + its
+ * index among the distinct texts in first-seen order. Returns n, or a negative
+ * sim_status. sim_interner_name copies name `index` into out when cap allows and
+ * returns its length. */
+typedef struct sim_interner sim_interner;
+sim_interner *sim_interner_new(void);
+void sim_interner_free(sim_interner *x);
+int64_t sim_interner_count(const sim_interner *x);
+int64_t sim_interner_bytes(const sim_interner *x);
+int64_t sim_intern(sim_interner *x, const char *text, const int64_t *ends, int64_t n,
+                   int64_t base, int64_t *keys);
+int64_t sim_interner_name(const sim_interner *x, int64_t index, char *out, int64_t cap);
+
 /* Scratch memory reused across runs, so that repeated runs do not pay for fresh pages. */
 sim_workspace *sim_workspace_new(void);
 void sim_workspace_free(sim_workspace *ws);
