@@ -12,7 +12,6 @@ from pathlib import Path
 
 import click
 from kvstored.tools import builtin, models, tiered
-from kvstored.tools import plan as plan_module
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
     parse_gib,
@@ -296,6 +295,10 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
     render_console(render, output)
 
 
+# plan's defaults, without importing the plan module for a plain run
+_DRAM_COST, _SSD_COST, _MARGIN = 4.0, 0.10, 0.02
+
+
 @sim.command("plan")
 @trace_options
 @model_options
@@ -304,10 +307,10 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
 @click.option("--ssd", help="SSD sizes: A..B (from 0: 0, then B/64 doubling to B) or a "
                             "list (default 0..32TiB).")
 @click.option("--dram-cost", type=click.FloatRange(min=0),
-              default=plan_module.DEFAULT_DRAM_COST_PER_GIB, show_default=True,
+              default=_DRAM_COST, show_default=True,
               help="DRAM price, $ per GiB.")
 @click.option("--ssd-cost", type=click.FloatRange(min=0),
-              default=plan_module.DEFAULT_SSD_COST_PER_GIB, show_default=True,
+              default=_SSD_COST, show_default=True,
               help="SSD price, $ per GiB.")
 @click.option("--tier-mode", type=click.Choice(["write-through", "offload"]),
               default="write-through", show_default=True,
@@ -326,7 +329,7 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
 @click.option("--budget", type=click.FloatRange(min=0),
               help="Recommend the fastest cell costing at most this many $.")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True),
-              default=plan_module.DEFAULT_MARGIN, show_default=True,
+              default=_MARGIN, show_default=True,
               help="Without a target or budget: the cheapest cell within this share of the "
                    "best modelled speedup.")
 @click.option("--warmup", type=float, default=0.5, show_default=True,
@@ -356,6 +359,8 @@ def plan(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_t
     within --margin of the best modelled speedup, or the cheapest meeting
     --target-speedup, or the fastest within --budget.
     """
+    from kvstored.tools import plan as plan_module
+
     paths = all_traces(traces, trace_opts)
     sim_options = SimOptions(
         fmt=fmt, block_size=block_size, model=model, bytes_per_token=bytes_per_token,

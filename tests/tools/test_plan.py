@@ -135,3 +135,10 @@ def test_cli_table_json_heatmap_and_html(tmp_path):
     rec = document["recommended"]
     assert {"dramGib", "ssdGib", "ttftSpeedup", "cost", "reason", "marginal"} <= set(rec)
     assert run(*args, "--target-speedup", "2", "--budget", "5").exit_code == 2
+
+
+def test_cli_defaults_are_the_plan_modules():
+    from kvstored.tools import cli_sim
+
+    assert (cli_sim._DRAM_COST, cli_sim._SSD_COST, cli_sim._MARGIN) == (
+        plan.DEFAULT_DRAM_COST_PER_GIB, plan.DEFAULT_SSD_COST_PER_GIB, plan.DEFAULT_MARGIN)
