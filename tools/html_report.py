@@ -62,7 +62,7 @@ def _inputs(result: dict) -> str:
     if result.get("tiered"):
         t = result["tiered"]
         m = t["ttftModel"]
-        ssd = format_size(t["ssdGib"] * (1 << 30)) if t["ssdGib"] else f"{t['ssdBlocks']} blocks"
+        ssd = size_label(t["ssdGib"]) if t["ssdGib"] else f"{t['ssdBlocks']} blocks"
         rows.append(("Tiered", f"DRAM = budget over SSD {ssd}, {t['mode']}, promotion "
                                f"{'on' if t['promotion'] else 'off'}"))
         rows.append(("TTFT model", f"prefill {m['prefillTokensPerSecond']:,.0f} tokens/s, "
@@ -82,7 +82,8 @@ def _results(result: dict) -> str:
     gains = gain_column(result)
     rec = result["recommended"]
     if gains:
-        head.append(f"{rec['policy']} gain per extra TiB")
+        what = "TTFT speedup" if rec.get("metric") == "ttftSpeedup" else "speedup"
+        head.append(f"{rec['policy']} {what} gain per extra TiB")
     rows = []
     for k, point in enumerate(result["points"]):
         cells = [budget_label(point), f"{point['cacheBlocks']:,}"]
@@ -109,9 +110,11 @@ def write(result: dict, path: Path) -> None:
     rec = result["recommended"]
     if rec.get("gib") is not None:
         reason = rec["reason"][:1].upper() + rec["reason"][1:]
+        kind = "modelled TTFT speedup" if rec.get("metric") == "ttftSpeedup" \
+            else "ideal prefill speedup"
         recommendation = (f"<p class=rec><b>Recommended budget ({html.escape(rec['policy'])}): "
-                          f"{size_label(rec['gib'])}</b>, {rec['idealSpeedup']:.2f}x ideal "
-                          f"prefill speedup. {html.escape(reason)}.</p>")
+                          f"{size_label(rec['gib'])}</b>, {rec['speedup']:.2f}x {kind}. "
+                          f"{html.escape(reason)}.</p>")
     else:
         recommendation = f"<p class=rec>{html.escape(rec['reason'])}</p>"
     sections = [

@@ -52,10 +52,11 @@ def sim_figure(result: dict):
     policies = sorted(result["policies"], key=lambda p: (_DRAW_ORDER.index(p)
                                                          if p in _DRAW_ORDER else 9))
     for policy in policies:
-        top.plot(xs, [p["results"][policy]["hitRate"] * 100 for p in points], label=policy,
+        label = f"tiered (DRAM {_ssd_label(result)})" if policy == "tiered" else policy
+        top.plot(xs, [p["results"][policy]["hitRate"] * 100 for p in points], label=label,
                  **_style(policy))
         bottom.plot(xs, [p["results"][policy]["idealSpeedup"] for p in points],
-                    label=policy, **_style(policy))
+                    label=label, **_style(policy))
     ceiling = result["ceiling"]
     top.axhline(ceiling["hitRate"] * 100, ls="--", color="black", lw=1,
                 label=f"ceiling {ceiling['hitRate'] * 100:.1f}%")
@@ -65,16 +66,17 @@ def sim_figure(result: dict):
     if rec.get("gib") is not None and by_gib:
         from kvstored.tools.planning import size_label
 
-        label = f"recommended ({rec['policy']}): {size_label(rec['gib'])}, " \
-                f"{rec['idealSpeedup']:.2f}x"
+        kind = " modelled TTFT speedup" if rec.get("metric") == "ttftSpeedup" else ""
+        label = f"recommended ({rec['policy']}): {size_label(rec['gib'])}\n" \
+                f"{rec['speedup']:.2f}x{kind}"
         for axis in (top, bottom):
             axis.axvline(rec["gib"], color="#d62728", lw=1.2, ls=":", zorder=1)
         bottom.plot([rec["gib"]], [rec["idealSpeedup"]], marker="*", ms=14,
                     color="#d62728", zorder=6, ls="none", label=label)
     top.set_ylabel("hit rate (% of measured tokens)")
     top.set_ylim(bottom=0)
-    bottom.set_ylabel("ideal prefill speedup (x)")
-    bottom.set_ylim(bottom=0)
+    bottom.set_ylabel("ideal prefill speedup (x; 1x = no cache)")
+    bottom.set_ylim(bottom=1)
     bottom.set_xlabel("cache budget" if by_gib else "cache capacity (blocks)")
     for axis in (top, bottom):
         _budget_axis(axis, by_gib, xs, rec.get("gib") if by_gib else None)
@@ -93,8 +95,8 @@ def _ssd_label(result: dict) -> str:
     from kvstored.tools.planning import size_label
 
     size = size_label(tier["ssdGib"]) if tier.get("ssdGib") else f"{tier['ssdBlocks']:,}-block"
-    return (f"over a {size} SSD ({tier['mode']}, promotion "
-            f"{'on' if tier['promotion'] else 'off'})")
+    return (f"over a {size} SSD,\n{tier['mode']}, promotion "
+            f"{'on' if tier['promotion'] else 'off'}")
 
 
 def tier_figure(result: dict):
@@ -117,7 +119,7 @@ def tier_figure(result: dict):
     left.set_ylabel("% of measured tokens")
     left.set_ylim(0, 100)
     left.set_xlabel("DRAM budget")
-    left.set_title(f"hits by tier, DRAM {_ssd_label(result)}", fontsize=9)
+    left.set_title("hits by tier", fontsize=9)
     left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
                 frameon=False)
     if tiers and "ttft" in tiers[0]:
@@ -135,8 +137,8 @@ def tier_figure(result: dict):
     right.set_xlabel("DRAM budget")
     for axis in (left, right):
         _budget_axis(axis, by_gib, xs)
-    fig.suptitle(f"{', '.join(result['trace']['sources'])}: DRAM {_ssd_label(result)}",
-                 fontsize=10)
+    fig.suptitle(f"{', '.join(result['trace']['sources'])}: DRAM "
+                 f"{_ssd_label(result).replace(chr(10), ' ')}", fontsize=10)
     fig.tight_layout()
     return fig
 

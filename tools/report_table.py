@@ -32,11 +32,13 @@ def bad_lines_note(trace: dict) -> str | None:
 def gain_column(result: dict) -> list[float | None] | None:
     """The marginal gain of the recommended policy at each point (speedup per extra
     TiB from the previous budget), or None when budgets are in blocks."""
+    from kvstored.tools.simulate import point_speedup
+
     policy = result["recommended"].get("policy")
     points = result["points"]
     if not policy or not points or any(p["gib"] is None for p in points):
         return None
-    return marginal_gains([(p["gib"], p["results"][policy]["idealSpeedup"]) for p in points])
+    return marginal_gains([(p["gib"], point_speedup(result, p, policy)) for p in points])
 
 
 def render(result: dict, console: Console) -> None:
@@ -66,7 +68,7 @@ def render(result: dict, console: Console) -> None:
                   f"({result['ceiling']['idealSpeedup']:.2f}x ideal prefill speedup)")
     tier = result.get("tiered")
     if tier:
-        ssd = format_size(tier["ssdGib"] * (1 << 30)) if tier["ssdGib"] else \
+        ssd = size_label(tier["ssdGib"]) if tier["ssdGib"] else \
             f"{tier['ssdBlocks']:,} blocks"
         model_line = tier["ttftModel"]
         console.print(f"[bold]Tiered[/]: DRAM = the budget, SSD {ssd}, {tier['mode']}, "
@@ -84,8 +86,9 @@ def render(result: dict, console: Console) -> None:
     if tier:
         for name in ("DRAM share\nof hits", "2-point\nestimate", "TTFT\nspeedup"):
             table.add_column(name, justify="right", no_wrap=True)
+    what = "TTFT" if rec.get("metric") == "ttftSpeedup" else "speedup"
     if gains:
-        table.add_column(f"{rec['policy']} gain\nper TiB", justify="right", no_wrap=True)
+        table.add_column(f"{rec['policy']} {what}\ngain/TiB", justify="right", no_wrap=True)
     for k, point in enumerate(result["points"]):
         cells = [budget_label(point), f"{point['cacheBlocks']:,}"]
         ceiling = point["mode"] == "ceiling_no_pressure"
@@ -109,12 +112,13 @@ def render(result: dict, console: Console) -> None:
     if any(p["mode"] == "ceiling_no_pressure" for p in result["points"]):
         console.print("* the cache never filled during the warm-up: the point is the "
                       "ceiling and the curve ends there")
+    kind = "modelled TTFT speedup" if what == "TTFT" else "ideal speedup"
     if gains:
-        console.print(f"gain per TiB: {rec['policy']}'s ideal speedup added per extra TiB "
-                      "from the budget above; bold: the recommended budget")
+        console.print(f"gain/TiB: {rec['policy']}'s {kind} added per extra TiB from the "
+                      "budget above; bold: the recommended budget")
     if rec.get("gib") is not None:
-        console.print(f"[bold]Recommended[/] ({rec['policy']}): {size_label(rec['gib'])}, "
-                      f"{rec['idealSpeedup']:.2f}x - {rec['reason']}")
+        console.print(f"[bold]Recommended[/] ({rec['policy']}, by {kind}): "
+                      f"{size_label(rec['gib'])}, {rec['speedup']:.2f}x - {rec['reason']}")
 
 
 def render_plan(result: dict, console: Console) -> None:

@@ -186,9 +186,16 @@ def simulate(paths: list[str | Path], options: SimOptions, *,
     result = ready.header("kvstore sim") | {
         "warmupFraction": options.warmup,
         "policies": list(options.policies),
-        "tiered": tier.describe(bytes_per_block) if tier else None,
+        "tiered": tier.describe(bytes_per_block, options.ssd_gib if options.ssd_blocks is None
+                                else None) if tier else None,
         "points": swept["points"],
     }
+    if tier and ready.bytes_per_token:  # an infinite DRAM under the TTFT model
+        result["ceilingTtft"] = tiered.ttft(
+            tier, total_tokens=result["ceiling"]["totalTokens"],
+            dram_tokens=result["ceiling"]["hitTokens"], ssd_tokens=0,
+            requests=replay.requests - replay.warmup_requests,
+            bytes_per_token=ready.bytes_per_token)
     fits = any(b.blocks >= replay.unique_blocks for b in budgets)
     result["recommended"] = _recommend(result, options, fits)
     result["memory"] = replay.memory_bytes() | {"jobs": spec.jobs}
@@ -229,14 +236,35 @@ def _model_info(table: models.ModelTable, options: SimOptions, sizing, bytes_per
     return None
 
 
+def recommendation_metric(result: dict, policy: str) -> str:
+    """What the recommendation compares: the modelled TTFT speedup for tiered (its ideal
+    speedup is the same at every DRAM size under write-through), else the ideal one."""
+    return "ttftSpeedup" if policy == "tiered" and result.get("ceilingTtft") else "idealSpeedup"
+
+
+def point_speedup(result: dict, point: dict, policy: str) -> float:
+    """The recommendation metric of one point (a ceiling point: the ceiling's)."""
+    if recommendation_metric(result, policy) == "idealSpeedup":
+        return point["results"][policy]["idealSpeedup"]
+    timing = point["results"][policy].get("ttft")
+    return timing["speedup"] if timing else result["ceilingTtft"]["speedup"]
+
+
 def _recommend(result: dict, options: SimOptions, fits: bool) -> dict:
     policy = options.recommend_policy or next(
         p for p in ("tiered", "lru", "s3fifo", "fifo", "optimal") if p in options.policies)
     if policy not in options.policies:
         raise UsageProblem(f"--recommend-policy {policy} is not among --policies")
-    points = [(p["gib"], p["results"][policy]["idealSpeedup"]) for p in result["points"]
-              if p["gib"] is not None]
+    metric = recommendation_metric(result, policy)
+    chosen = [p for p in result["points"] if p["gib"] is not None]
+    points = [(p["gib"], point_speedup(result, p, policy)) for p in chosen]
+    ceiling = result["ceilingTtft"]["speedup"] if metric == "ttftSpeedup" \
+        else result["ceiling"]["idealSpeedup"]
     fits = fits or any(p["mode"] == sweep.CEILING for p in result["points"])
-    return {"policy": policy} | planning.recommend_budget(
-        points, options.margin, ceiling_speedup=result["ceiling"]["idealSpeedup"],
-        fits=fits)
+    out = {"policy": policy, "metric": metric} | planning.recommend_budget(
+        points, options.margin, ceiling_speedup=ceiling, fits=fits)
+    if out.get("gib") is not None:
+        at = next(p for p in chosen if p["gib"] == out["gib"])
+        out["speedup"] = out.pop("idealSpeedup")
+        out["idealSpeedup"] = at["results"][policy]["idealSpeedup"]
+    return out

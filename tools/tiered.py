@@ -41,10 +41,14 @@ class TierConfig:
     def mode(self) -> str:
         return "write-through" if self.write_through else "offload-on-evict"
 
-    def describe(self, bytes_per_block: float | None) -> dict:
+    def describe(self, bytes_per_block: float | None, ssd_gib: float | None = None) -> dict:
+        """The configuration for the result; ``ssd_gib`` is the size as given (the
+        blocks it holds, times the block size, may fall a little short of it)."""
+        if ssd_gib is None and bytes_per_block:
+            ssd_gib = self.ssd_blocks * bytes_per_block / (1 << 30)
         return {
             "ssdBlocks": self.ssd_blocks,
-            "ssdGib": self.ssd_blocks * bytes_per_block / (1 << 30) if bytes_per_block else None,
+            "ssdGib": ssd_gib,
             "mode": self.mode,
             "promotion": self.promote,
             "ttftModel": {"prefillTokensPerSecond": self.prefill_tokens_per_s,
