@@ -96,7 +96,8 @@ def trace_options(command):
         click.argument("traces", nargs=-1, type=click.Path(path_type=Path)),
         click.option("--trace", "trace_opts", multiple=True, metavar="TRACE",
                      help="A trace (repeatable), as the positional TRACE: a file, a session "
-                          "directory, - for standard input,."),
+                          "directory, - for standard input, or builtin:NAME "
+                          "(kvstore sim --list-traces)."),
         click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto",
                      show_default=True, help="Trace format; auto looks at the first record."),
         click.option("--block-size", type=click.IntRange(min=1),
