@@ -25,6 +25,7 @@ from kvstored.tools.cli_common import (
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
 
+from kvstored.cli.params import ExistingFile
 from kvstored.units import format_size
 
 # Imported where used, so that a --json run does not load rich, matplotlib or the report
@@ -129,8 +130,7 @@ def model_options(command):
         click.option("--estimate-tokens", type=click.IntRange(min=1),
                      help="Sequence length that sizes models with sliding-window or "
                           "compressed layers (default: the trace's mean input length)."),
-        click.option("--models-file", type=click.Path(path_type=Path, exists=True,
-                                                      dir_okay=False),
+        click.option("--models-file", type=ExistingFile(path_type=Path),
                      help="A TOML model table adding to or overriding the packaged one."),
     )):
         command = option(command)

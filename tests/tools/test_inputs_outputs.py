@@ -158,3 +158,9 @@ def test_reference_json_schema_matches_the_reference(tmp_path):
     assert ours["policies"] == theirs["policies"]
     assert len(theirs["points"]) >= 3
     assert ours["points"] == theirs["points"]
+
+
+def test_a_missing_models_file_is_not_found(tmp_path):
+    result = run("sim", "builtin:rag", "--models-file", tmp_path / "nope.toml")
+    assert result.exit_code == ExitCode.NOT_FOUND
+    assert "nope.toml does not exist (--models-file)" in result.output
