@@ -21,12 +21,14 @@ import trio
 from kvstored.client.common import (
     MISSING,
     TRANSPORTS,
+    BatchRead,
+    NodeHealth,
     ObjectInfo,
+    ReadStats,
     Segments,
     check_keys,
     client_host,
     parse_address,
-    plan_reads,
     prepare_values,
 )
 from kvstored.errors import (
@@ -54,6 +56,9 @@ class AsyncClient:
         self.token = token
         self.timeout = timeout
         self.segments = Segments(transport)
+        #: What reads ran into: checksum failures, nodes that could not serve.
+        self.stats = ReadStats()
+        self._health = NodeHealth()
         self._nodes: dict[str, dict[str, Any]] = {}
         self._node_clients: dict[str, RpcClient] = {}
 
@@ -71,21 +76,28 @@ class AsyncClient:
 
     async def _node_request(self, node: str, header: dict[str, Any], payload=(),
                             into: list[memoryview] | None = None) -> dict[str, Any]:
-        """One request to a node; response payload items are received into ``into``."""
+        """One request to a node, within the client's timeout; response payload items
+        are received into ``into`` (an item larger than its view fails the request)."""
         client = self._node(node)
         async with client._lock:
-            conn = await client._ready()
             try:
-                await conn.send_frame(header, payload)
-                reply = await conn.recv_header()
-                if reply.get("ok") and into is not None:
-                    for view, size in zip(into, reply["sizes"]):
-                        if size >= 0:
-                            await conn.recv_payload_into(view[:size])
-                await conn.discard_payload()
-            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError) as exc:
+                with trio.fail_after(self.timeout):
+                    conn = await client._ready()
+                    await conn.send_frame(header, payload)
+                    reply = await conn.recv_header()
+                    if reply.get("ok") and into is not None:
+                        for view, size in zip(into, reply["sizes"]):
+                            if size > len(view):
+                                raise FrameError(f"an item of {size} bytes for a "
+                                                 f"{len(view)}-byte buffer")
+                            if size >= 0:
+                                await conn.recv_payload_into(view[:size])
+                    await conn.discard_payload()
+            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError,
+                    trio.TooSlowError) as exc:
                 client.close()
-                raise UnreachableError(f"{header['op']} on node {node} failed: {exc}") from None
+                raise UnreachableError(f"{header['op']} on node {node} failed: "
+                                       f"{exc or 'timed out'}") from None
         if not reply.get("ok"):
             raise from_wire(reply.get("error") or {})
         return reply
@@ -177,6 +189,8 @@ class AsyncClient:
         return await self._read(keys, list(buffers))
 
     async def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
+        """The blocking client's read, as coroutines (see BatchRead): replicas are tried in
+        turn, and a node that cannot serve makes a clean miss, never an error."""
         check_keys(keys)
         started = trio.current_time()
         reply = await self._call("lookup", keys=keys)
@@ -184,21 +198,37 @@ class AsyncClient:
         if not buffers:
             buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
         bufs = [memoryview(b).cast("B") for b in buffers]
-        plan = plan_reads(reply, bufs, keys, self.segments)
-        results = list(plan.sizes)
-        for i, node, offset, size in plan.shm:
-            bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(offset, size)
-        if plan.shm and trio.current_time() - started > 0.8 * reply["lease_ttl"]:
-            for i, node, _, _ in plan.shm:
-                plan.tcp.setdefault(node, []).append(i)
-        for node, idx in plan.tcp.items():
-            reply = await self._node_request(
-                node, {"op": "get", "keys": [keys[i] for i in idx],
-                       "checksums": [plan.checksums[i] for i in idx]},
-                into=[bufs[i] for i in idx])
-            for i, size in zip(idx, reply["sizes"]):
-                results[i] = size if size >= 0 else MISSING
-        return results
+        read = BatchRead(keys, reply, bufs, self.segments, self._health, self.stats)
+        while read.pending:
+            copies = read.shm_copies()
+            for i, node, offset, size in copies:
+                bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(
+                    offset, size)
+            if copies and trio.current_time() - started > 0.8 * read.lease_ttl:
+                read.lease_ran_out([c[0] for c in copies])
+            else:
+                for copy in copies:
+                    read.copied(copy[0])
+            await self._report_corrupt(read)
+            for node, idx in read.tcp_requests().items():
+                try:
+                    got = await self._node_request(node, read.node_get(idx),
+                                                   into=[bufs[i] for i in idx])
+                except StoreError:
+                    read.failed(node, idx)
+                    continue
+                for i, size in zip(idx, got["sizes"]):
+                    read.received(i, size)
+            await self._report_corrupt(read)
+        return read.results
+
+    async def _report_corrupt(self, read: BatchRead) -> None:
+        for node, (keys, checksums) in read.take_corrupt().items():
+            try:
+                await self._node_request(node, {"op": "report_corrupt", "keys": keys,
+                                                "checksums": checksums})
+            except StoreError:
+                pass  # best effort: the read itself already moved on
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -15,14 +15,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstored.client.common import (
-    MISSING,
     TRANSPORTS,
+    BatchRead,
+    NodeHealth,
     ObjectInfo,
+    ReadStats,
     Segments,
     check_keys,
     client_host,
     parse_address,
-    plan_reads,
     prepare_values,
 )
 from kvstored.errors import (
@@ -90,6 +91,9 @@ class Client:
         self.token = token
         self.timeout = timeout
         self.segments = Segments(transport)
+        #: What reads ran into: checksum failures, nodes that could not serve.
+        self.stats = ReadStats()
+        self._health = NodeHealth()
         self._local = threading.local()
         self._all: list[_Connection] = []
         self._all_lock = threading.Lock()
@@ -228,7 +232,8 @@ class Client:
 
     def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
         """Look ``keys`` up (one master round trip), then copy each from a mapped segment
-        or fetch it from its node. An empty ``buffers`` is filled with new bytearrays."""
+        or fetch it from its node, falling back to other replicas (see BatchRead). An
+        empty ``buffers`` is filled with new bytearrays."""
         check_keys(keys)
         started = time.monotonic()
         reply = self._call("lookup", keys=keys)
@@ -236,36 +241,56 @@ class Client:
         if not buffers:
             buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
         bufs = [memoryview(b).cast("B") for b in buffers]
-        plan = plan_reads(reply, bufs, keys, self.segments)
-        results = list(plan.sizes)
-        for i, node, offset, size in plan.shm:
-            mapping = self.segments.mapping(node, self._nodes[node])
-            bufs[i][:size] = mapping.view(offset, size)
-        if plan.shm and time.monotonic() - started > 0.8 * reply["lease_ttl"]:
-            # The lease may have run out while copying: read those again over TCP.
-            for i, node, _, _ in plan.shm:
-                plan.tcp.setdefault(node, []).append(i)
-        for node, idx in plan.tcp.items():
-            self._get_from_node(node, [keys[i] for i in idx], [bufs[i] for i in idx],
-                                [plan.checksums[i] for i in idx], idx, results)
-        return results
+        read = BatchRead(keys, reply, bufs, self.segments, self._health, self.stats)
+        while read.pending:
+            copies = read.shm_copies()
+            for i, node, offset, size in copies:
+                bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(
+                    offset, size)
+            if copies and time.monotonic() - started > 0.8 * read.lease_ttl:
+                # The lease may have run out while copying: read those again over TCP.
+                read.lease_ran_out([c[0] for c in copies])
+            else:
+                for copy in copies:
+                    read.copied(copy[0])
+            self._report_corrupt(read)
+            for node, idx in read.tcp_requests().items():
+                self._get_from_node(read, node, idx)
+            self._report_corrupt(read)
+        return read.results
 
-    def _get_from_node(self, node, keys, bufs, checksums, idx, results) -> None:
-        conn = self._node_conn(node)
-        reply = conn.request({"op": "get", "keys": keys, "checksums": checksums})
+    def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> None:
+        """Fetch ``idx`` from ``node`` into their buffers; whatever it cannot deliver is
+        handed back to ``read`` as failed (never raised: a read falls back or misses)."""
         try:
-            for i, buf, size in zip(idx, bufs, reply["sizes"]):
-                if size < 0:
-                    results[i] = MISSING
-                    continue
-                if size > len(buf):
-                    conn.reader.discard_payload()
-                    raise BadRequestError(f"object grew to {size} bytes", key=keys[0])
-                conn.reader.recv_payload_into(buf[:size])
-                results[i] = size
-        except (OSError, ConnectionClosed, FrameError) as exc:
-            conn.close()
-            raise UnreachableError(f"get from node {node} failed: {exc}") from None
+            conn = self._node_conn(node)
+            reply = conn.request(read.node_get(idx))
+        except StoreError:
+            read.failed(node, idx)
+            return
+        for n, (i, size) in enumerate(zip(idx, reply["sizes"])):
+            if 0 <= size <= len(read.buffers[i]):
+                try:
+                    conn.reader.recv_payload_into(read.buffers[i][:size])
+                except (OSError, ConnectionClosed, FrameError):
+                    conn.close()
+                    read.failed(node, idx[n:])
+                    return
+            elif size > len(read.buffers[i]):  # not the version asked for: never served
+                conn.close()
+                read.failed(node, idx[n:])
+                return
+            read.received(i, size)
+
+    def _report_corrupt(self, read: BatchRead) -> None:
+        """Tell nodes which of their copies failed the checksum here; each checks its
+        own copy and drops it if bad (best effort: a read never fails over this)."""
+        for node, (keys, checksums) in read.take_corrupt().items():
+            try:
+                self._node_conn(node).request({"op": "report_corrupt", "keys": keys,
+                                               "checksums": checksums})
+            except StoreError:
+                pass
 
     # -- metadata ----------------------------------------------------------------------
 
