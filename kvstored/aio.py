@@ -28,13 +28,13 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    no_room_error,
     parse_address,
     prepare_values,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
-    NoSpaceError,
     StoreError,
     UnreachableError,
     from_wire,
@@ -124,9 +124,12 @@ class AsyncClient:
                 else:
                     by_node.setdefault(target, []).append(i)
             retry: list[int] = []
+            why = None
             for node, idx in by_node.items():
                 try:
-                    outcome = await self._put_on_node(node, keys, views, sizes, checksums, idx)
+                    outcome, no_space = await self._put_on_node(node, keys, views, sizes,
+                                                                checksums, idx)
+                    why = no_space or why
                 except StoreError:
                     await self._call("put_abort", keys=[keys[i] for i in idx])
                     raise
@@ -141,21 +144,23 @@ class AsyncClient:
             if retry:
                 await self._call("put_abort", keys=[keys[i] for i in retry])
                 if trio.current_time() > deadline:
-                    raise NoSpaceError(f"no DRAM room for {len(retry)} object(s)",
-                                       key=keys[retry[0]])
+                    raise no_room_error(len(retry), NO_SPACE_RETRY_SECONDS, why,
+                                        keys[retry[0]])
                 await trio.sleep(0.05)
             todo = retry
         return [bool(r) for r in results]
 
-    async def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+    async def _put_on_node(self, node, keys, views, sizes, checksums, idx
+                           ) -> tuple[list[str], str | None]:
         batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
                  "checksums": [checksums[i] for i in idx]}
         mapping = self.segments.mapping(node, self._nodes[node])
         if mapping is None:
             reply = await self._node_request(node, {"op": "put", **batch},
                                              [views[i] for i in idx])
-            return reply["results"]
-        offsets = (await self._node_request(node, {"op": "alloc", **batch}))["offsets"]
+            return reply["results"], reply.get("no_space")
+        allocated = await self._node_request(node, {"op": "alloc", **batch})
+        offsets = allocated["offsets"]
         status, sealed = {}, []
         for i, offset in zip(idx, offsets):
             if offset is None:
@@ -167,7 +172,7 @@ class AsyncClient:
             reply = await self._node_request(node, {"op": "seal",
                                                     "keys": [keys[i] for i in sealed]})
             status.update(zip(sealed, reply["results"]))
-        return [status[i] for i in idx]
+        return [status[i] for i in idx], allocated.get("no_space")
 
     # -- reads -------------------------------------------------------------------------
 

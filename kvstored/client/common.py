@@ -13,7 +13,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from kvstored.errors import BadRequestError
+from kvstored.errors import BadRequestError, NoSpaceError
 from kvstored.hostid import host_id
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
@@ -328,6 +328,14 @@ class BatchRead:
                for node, items in self.corrupt.items()}
         self.corrupt = {}
         return out
+
+
+def no_room_error(count: int, waited: float, reason: str | None, key: str) -> NoSpaceError:
+    """The error of a put that found no DRAM room for ``waited`` seconds, with the node's
+    own account of why (its DRAM is full and, say, its SSD too)."""
+    why = reason or ("the cluster is full of objects that cannot be evicted yet")
+    return NoSpaceError(f"no DRAM room for {count} object(s) after {waited:.0f}s: {why}",
+                        key=key)
 
 
 def client_host() -> str:

@@ -23,13 +23,13 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    no_room_error,
     parse_address,
     prepare_values,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
-    NoSpaceError,
     StoreError,
     UnreachableError,
     from_wire,
@@ -138,18 +138,19 @@ class Client:
         todo = list(range(len(keys)))
         deadline = time.monotonic() + NO_SPACE_RETRY_SECONDS
         while todo:
-            retry = self._put_round(keys, views, sizes, checksums, todo, results)
+            retry, why = self._put_round(keys, views, sizes, checksums, todo, results)
             if not retry:
                 break
             if time.monotonic() > deadline:
-                raise NoSpaceError(f"no DRAM room for {len(retry)} object(s) after "
-                                   f"{NO_SPACE_RETRY_SECONDS:.0f}s; the cluster is full of "
-                                   "objects that cannot be evicted yet", key=keys[retry[0]])
+                raise no_room_error(len(retry), NO_SPACE_RETRY_SECONDS, why, keys[retry[0]])
             time.sleep(0.05)
             todo = retry
         return [bool(r) for r in results]
 
-    def _put_round(self, keys, views, sizes, checksums, todo, results) -> list[int]:
+    def _put_round(self, keys, views, sizes, checksums, todo, results
+                   ) -> tuple[list[int], str | None]:
+        """One placement and one request per node; the indexes to try again (no room
+        yet) and the node's reason for that."""
         reply = self._call("put_target", keys=[keys[i] for i in todo],
                            sizes=[sizes[i] for i in todo], host=client_host())
         self._nodes.update(reply["nodes"])
@@ -160,9 +161,11 @@ class Client:
             else:
                 by_node.setdefault(target, []).append(i)
         retry: list[int] = []
+        why = None
         for node, idx in by_node.items():
             try:
-                outcome = self._put_on_node(node, keys, views, sizes, checksums, idx)
+                outcome, no_space = self._put_on_node(node, keys, views, sizes, checksums, idx)
+                why = no_space or why
             except StoreError:
                 self._call("put_abort", keys=[keys[i] for i in idx])
                 raise
@@ -183,16 +186,20 @@ class Client:
                     raise StoreError(f"unexpected put result {status!r}", key=keys[i])
             if abort:
                 self._call("put_abort", keys=abort)
-        return retry
+        return retry, why
 
-    def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+    def _put_on_node(self, node, keys, views, sizes, checksums, idx
+                     ) -> tuple[list[str], str | None]:
+        """Per index the node's status, and why it had no room (if it said)."""
         conn = self._node_conn(node)
         mapping = self.segments.mapping(node, self._nodes[node])
         batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
                  "checksums": [checksums[i] for i in idx]}
         if mapping is None:
-            return conn.request({"op": "put", **batch}, [views[i] for i in idx])["results"]
-        offsets = conn.request({"op": "alloc", **batch})["offsets"]
+            reply = conn.request({"op": "put", **batch}, [views[i] for i in idx])
+            return reply["results"], reply.get("no_space")
+        allocated = conn.request({"op": "alloc", **batch})
+        offsets = allocated["offsets"]
         sealed = []
         status = {}
         for i, offset in zip(idx, offsets):
@@ -204,7 +211,7 @@ class Client:
         if sealed:
             outcome = conn.request({"op": "seal", "keys": [keys[i] for i in sealed]})["results"]
             status.update(zip(sealed, outcome))
-        return [status[i] for i in idx]
+        return [status[i] for i in idx], allocated.get("no_space")
 
     # -- reads -------------------------------------------------------------------------
 

@@ -149,7 +149,8 @@ class Node(DataServerOps):
                 self.address = await nursery.start(serve, self.service, *self.listen)
                 if not self.name:
                     self.name = f"{os.uname().nodename}:{self.address[1]}"
-                self.supervisor.owner = self.offloader.node = f"node {self.name}"
+                self.supervisor.owner = f"node {self.name}"
+                self.offloader.node = self.name
                 log.info("node %s: data server on %s:%d, DRAM %d bytes, SSD %s at %s",
                          self.name, *self.address, self.dram_size, self.backend_name, ssd_dir)
                 nursery.start_soon(self._master_session)
@@ -220,8 +221,13 @@ class Node(DataServerOps):
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
 
     async def _heartbeats(self, client: RpcClient) -> None:
+        stats: dict[str, Any] = {}
         while True:
-            reply = await client.call("heartbeat", node=self.name, stats=await self._stats(),
+            # Figures that cannot be had this time are sent as they were last time: a
+            # failing usage() must not cost the node its master session.
+            with self.supervisor.guard("heartbeat-stats"):
+                stats = self._stats()
+            reply = await client.call("heartbeat", node=self.name, stats=stats,
                                       done=self.report.take())
             for task in reply["tasks"]:
                 self._start_task(task)
@@ -232,7 +238,7 @@ class Node(DataServerOps):
     def wake_heartbeat(self) -> None:
         self._wake.set()
 
-    async def _stats(self) -> dict[str, Any]:
+    def _stats(self) -> dict[str, Any]:
         usage = self.backend.usage()
         self.metrics.dram_used.set(self.dram.used)
         self.metrics.ssd_used.set(usage.physical_bytes)
@@ -342,8 +348,12 @@ class Node(DataServerOps):
     def _recover_failed(self, ident: int, exc: Exception) -> None:
         """A recovery that raised still answers the master, so `kvstore recover` reports
         the error instead of waiting for its timeout."""
-        self.report.add("recovered", [{"id": ident, "repaired": False, "records_checked": 0,
-                                       "problems": [], "error": f"{type(exc).__name__}: {exc}"}])
+        self.report.add("recovered", [{
+            "id": ident, "repaired": False, "records_checked": 0,
+            "problems": [{"kind": "check-failed", "key": None, "path": self.backend.path,
+                          "detail": f"the check could not run: {type(exc).__name__}: "
+                                    f"{exc}; see the node's log, then run it again",
+                          "action": None}]}])
         self.wake_heartbeat()
 
     def _recovered(self, result: dict[str, Any]) -> None:
