@@ -200,25 +200,14 @@ class AsyncClient:
         started = trio.current_time()
         reply = await self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
-        if not buffers:
-            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
-        bufs = [memoryview(b).cast("B") for b in buffers]
-        read = BatchRead(keys, reply, bufs, self.segments, self._health, self.stats)
+        read = BatchRead(keys, reply, buffers, self.segments, self._health, self.stats)
         while read.pending:
-            copies = read.shm_copies()
-            for i, node, offset, size in copies:
-                bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(
-                    offset, size)
-            if copies and trio.current_time() - started > 0.8 * read.lease_ttl:
-                read.lease_ran_out([c[0] for c in copies])
-            else:
-                for copy in copies:
-                    read.copied(copy[0])
+            read.copy_from_segments(started, trio.current_time)
             await self._report_corrupt(read)
             for node, idx in read.tcp_requests().items():
                 try:
                     got = await self._node_request(node, read.node_get(idx),
-                                                   into=[bufs[i] for i in idx])
+                                                   into=[read.buffers[i] for i in idx])
                 except StoreError:
                     read.failed(node, idx)
                     continue

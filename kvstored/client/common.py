@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,8 +187,13 @@ class BatchRead:
     :meth:`failed` for what a node could not deliver, then sends :meth:`take_corrupt`.
     """
 
-    def __init__(self, keys: list[str], reply: dict[str, Any], buffers: list[memoryview],
+    def __init__(self, keys: list[str], reply: dict[str, Any], buffers: list[Any],
                  segments: Segments, health: NodeHealth, stats: ReadStats) -> None:
+        """``buffers`` are the caller's, one per key; an empty list is filled with new
+        bytearrays of the objects' sizes."""
+        if not buffers:
+            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
+        buffers = [memoryview(b).cast("B") for b in buffers]
         self.keys = keys
         self.buffers = buffers
         self.segments = segments
@@ -251,6 +257,20 @@ class BatchRead:
         self._cursor[i] = cursor
         self._open.discard(i)
         return None
+
+    def copy_from_segments(self, started: float, clock: Callable[[], float]) -> None:
+        """Copy what this host's mapped segments hold into the buffers and check it. If
+        that took so long (``clock() - started``) that the lookup's lease may have run
+        out under the copies, they are read again over TCP instead of trusted."""
+        copies = self.shm_copies()
+        for i, node, offset, size in copies:
+            self.buffers[i][:size] = self.segments.mapping(node, self.nodes[node]).view(
+                offset, size)
+        if copies and clock() - started > 0.8 * self.lease_ttl:
+            self.lease_ran_out([c[0] for c in copies])
+            return
+        for copy in copies:
+            self.copied(copy[0])
 
     def shm_copies(self) -> list[tuple[int, str, int, int]]:
         """``(index, node, offset, size)`` of each object to copy out of a mapping now."""

@@ -245,21 +245,9 @@ class Client:
         started = time.monotonic()
         reply = self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
-        if not buffers:
-            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
-        bufs = [memoryview(b).cast("B") for b in buffers]
-        read = BatchRead(keys, reply, bufs, self.segments, self._health, self.stats)
+        read = BatchRead(keys, reply, buffers, self.segments, self._health, self.stats)
         while read.pending:
-            copies = read.shm_copies()
-            for i, node, offset, size in copies:
-                bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(
-                    offset, size)
-            if copies and time.monotonic() - started > 0.8 * read.lease_ttl:
-                # The lease may have run out while copying: read those again over TCP.
-                read.lease_ran_out([c[0] for c in copies])
-            else:
-                for copy in copies:
-                    read.copied(copy[0])
+            read.copy_from_segments(started, time.monotonic)
             self._report_corrupt(read)
             for node, idx in read.tcp_requests().items():
                 self._get_from_node(read, node, idx)

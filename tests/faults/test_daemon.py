@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import urllib.request
 from pathlib import Path
 
@@ -19,7 +18,14 @@ import kvstored
 import kvstored.aio
 from kvstored.errors import NoSpaceError
 from tests.daemon.conftest import embedded, spawn  # noqa: F401  (fixtures)
-from tests.daemon.harness import free_port, kvstore, kvstore_ok, wait_for
+from tests.daemon.harness import (
+    flip_ssd_byte,
+    free_port,
+    kvstore,
+    kvstore_ok,
+    small_tmpfs,
+    wait_for,
+)
 from tests.faults import faulty_backend
 
 MiB = 1 << 20
@@ -136,14 +142,7 @@ def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):  # n
         kvstore_ok("evict", "--tier", "dram", "--key", "k2", master=up.addr)
         wait_for(lambda: [r.tier for r in c.stat("k2").replicas] == ["ssd"], timeout=15,
                  what="k2's DRAM copy to go")
-        node = next(iter(c._nodes))
-        where = c._node_conn(node).request({"op": "locate", "keys": ["k2"]})
-        ssd = where["locations"][0]["ssd"]
-        with open(ssd["path"], "r+b") as f:
-            f.seek(ssd["offset"] + 1234)
-            byte = f.read(1)
-            f.seek(ssd["offset"] + 1234)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        flip_ssd_byte(c, "k2")
         faulty_backend.arm(faults, check=1)
         assert c.get("k2") is None
         wait_for(lambda: errors("quarantine") >= 1, what="the quarantine's failure")
@@ -241,17 +240,8 @@ def test_a_forged_dram_copy_falls_back_to_the_ssd_copy(embedded):  # noqa: F811
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
-                          capture_output=True)
-    if made.returncode != 0:
-        if os.environ.get("KVSTORED_REQUIRE"):
-            pytest.fail(f"cannot mount a tmpfs: {made.stderr.decode().strip()}")
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    yield mount
-    # Lazy: the node may still have files open there until the fixture stops it.
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+    with small_tmpfs(tmp_path / "small", "24m") as mount:
+        yield mount
 
 
 def test_a_full_disk_offloads_what_fits_names_the_ssd_and_recovers_when_freed(
