@@ -55,6 +55,7 @@ class _Worker:
         self.client = client
         self.index = index
         self.rng = random.Random(seed * 1000 + index)
+        self.prefix = f"mixed-{seed}"  # each round (seed) writes keys of its own
         self.sizes = sizes
         self.stop = stop
         self.latencies: dict[str, list[float]] = {op: [] for op in OPS}
@@ -82,7 +83,8 @@ class _Worker:
 
     def _one(self, op: str) -> None:
         if op == "put":
-            key, seed = f"t{self.index}/{self._next}", self.rng.getrandbits(32)
+            key = f"{self.prefix}/t{self.index}/{self._next}"
+            seed = self.rng.getrandbits(32)
             self._next += 1
             if not self.client.put(key, self._value(seed)):
                 self.errors.append(f"put {key}: the key already existed")
@@ -143,6 +145,7 @@ def run_mixed(address: str, *, threads: int, seconds: float, sizes: tuple[int, i
     total = sum(p["count"] for p in per_op.values())
     errors = [e for w in workers for e in w.errors]
     return {"ops_per_s": round(total / elapsed, 1), "operations": total,
+            "daemon_cpu_ms_per_op": round(1000 * cpu / total, 3) if cpu is not None else None,
             "seconds": round(elapsed, 2), "ops": per_op, "errors": len(errors),
             "first_errors": errors[:10],
             "daemon_cpu_percent": round(100 * cpu / elapsed, 1) if cpu is not None else None,
@@ -166,9 +169,11 @@ def run_mixed(address: str, *, threads: int, seconds: float, sizes: tuple[int, i
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--master", "master_address", metavar="HOST:PORT",
               help="Drive this running store instead of starting one.")
+@click.option("--daemon-pid", type=int, metavar="PID",
+              help="With --master: the store's process, to report its CPU time.")
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the JSON here.")
 def mixed_command(threads, seconds, rounds, min_size, max_size, dram, ssd, backend, transport,
-                  seed, master_address, json_out) -> None:
+                  seed, master_address, daemon_pid, json_out) -> None:
     """Mixed put/get/remove/exists from many threads, with eviction and offload running."""
     sizes = (parse_size(min_size), parse_size(max_size))
     daemon = None
@@ -178,7 +183,7 @@ def mixed_command(threads, seconds, rounds, min_size, max_size, dram, ssd, backe
                                 backend, offload="eager")
         address, pid = daemon.address, daemon.proc.pid
     else:
-        address, pid = master_address, None
+        address, pid = master_address, daemon_pid
     try:
         results = []
         for number in range(rounds):

@@ -155,9 +155,13 @@ class ClientOps:
                 continue
             for r in meta.replicas:
                 ident = r.offset if r.tier == DRAM else meta.checksum
-                self.deferred.append(Deferred(meta.lease_until, r.node, r.tier, key, ident,
-                                               True))
-        self.housekeeping(now)
+                if meta.lease_until <= now and r.node in self.nodes:
+                    # Unleased: free it now (the next heartbeat carries the drop). A full
+                    # housekeeping pass per remove cost as much as the lookups did.
+                    self._queue_drop(self.nodes[r.node], r.tier, [[key, ident]])
+                else:
+                    self.deferred.append(Deferred(meta.lease_until, r.node, r.tier, key,
+                                                  ident, True))
         return {"removed": removed}, ()
 
     async def op_list(self, conn: FramedSocket, h: dict[str, Any]):

@@ -18,13 +18,11 @@ tiers and the master session these ops use.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
-import trio
 from crc32c import crc32c
 
-from kvstored.errors import BadRequestError, StoreError
+from kvstored.errors import BadRequestError
 from kvstored.master.table import DRAM, SSD
 from kvstored.node.dram import DramObject
 from kvstored.rpc import FramedSocket
@@ -81,23 +79,11 @@ class DataServerOps:
         return reply, ()
 
     async def _commit(self, received: list[tuple[int, DramObject]], results: list[str]) -> None:
-        if not received:
-            return
-        try:
-            reply = await self._master_call(
-                "commit", node=self.name,
-                objects=[[o.key, o.size, o.checksum, o.offset] for _, o in received])
-        except StoreError:
-            for _, obj in received:
-                self.dram.free(obj.key, obj.offset)
-            raise
-        for (i, obj), ok in zip(received, reply["results"]):
-            if ok:
-                self.dram.commit(obj)
-                results[i] = "ok"
-            else:
-                self.dram.free(obj.key, obj.offset)
-                results[i] = "exists"
+        """Commit the received objects at the master (with every other connection's, in
+        one call: see kvstored.node.commits) and fill in their results."""
+        oks = await self.commits.submit([obj for _, obj in received])
+        for (i, _), ok in zip(received, oks):
+            results[i] = "ok" if ok else "exists"
 
     async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
         keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
@@ -218,10 +204,8 @@ class DataServerOps:
         for _, record in records:
             views.append(staging[cursor:cursor + record.size])
             cursor += record.size
-        started = time.perf_counter()
-        results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [keys[i] for i, _ in records], views)
-        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        results = await self.ssd_reads.submit(
+            [(keys[i], view) for (i, _), view in zip(records, views)])
         for (i, record), view, got in zip(records, views, results):
             if got >= 0:
                 sizes[i] = got

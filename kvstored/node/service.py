@@ -35,8 +35,9 @@ from kvstored.errors import UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
+from kvstored.node.coalesce import Coalescer
 from kvstored.node.dataserver import DataServerOps
-from kvstored.node.dram import DramTier
+from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.segment import DramSegment, sweep_stale
 from kvstored.rpc import RpcClient, Service, serve
@@ -47,6 +48,8 @@ from kvstored.units import format_size
 log = logging.getLogger(__name__)
 
 REGISTER_CHUNK = 5000
+#: SSD batch reads the node runs at once (each carries every read waiting for it).
+SSD_READS_IN_FLIGHT = 4
 #: How long a leaving node waits for the master to hear that it goes.
 UNREGISTER_TIMEOUT = 5.0
 
@@ -109,6 +112,8 @@ class Node(DataServerOps):
         self.heartbeat_interval = 0.2
         self._wake = trio.Event()
         self.offloader: Offloader | None = None
+        self.commits: Coalescer[DramObject, bool] | None = None
+        self.ssd_reads: Coalescer[tuple[str, memoryview], int] | None = None
         self._nursery: trio.Nursery | None = None
         self._quarantine_pending = False
         self.corrupt_reads = 0
@@ -140,6 +145,10 @@ class Node(DataServerOps):
                 lambda: DramSegment.create(segment_name, self.dram_size,
                                            populate=self.populate))
             self.dram = DramTier(self.segment)
+            # Concurrent puts commit in one master call; concurrent SSD reads go to the
+            # backend in one batch (kvstored.node.coalesce).
+            self.commits = Coalescer(self._send_commit)
+            self.ssd_reads = Coalescer(self._read_from_ssd, in_flight=SSD_READS_IN_FLIGHT)
             self.offloader = Offloader(
                 node=self.name or "(starting)", backend=self.backend, dram=self.dram,
                 report=self.report, metrics=self.metrics, supervisor=self.supervisor,
@@ -155,6 +164,8 @@ class Node(DataServerOps):
                          self.name, *self.address, self.dram_size, self.backend_name, ssd_dir)
                 nursery.start_soon(self._master_session)
                 nursery.start_soon(self._offload_loop)
+                nursery.start_soon(self.supervisor.forever, "commit", self.commits.run)
+                nursery.start_soon(self.supervisor.forever, "ssd-read", self.ssd_reads.run)
                 nursery.start_soon(self.supervisor.forever, "reaper", self._reap)
                 task_status.started(self.address)
         finally:
@@ -255,6 +266,35 @@ class Node(DataServerOps):
         if self.offloader.problem:
             reason += f" and its objects cannot move to SSD: {self.offloader.problem}"
         return reason
+
+    async def _send_commit(self, objects: list[DramObject]) -> list[bool]:
+        """Commit received, checked objects at the master and apply its answer to the
+        DRAM tier here, so that a put whose client left meanwhile leaves nothing half
+        done: each is committed, or freed if the master refused it (the key exists) or
+        the call failed."""
+        try:
+            reply = await self._master_call(
+                "commit", node=self.name,
+                objects=[[o.key, o.size, o.checksum, o.offset] for o in objects])
+        except BaseException:
+            for obj in objects:
+                self.dram.free(obj.key, obj.offset)
+            raise
+        for obj, ok in zip(objects, reply["results"]):
+            if ok:
+                self.dram.commit(obj)
+            else:
+                self.dram.free(obj.key, obj.offset)
+        return reply["results"]
+
+    async def _read_from_ssd(self, items: list[tuple[str, memoryview]]) -> list[int]:
+        """One backend batch read (on a worker thread) for the SSD reads of every
+        connection that are waiting."""
+        started = time.perf_counter()
+        results = await trio.to_thread.run_sync(
+            self.backend.batch_read, [k for k, _ in items], [v for _, v in items])
+        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        return results
 
     async def _master_call(self, op: str, **args: Any) -> dict[str, Any]:
         if self.master is None:
