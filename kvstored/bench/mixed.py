@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -171,15 +172,19 @@ def run_mixed(address: str, *, threads: int, seconds: float, sizes: tuple[int, i
               help="Drive this running store instead of starting one.")
 @click.option("--daemon-pid", type=int, metavar="PID",
               help="With --master: the store's process, to report its CPU time.")
+@click.option("--workdir", type=click.Path(file_okay=False),
+              help="Where the store keeps its data and log (default: a temporary directory, "
+                   "removed afterwards).")
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Write the JSON here.")
 def mixed_command(threads, seconds, rounds, min_size, max_size, dram, ssd, backend, transport,
-                  seed, master_address, daemon_pid, json_out) -> None:
+                  seed, master_address, daemon_pid, workdir, json_out) -> None:
     """Mixed put/get/remove/exists from many threads, with eviction and offload running."""
     sizes = (parse_size(min_size), parse_size(max_size))
     daemon = None
-    workdir = tempfile.mkdtemp(prefix="kvstored-bench-mixed-")
+    scratch = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="kvstored-bench-mixed-"))
     if master_address is None:
-        daemon = KvstoredDaemon(Path(workdir) / "data", parse_size(dram), parse_size(ssd),
+        daemon = KvstoredDaemon(workdir / "data", parse_size(dram), parse_size(ssd),
                                 backend, offload="eager")
         address, pid = daemon.address, daemon.proc.pid
     else:
@@ -196,6 +201,8 @@ def mixed_command(threads, seconds, rounds, min_size, max_size, dram, ssd, backe
     finally:
         if daemon is not None:
             daemon.stop()
+        if scratch:
+            shutil.rmtree(workdir, ignore_errors=True)
     document = {
         "benchmark": "mixed", "command": " ".join(["kvstore", "bench", "mixed", *sys.argv[3:]]),
         "config": {"threads": threads, "seconds": seconds, "sizes": list(sizes),

@@ -125,6 +125,7 @@ class Node(DataServerOps):
         self.leaving = False
         self._session_scope = trio.CancelScope()
         self._offload_scope = trio.CancelScope()
+        self._offload_stopped = trio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -344,9 +345,12 @@ class Node(DataServerOps):
                                                if (k, i) not in gone])
 
     async def _offload_loop(self) -> None:
-        with self._offload_scope:
-            await self.supervisor.forever("offload", self.offloader.step,
-                                          backoff=Backoff(0.5, 30.0))
+        try:
+            with self._offload_scope:
+                await self.supervisor.forever("offload", self.offloader.step,
+                                              backoff=Backoff(0.5, 30.0))
+        finally:
+            self._offload_stopped.set()
 
     async def _promote(self, keys: list[str]) -> None:
         placed = []
@@ -445,6 +449,9 @@ class Node(DataServerOps):
                     await self.master.call("leaving", node=self.name)
         self._offload_scope.cancel()
         if self.offloader is not None:
+            # A batch being written finishes first: the flush must not write the same
+            # keys beside it.
+            await self._offload_stopped.wait()
             await self._flush_for_shutdown()
         self._session_scope.cancel()
         await self._unregister()
