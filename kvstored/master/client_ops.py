@@ -34,10 +34,13 @@ class ClientOps:
     async def op_put_target(self, conn: FramedSocket, h: dict[str, Any]):
         keys, sizes = self._keys(h), [int(s) for s in h["sizes"]]
         host = h.get("host")
-        nodes = [n for n in self._live_nodes() if not n.leaving]
+        live = self._live_nodes()
+        nodes = [n for n in live if not n.leaving]
         if not nodes:
-            raise UnreachableError("no storage node is registered; start one with "
-                                   "`kvstored node` (or use `kvstored up`)")
+            raise UnreachableError(
+                "every storage node is shutting down; retry once one is back" if live else
+                "no storage node is registered; start one with `kvstored node` (or use "
+                "`kvstored up`)")
         # Every object is checked before any is reserved: a batch is refused whole.
         candidates = [self._nodes_for(nodes, key, size) for key, size in zip(keys, sizes)]
         now = time.monotonic()
