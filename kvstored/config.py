@@ -392,6 +392,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("client.transport", Choice("auto", "tcp", "shm"), "auto",
             "Data path: shm maps a same-host node's segment, tcp works anywhere, auto picks."),
     Setting("client.timeout", Duration(), "30s", "Timeout of one client request."),
+    Setting("client.connect_timeout", Duration(), "3s",
+            "Timeout of connecting to the master or a node and of the hello that follows."),
+    Setting("client.wait_timeout", Duration(), "30m",
+            "How long `kvstore flush --wait` and `kvstore recover` wait for the nodes."),
 )
 SCHEMA: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(setting.section for setting in SETTINGS))

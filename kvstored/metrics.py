@@ -13,6 +13,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from kvstored.errors import ListenError
 from kvstored.protocol import OffloadFailure
 
 log = logging.getLogger(__name__)
@@ -139,5 +140,8 @@ class _TalliedCounter:
 
 def serve_metrics(address: tuple[str, int], registry: CollectorRegistry) -> None:
     """Serve /metrics on ``address`` from a background thread."""
-    start_http_server(address[1], addr=address[0], registry=registry)
+    try:
+        start_http_server(address[1], addr=address[0], registry=registry)
+    except OSError as exc:
+        raise ListenError(address, exc, role="serve metrics") from exc
     log.info("metrics on http://%s:%d/metrics", *address)

@@ -22,6 +22,7 @@ import trio
 from kvstored.errors import (
     BadRequestError,
     InternalError,
+    ListenError,
     StoreError,
     UnauthorizedError,
     UnreachableError,
@@ -233,7 +234,10 @@ async def serve(service: Service, host: str, port: int, *,
                 task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Listen on host:port and serve ``service`` until cancelled. Reports the bound
     (host, port) through ``task_status``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise ListenError((host, port), exc) from exc
     bound = listeners[0].socket.getsockname()[:2]
     task_status.started(bound)
     await trio.serve_listeners(service.handle_connection, listeners)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 import trio
 
+from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.config import ConfigError, load_config
+from kvstored.cli.program import debug_option
+from kvstored.config import Config, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
@@ -20,15 +21,10 @@ token_option = click.option("--token-file", type=click.Path(dir_okay=False),
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
-def _load(config_file: str | None, overrides: dict[str, Any], flags: dict[str, str]):
-    try:
-        return load_config(config_file, overrides=overrides, flag_names=flags)
-    except ConfigError as exc:
-        click.echo(f"kvstored: {exc}", err=True)
-        sys.exit(ExitCode.USAGE)
+def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
+    """Run a role until it is signalled; its errors go to the programs' one handler."""
+    from kvstored.node.segment import SegmentExistsError
 
-
-def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
     async def wrapper() -> None:
         async with trio.open_nursery() as nursery:
             started = await nursery.start(main, cfg)
@@ -36,11 +32,15 @@ def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
 
     try:
         trio.run(wrapper)
-    except KeyboardInterrupt:
-        sys.exit(ExitCode.INTERRUPTED)
-    except OSError as exc:
-        click.echo(f"kvstored: {exc}", err=True)
-        sys.exit(ExitCode.UNAVAILABLE if exc.errno in (98, 99) else ExitCode.FAILURE)
+    except BaseException as exc:
+        held = next((e for e in leaves(exc) if isinstance(e, SegmentExistsError)), None)
+        if held is None:
+            raise
+        # The DRAM segment is named after the data directory: another node runs on it.
+        holder = f" (process {held.holder})" if held.holder else ""
+        raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
+                         f"node{holder}; stop that node, or give this one another --data",
+                         ExitCode.IN_USE) from exc
     click.echo("kvstored: stopped cleanly", err=True)
 
 
@@ -60,6 +60,7 @@ def _logging(verbose: bool) -> None:
 @config_option
 @token_option
 @verbose_option
+@debug_option
 def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
        verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
@@ -71,12 +72,12 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
     from kvstored.server import run_embedded
 
     _logging(verbose)
-    cfg = _load(config_file, {
+    cfg = load_config(config_file, overrides={
         "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
         "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
         "security.token_file": token_file},
-        {"master.listen": "--listen", "master.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+        flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
+                    "security.token_file": "--token-file"})
 
     def banner(started) -> None:
         host, port = started["master"]
@@ -95,15 +96,17 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 @config_option
 @token_option
 @verbose_option
+@debug_option
 def master(listen, metrics, config_file, token_file, verbose) -> None:
     """Run the cluster's master (metadata only; data never passes through it)."""
     from kvstored.server import run_master
 
     _logging(verbose)
-    cfg = _load(config_file, {"master.listen": listen, "master.metrics": metrics,
-                              "security.token_file": token_file},
-                {"master.listen": "--listen", "master.metrics": "--metrics",
-                 "security.token_file": "--token-file"})
+    cfg = load_config(config_file,
+                      overrides={"master.listen": listen, "master.metrics": metrics,
+                                 "security.token_file": token_file},
+                      flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
+                                  "security.token_file": "--token-file"})
     _run(run_master, cfg, lambda bound: click.echo(
         f"kvstored master: listening on {bound[0]}:{bound[1]}"))
 
@@ -120,17 +123,18 @@ def master(listen, metrics, config_file, token_file, verbose) -> None:
 @config_option
 @token_option
 @verbose_option
+@debug_option
 def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
          token_file, verbose) -> None:
     """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
     from kvstored.server import run_node
 
     _logging(verbose)
-    cfg = _load(config_file, {
+    cfg = load_config(config_file, overrides={
         "node.master": master_address, "node.listen": listen, "node.data": data,
         "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
         "node.metrics": metrics, "security.token_file": token_file},
-        {"node.master": "--master", "node.listen": "--listen", "node.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+        flag_names={"node.master": "--master", "node.listen": "--listen",
+                    "node.metrics": "--metrics", "security.token_file": "--token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
         f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))

@@ -48,30 +48,48 @@ NO_SPACE_RETRY_SECONDS = 5.0
 
 
 class _Connection:
-    def __init__(self, address: tuple[str, int], token: str | None, timeout: float) -> None:
+    """One socket to the master or a node. Connecting and the hello are bounded by
+    ``connect_timeout`` (a peer that accepts and never answers, or answers something that
+    is not kvstored, fails fast); every later request by ``timeout``."""
+
+    def __init__(self, address: tuple[str, int], token: str | None, timeout: float,
+                 connect_timeout: float) -> None:
         self.address = address
+        where = f"{address[0]}:{address[1]}"
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            self.sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
-            raise UnreachableError(f"cannot reach {address[0]}:{address[1]} "
-                                   f"({exc.strerror or exc}); is kvstored running?") from None
+            raise UnreachableError(f"cannot reach {where} ({exc.strerror or exc}); "
+                                   "is kvstored running?") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = FrameReader(self.sock)
-        self.hello = self.request({"op": "hello", "version": PROTOCOL_VERSION, "token": token,
-                                   "role": "client"})
+        try:
+            self.hello = self._exchange({"op": "hello", "version": PROTOCOL_VERSION,
+                                         "token": token, "role": "client"})
+        except (OSError, ConnectionClosed, FrameError) as exc:
+            self.close()
+            raise UnreachableError(f"{where} did not answer as kvstored does within "
+                                   f"{connect_timeout:g} s ({str(exc) or type(exc).__name__}); "
+                                   "is that a kvstored master's or node's address?") from None
+        except StoreError:  # refused: a wrong token, another protocol version
+            self.close()
+            raise
+        self.sock.settimeout(timeout)
 
     def request(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
         """Send a request, return its response header; the caller reads any payload."""
         try:
-            send_frame(self.sock, header, payload)
-            reply = self.reader.recv_header()
-            if not reply.get("ok"):
-                self.reader.discard_payload()
+            return self._exchange(header, payload)
         except (OSError, ConnectionClosed, FrameError) as exc:
             self.close()
             raise UnreachableError(f"{header.get('op')}: connection to "
                                    f"{self.address[0]}:{self.address[1]} failed: {exc}") from None
+
+    def _exchange(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
+        send_frame(self.sock, header, payload)
+        reply = self.reader.recv_header()
         if not reply.get("ok"):
+            self.reader.discard_payload()
             raise from_wire(reply.get("error") or {})
         return reply
 
@@ -83,13 +101,14 @@ class Client:
     """A connection to a kvstored cluster. Use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, connect_timeout: float | None = None) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
         self.master_address = parse_address(master)
         self.transport = transport
         self.token = token
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.segments = Segments(transport)
         #: What reads ran into: checksum failures, nodes that could not serve.
         self.stats = ReadStats()
@@ -109,7 +128,8 @@ class Client:
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get(name)
         if conn is None or conn.sock.fileno() < 0:
-            conn = conns[name] = _Connection(address, self.token, self.timeout)
+            conn = conns[name] = _Connection(address, self.token, self.timeout,
+                                             self.connect_timeout)
             with self._all_lock:
                 self._all.append(conn)
         return conn
@@ -359,10 +379,14 @@ class Client:
 
 
 def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-            token: str | None = None, timeout: float = 30.0) -> Client:
+            token: str | None = None, timeout: float = 30.0,
+            connect_timeout: float | None = None) -> Client:
     """Connect to the cluster whose master listens at ``master``.
 
     ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
     otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
+    ``timeout`` bounds each request; ``connect_timeout`` (default: ``timeout``) bounds
+    connecting to the master or a node and the hello that follows.
     """
-    return Client(master, transport=transport, token=token, timeout=timeout)
+    return Client(master, transport=transport, token=token, timeout=timeout,
+                  connect_timeout=connect_timeout)
