@@ -268,9 +268,14 @@ class Offloader:
             self.backoff.reset()
         self._log_state(done, retrying)
         for failure in failed:
-            if not failure.retrying:
+            # An object removed before its offload is routine (a debug line); one that
+            # can never be offloaded, or was found corrupt, is worth a warning each.
+            if failure.reason in (OffloadFailure.TOO_LARGE, OffloadFailure.CORRUPT):
                 log.warning("node %s: offload of %r failed: %s", self.node, failure.key,
                             failure.message)
+            elif not failure.retrying:
+                log.debug("node %s: offload of %r skipped: %s", self.node, failure.key,
+                          failure.message)
         self.metrics.offload_waiting.set(len(self.waiting))
         if done or failed:
             self.wake()

@@ -59,7 +59,9 @@ class Daemon:
     def log(self) -> str:
         return "\n".join(self.lines[-80:])
 
-    def stop(self, timeout: float = 20) -> int:
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then wait: a node first writes its DRAM-only objects to SSD, for at
+        most node.shutdown_flush_timeout (30 s by default)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
