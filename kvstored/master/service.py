@@ -97,11 +97,16 @@ class Master(ClientOps, AdminOps):
         self._fail_flushes(node.node_id, f"node {node.node_id} died")
 
     def _fail_flushes(self, node_id: str, reason: str) -> None:
+        """``node_id`` died or left: its share of a flush has failed, and a recovery
+        waiting only for gone nodes reports them as missing now, not at its timeout."""
         for waiter in self.flushes:
             for pair in [p for p in waiter.pending if p[0] == node_id]:
                 waiter.pending.discard(pair)
                 waiter.failed[pair[1]] = reason
         self._wake_flushes()
+        for waiter in self.recoveries.values():
+            if all(n not in self.nodes or not self.nodes[n].alive for n, _ in waiter.pending):
+                waiter.event.set()
 
     def _queue(self, node: NodeState, task: dict[str, Any]) -> None:
         for queued in node.tasks:  # merge with a queued task of the same kind

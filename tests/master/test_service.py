@@ -164,3 +164,27 @@ def test_register_tells_the_node_whether_the_store_is_dram_only():
 
     _run(main)
 
+
+
+def test_a_recovery_waiting_for_a_node_that_leaves_returns_at_once():
+    async def main() -> None:
+        master = _master()
+        await _register(master, "n1")
+        await _register(master, "n2")
+        results: dict = {}
+
+        async def recover() -> None:
+            results["recover"], _ = await master.op_recover(None, {"timeout": 3600})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(recover)
+            await trio.sleep(1)
+            await master.op_heartbeat(None, {"node": "n2", "stats": {}, "done": {
+                "recovered": [{"id": 1, "repaired": False, "records_checked": 3,
+                               "problems": []}]}})
+            await master.op_unregister(None, {"node": "n1"})
+        assert results["recover"]["missing"] == ["n1"]
+        assert set(results["recover"]["reports"]) == {"n2"}
+        assert trio.current_time() < 10
+
+    _run(main)
