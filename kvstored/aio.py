@@ -28,14 +28,17 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    client_token,
     no_room_error,
     parse_address,
     prepare_values,
+    split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
     StoreError,
+    UnauthorizedError,
     UnreachableError,
     from_wire,
 )
@@ -49,11 +52,11 @@ __all__ = ["MISSING", "AsyncClient", "ObjectInfo", "connect"]
 
 class AsyncClient:
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 token_file: str | None = None, timeout: float = 30.0) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
-        self.master = RpcClient(parse_address(master), token=token)
-        self.token = token
+        self.token = client_token(token, token_file)
+        self.master = RpcClient(parse_address(master), token=self.token.token)
         self.timeout = timeout
         self.segments = Segments(transport)
         #: What reads ran into: checksum failures, nodes that could not serve.
@@ -64,14 +67,17 @@ class AsyncClient:
 
     async def _call(self, op: str, **args: Any) -> dict[str, Any]:
         with trio.fail_after(self.timeout):
-            return await self.master.call(op, **args)
+            try:
+                return await self.master.call(op, **args)
+            except UnauthorizedError as exc:
+                raise self.token.explain(exc) from None
 
     def _node(self, node: str) -> RpcClient:
         client = self._node_clients.get(node)
         if client is None:
             addr = self._nodes[node]["addr"]
             client = self._node_clients[node] = RpcClient((addr[0], int(addr[1])),
-                                                          token=self.token)
+                                                          token=self.token.token)
         return client
 
     async def _node_request(self, node: str, header: dict[str, Any], payload=(),
@@ -205,16 +211,31 @@ class AsyncClient:
             read.copy_from_segments(started, trio.current_time)
             await self._report_corrupt(read)
             for node, idx in read.tcp_requests().items():
-                try:
-                    got = await self._node_request(node, read.node_get(idx),
-                                                   into=[read.buffers[i] for i in idx])
-                except StoreError:
-                    read.failed(node, idx)
-                    continue
-                for i, size in zip(idx, got["sizes"]):
-                    read.received(i, size)
+                await self._get_from_node(read, node, idx)
             await self._report_corrupt(read)
         return read.results
+
+    async def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> None:
+        """Fetch ``idx`` from ``node``; what it cannot deliver is failed in ``read``."""
+        try:
+            with trio.fail_after(self.timeout):
+                hello = await self._node(node).hello()
+        except (StoreError, trio.TooSlowError):
+            read.failed(node, idx)
+            return
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        parts = split_by_bytes([max(read.sizes[i], 0) for i in idx],
+                               hello.get("max_read_staging"))
+        for n, part in enumerate(parts):
+            chunk = [idx[j] for j in part]
+            try:
+                got = await self._node_request(node, read.node_get(chunk),
+                                               into=[read.buffers[i] for i in chunk])
+            except StoreError:
+                read.failed(node, [idx[j] for later in parts[n:] for j in later])
+                return
+            for i, size in zip(chunk, got["sizes"]):
+                read.received(i, size)
 
     async def _report_corrupt(self, read: BatchRead) -> None:
         for node, (keys, checksums) in read.take_corrupt().items():
@@ -255,11 +276,16 @@ class AsyncClient:
 
 @asynccontextmanager
 async def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-                  token: str | None = None, timeout: float = 30.0
-                  ) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(master, transport=transport, token=token, timeout=timeout)
+                  token: str | None = None, token_file: str | None = None,
+                  timeout: float = 30.0) -> AsyncIterator[AsyncClient]:
+    """The trio client; the token is found as :func:`kvstored.connect` finds it."""
+    client = AsyncClient(master, transport=transport, token=token, token_file=token_file,
+                         timeout=timeout)
     try:
-        await client.master.connect()
+        try:
+            await client.master.connect()
+        except UnauthorizedError as exc:
+            raise client.token.explain(exc) from None
         yield client
     finally:
         await client.aclose()

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 import kvstored
-from kvstored.cli.errors import QuietError, exit_code_of
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import CliState, debug_option, state
 from kvstored.client import Client
@@ -91,22 +91,27 @@ def client_settings(run: CliState, *, wait_timeout: str | None = None) -> Client
         "client.wait_timeout": wait_timeout, "security.token_file": run.token_file},
         flag_names=FLAGS)
     return ClientSettings(master=cfg["client.master"],
-                          token=read_token(cfg["security.token_file"],
-                                           cfg.source("security.token_file")),
+                          token=None if cfg["security.auth"] == "none" else read_token(
+                              cfg["security.token_file"], cfg.source("security.token_file")),
                           transport=cfg["client.transport"], timeout=cfg["client.timeout"],
                           connect_timeout=cfg["client.connect_timeout"],
                           wait_timeout=cfg["client.wait_timeout"])
 
 
 def read_token(path: Path | None, source: str) -> str | None:
-    """The shared secret in ``path`` (``None``: no token); errors name the file."""
-    if not path:
+    """The client token in ``path`` (``None``: no token); errors name the file. The
+    default file is absent until a master of this user first started (docs/security.md):
+    then the server says whether it needs a token."""
+    if not path or (source == "default" and not Path(path).exists()):
         return None
     try:
         token = Path(path).read_text().strip()
     except OSError as exc:
+        # A file that is not there was named wrong (3); one that is there but cannot be
+        # read (another user's) is a token that cannot be used (2, docs/security.md).
+        code = ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError) else ExitCode.USAGE
         raise QuietError(f"cannot read the token file {path} ({source}): {exc.strerror}",
-                         exit_code_of(exc) or ExitCode.FAILURE) from exc
+                         code) from exc
     if not token:
         raise QuietError(f"the token file {path} ({source}) is empty", ExitCode.USAGE)
     return token

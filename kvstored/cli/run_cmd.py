@@ -17,7 +17,12 @@ from kvstored.config import Config, load_config
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
 token_option = click.option("--token-file", type=click.Path(dir_okay=False),
-                            help="Require this shared secret on every connection.")
+                            help="The client token clients must present "
+                                 "(default ~/.config/kvstored/token, created at first "
+                                 "start).")
+node_token_option = click.option("--node-token-file", type=click.Path(dir_okay=False),
+                                 help="The node token nodes present "
+                                      "(default ~/.config/kvstored/node-token).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
@@ -59,10 +64,11 @@ def _logging(verbose: bool) -> None:
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
 @debug_option
 def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
-       verbose) -> None:
+       node_token_file, verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
 
     Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD
@@ -75,9 +81,10 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
     cfg = load_config(config_file, overrides={
         "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
         "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
-        "security.token_file": token_file},
+        "security.token_file": token_file, "security.node_token_file": node_token_file},
         flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
-                    "security.token_file": "--token-file"})
+                    "security.token_file": "--token-file",
+                    "security.node_token_file": "--node-token-file"})
 
     def banner(started) -> None:
         host, port = started["master"]
@@ -95,18 +102,21 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
 @debug_option
-def master(listen, metrics, config_file, token_file, verbose) -> None:
+def master(listen, metrics, config_file, token_file, node_token_file, verbose) -> None:
     """Run the cluster's master (metadata only; data never passes through it)."""
     from kvstored.server import run_master
 
     _logging(verbose)
     cfg = load_config(config_file,
                       overrides={"master.listen": listen, "master.metrics": metrics,
-                                 "security.token_file": token_file},
+                                 "security.token_file": token_file,
+                                 "security.node_token_file": node_token_file},
                       flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
-                                  "security.token_file": "--token-file"})
+                                  "security.token_file": "--token-file",
+                                  "security.node_token_file": "--node-token-file"})
     _run(run_master, cfg, lambda bound: click.echo(
         f"kvstored master: listening on {bound[0]}:{bound[1]}"))
 
@@ -121,11 +131,11 @@ def master(listen, metrics, config_file, token_file, verbose) -> None:
 @click.option("--name", help="Node name (default: hostname:port).")
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
-@token_option
+@node_token_option
 @verbose_option
 @debug_option
 def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
-         token_file, verbose) -> None:
+         node_token_file, verbose) -> None:
     """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
     from kvstored.server import run_node
 
@@ -133,8 +143,9 @@ def node(master_address, listen, data, dram, ssd, backend, name, metrics, config
     cfg = load_config(config_file, overrides={
         "node.master": master_address, "node.listen": listen, "node.data": data,
         "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
-        "node.metrics": metrics, "security.token_file": token_file},
+        "node.metrics": metrics, "security.node_token_file": node_token_file},
         flag_names={"node.master": "--master", "node.listen": "--listen",
-                    "node.metrics": "--metrics", "security.token_file": "--token-file"})
+                    "node.metrics": "--metrics",
+                    "security.node_token_file": "--node-token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
         f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))

@@ -23,19 +23,23 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    client_token,
     no_room_error,
     parse_address,
     prepare_values,
+    split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
     StoreError,
+    UnauthorizedError,
     UnreachableError,
     from_wire,
 )
+from kvstored.protocol import Hello, Role
+from kvstored.security import ClientToken
 from kvstored.wire import (
-    PROTOCOL_VERSION,
     ConnectionClosed,
     FrameError,
     FrameReader,
@@ -52,7 +56,7 @@ class _Connection:
     ``connect_timeout`` (a peer that accepts and never answers, or answers something that
     is not kvstored, fails fast); every later request by ``timeout``."""
 
-    def __init__(self, address: tuple[str, int], token: str | None, timeout: float,
+    def __init__(self, address: tuple[str, int], token: ClientToken, timeout: float,
                  connect_timeout: float) -> None:
         self.address = address
         where = f"{address[0]}:{address[1]}"
@@ -61,18 +65,20 @@ class _Connection:
         except OSError as exc:
             raise UnreachableError(f"cannot reach {where} ({exc.strerror or exc}); "
                                    "is kvstored running?") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = FrameReader(self.sock)
         try:
-            self.hello = self._exchange({"op": "hello", "version": PROTOCOL_VERSION,
-                                         "token": token, "role": "client"})
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.reader = FrameReader(self.sock)
+            self.hello = self._exchange(Hello(Role.CLIENT, token.token).to_wire())
         except (OSError, ConnectionClosed, FrameError) as exc:
             self.close()
             raise UnreachableError(f"{where} did not answer as kvstored does within "
                                    f"{connect_timeout:g} s ({str(exc) or type(exc).__name__}); "
                                    "is that a kvstored master's or node's address?") from None
-        except StoreError:  # refused: a wrong token, another protocol version
+        except UnauthorizedError as exc:
             self.close()
+            raise token.explain(exc) from None
+        except BaseException:  # refused (another protocol version), or interrupted
+            self.close()  # nothing stays open when the hello fails
             raise
         self.sock.settimeout(timeout)
 
@@ -101,12 +107,13 @@ class Client:
     """A connection to a kvstored cluster. Use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0, connect_timeout: float | None = None) -> None:
+                 token_file: str | None = None, timeout: float = 30.0,
+                 connect_timeout: float | None = None) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
         self.master_address = parse_address(master)
         self.transport = transport
-        self.token = token
+        self.token = client_token(token, token_file)
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.segments = Segments(transport)
@@ -279,10 +286,26 @@ class Client:
         handed back to ``read`` as failed (never raised: a read falls back or misses)."""
         try:
             conn = self._node_conn(node)
-            reply = conn.request(read.node_get(idx))
         except StoreError:
             read.failed(node, idx)
             return
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        parts = split_by_bytes([max(read.sizes[i], 0) for i in idx],
+                               conn.hello.get("max_read_staging"))
+        for n, part in enumerate(parts):
+            if not self._get_part(read, node, conn, [idx[j] for j in part]):
+                read.failed(node, [idx[j] for later in parts[n + 1:] for j in later])
+                return
+
+    def _get_part(self, read: BatchRead, node: str, conn: _Connection, idx: list[int]
+                  ) -> bool:
+        """One node get; False (its undelivered items failed) if the node could not
+        serve it, and the connection is then closed."""
+        try:
+            reply = conn.request(read.node_get(idx))
+        except StoreError:
+            read.failed(node, idx)
+            return False
         for n, (i, size) in enumerate(zip(idx, reply["sizes"])):
             if 0 <= size <= len(read.buffers[i]):
                 try:
@@ -290,12 +313,13 @@ class Client:
                 except (OSError, ConnectionClosed, FrameError):
                     conn.close()
                     read.failed(node, idx[n:])
-                    return
+                    return False
             elif size > len(read.buffers[i]):  # not the version asked for: never served
                 conn.close()
                 read.failed(node, idx[n:])
-                return
+                return False
             read.received(i, size)
+        return True
 
     def _report_corrupt(self, read: BatchRead) -> None:
         """Tell nodes which of their copies failed the checksum here; each checks its
@@ -379,14 +403,19 @@ class Client:
 
 
 def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-            token: str | None = None, timeout: float = 30.0,
-            connect_timeout: float | None = None) -> Client:
+            token: str | None = None, token_file: str | None = None,
+            timeout: float = 30.0, connect_timeout: float | None = None) -> Client:
     """Connect to the cluster whose master listens at ``master``.
 
     ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
     otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
     ``timeout`` bounds each request; ``connect_timeout`` (default: ``timeout``) bounds
     connecting to the master or a node and the hello that follows.
+
+    The client token is ``token``, else the first line of ``token_file``, else the file
+    ``security.token_file`` of the configuration names (by default
+    ``~/.config/kvstored/token``, which the master creates for its user); see
+    docs/security.md.
     """
-    return Client(master, transport=transport, token=token, timeout=timeout,
-                  connect_timeout=connect_timeout)
+    return Client(master, transport=transport, token=token, token_file=token_file,
+                  timeout=timeout, connect_timeout=connect_timeout)

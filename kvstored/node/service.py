@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from kvstored.backends import open_backend
-from kvstored.errors import UnreachableError
+from kvstored.errors import BadRequestError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
@@ -40,8 +40,11 @@ from kvstored.node.dataserver import DataServerOps
 from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.segment import DramSegment, sweep_stale
-from kvstored.rpc import RpcClient, Service, serve
+from kvstored.node.staging import StagingPool
+from kvstored.protocol import NODE_OPS, Role
+from kvstored.rpc import RpcClient, ServerLimits, Service, serve
 from kvstored.sdk import StorageBackend
+from kvstored.security import Credentials, make_private_dir
 from kvstored.supervisor import Backoff, Supervisor, describe_keys
 from kvstored.units import format_size
 
@@ -80,9 +83,10 @@ class Node(DataServerOps):
     def __init__(self, *, data_dir: str | Path, dram: int, ssd: int, backend: str,
                  backend_options: dict[str, Any] | None = None,
                  master: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0),
-                 name: str = "", token: str | None = None, put_timeout: float = 30.0,
-                 metrics: NodeMetrics | None = None, populate: bool = True,
-                 shutdown_flush_timeout: float = 30.0) -> None:
+                 name: str = "", credentials: Credentials | None = None,
+                 limits: ServerLimits | None = None, max_read_staging: int = 512 << 20,
+                 put_timeout: float = 30.0, metrics: NodeMetrics | None = None,
+                 populate: bool = True, shutdown_flush_timeout: float = 30.0) -> None:
         self.data_dir = Path(data_dir)
         self.dram_size = dram
         self.ssd_size = ssd
@@ -91,7 +95,9 @@ class Node(DataServerOps):
         self.master_address = master
         self.listen = listen
         self.name = name
-        self.token = token
+        #: The node token (presented to the master); the client token its data server
+        #: checks arrives with the master's answer to ``register``.
+        self.credentials = credentials or Credentials.open()
         self.put_timeout = put_timeout
         self.populate = populate
         self.shutdown_flush_timeout = shutdown_flush_timeout
@@ -99,11 +105,10 @@ class Node(DataServerOps):
         self.supervisor = Supervisor(f"node {name}" if name else "node",
                                      self.metrics.background_errors)
         self.report = _Report()
-        self.service = Service("node", token=token)
-        for attr in dir(self):
-            if attr.startswith("op_"):
-                self.service.handlers[attr[3:]] = getattr(self, attr)
+        self.service = Service("node", NODE_OPS, credentials=self.credentials, limits=limits)
+        self.service.bind(self)
         self.service.hello_extra = lambda header: self._hello_info()
+        self.staging = StagingPool(max_read_staging)
         self.backend: StorageBackend | None = None
         self.dram: DramTier | None = None
         self.segment: DramSegment | None = None
@@ -130,7 +135,8 @@ class Node(DataServerOps):
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        ssd_dir = self.data_dir / "ssd"
+        ssd_dir = make_private_dir(self.data_dir) / "ssd"
+        make_private_dir(ssd_dir)
         options = {"capacity": self.ssd_size, "on_evict": self._on_ssd_evict,
                    **self.backend_options}
         self.backend = await trio.to_thread.run_sync(
@@ -180,7 +186,7 @@ class Node(DataServerOps):
     def _hello_info(self) -> dict[str, Any]:
         assert self.segment is not None
         return {"node": self.name, "host": host_id(), "segment": self.segment.name,
-                "token": self.segment.token.hex()}
+                "token": self.segment.token.hex(), "max_read_staging": self.staging.budget}
 
     # -- master session ----------------------------------------------------------------
 
@@ -192,7 +198,7 @@ class Node(DataServerOps):
                                           backoff=Backoff(0.1, 5.0))
 
     async def _session(self) -> None:
-        client = RpcClient(self.master_address, token=self.token, role="node")
+        client = RpcClient(self.master_address, token=self.credentials.node, role=Role.NODE)
         try:
             hello = await client.connect()
             self.heartbeat_interval = float(hello.get("heartbeat_interval", 0.2))
@@ -216,6 +222,7 @@ class Node(DataServerOps):
             "backend": self.backend_name, "shared": caps.shared,
             "max_value_size": caps.max_value_size})
         self.dram_only = bool(reply.get("dram_only", False))
+        self._adopt_client_token(reply.get("client_token"))
         inventory = [[o.key, o.size, o.checksum, DRAM, o.offset] for o in self.dram.committed()]
         inventory += await trio.to_thread.run_sync(
             lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
@@ -231,6 +238,15 @@ class Node(DataServerOps):
                     await self._drop(tier, [[key, ident]], report=False)
         await client.call("register_done", node=self.name)
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
+
+    def _adopt_client_token(self, token: Any) -> None:
+        """Check clients with the token the master gave (it is the cluster's authority)."""
+        if self.credentials.required and not isinstance(token, str):
+            raise BadRequestError(
+                f"the master at {self.master_address[0]}:{self.master_address[1]} accepts "
+                "clients without a token (security.auth = none) but this node requires "
+                "one; set security.auth the same on both")
+        self.credentials.client = token
 
     async def _heartbeats(self, client: RpcClient) -> None:
         stats: dict[str, Any] = {}
@@ -453,7 +469,6 @@ class Node(DataServerOps):
             # keys beside it.
             await self._offload_stopped.wait()
             await self._flush_for_shutdown()
-        self._session_scope.cancel()
         await self._unregister()
 
     async def _flush_for_shutdown(self) -> None:
@@ -491,16 +506,15 @@ class Node(DataServerOps):
                     time.monotonic() - started, left, why)
 
     async def _unregister(self) -> None:
-        """Tell the master this node is gone (best effort: a master that is down drops
-        the node after master.node_ttl anyway)."""
-        if not self.registered.is_set():
-            return
-        client = RpcClient(self.master_address, token=self.token, role="node")
-        try:
+        """Tell the master this node is gone, over the master session (the connection
+        the master knows this node by), then end that session so that it does not
+        register the node again. Best effort: a master that cannot be told drops the
+        node after master.node_ttl anyway."""
+        master = self.master
+        if master is not None:
             with trio.move_on_after(UNREGISTER_TIMEOUT):
                 with self.supervisor.guard("leave"):
-                    await client.connect()
-                    await client.call("unregister", node=self.name)
+                    await master.call("unregister", node=self.name)
                     log.info("node %s: unregistered from the master", self.name)
-        finally:
-            client.close()
+        # No checkpoint since the call returned: the next heartbeat cannot slip in.
+        self._session_scope.cancel()
