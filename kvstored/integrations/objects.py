@@ -131,19 +131,33 @@ class ObjectIO:
     def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
         """Load each object into its pieces; per key True if every byte arrived. An
         object whose size differs from its pieces' total is a miss: its bytes were laid
-        out for something else, and no byte of it reaches the pieces."""
+        out for something else."""
+        sizes = [_size(obj) for obj in objects]
+        found = []
+        for key, size, length in zip(keys, sizes, self.get_upto(keys, objects)):
+            if length not in (MISSING, size):
+                log.warning("kvstored: %s holds %d bytes but the engine expects %d; a "
+                            "different model geometry under the same namespace? Treated as "
+                            "a miss", key, length, size)
+            found.append(length == size)
+        return found
+
+    def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[int]:
+        """Load each object into the start of its pieces (for engines whose last chunk
+        may be short); per key the bytes it holds, or MISSING. An object larger than its
+        pieces is a miss, and no byte of it reaches them."""
         if len(keys) != len(objects):
             raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-        results = [False] * len(keys)
+        results = [MISSING] * len(keys)
         for batch in self._batches(objects):
             try:
-                found = self._get_batch([keys[i] for i in batch], [objects[i] for i in batch])
+                lengths = self._get_batch([keys[i] for i in batch], [objects[i] for i in batch])
             except StoreError as exc:
                 log.warning("kvstored: loading %d object(s) from %s failed: %s; treated "
                             "as a miss", len(batch), keys[batch[0]], exc)
                 continue
-            for i, ok in zip(batch, found):
-                results[i] = ok
+            for i, length in zip(batch, lengths):
+                results[i] = length
         return results
 
     def leading_present(self, keys: Sequence[str]) -> int:
@@ -229,7 +243,7 @@ class ObjectIO:
             self.copies.add(gathered=offset)
         self.client.batch_put(keys, values)
 
-    def _get_batch(self, keys: list[str], objects: list[Pieces]) -> list[bool]:
+    def _get_batch(self, keys: list[str], objects: list[Pieces]) -> list[int]:
         sizes = [_size(obj) for obj in objects]
         staged = [i for i, obj in enumerate(objects) if len(obj) != 1]
         staging = self._staging(sum(sizes[i] for i in staged)) if staged else None
@@ -241,31 +255,28 @@ class ObjectIO:
             else:
                 buffers.append(staging[offset:offset + size])
                 offset += size
-        lengths = self._read_exact(keys, buffers, sizes)
-        found = []
+        lengths = self._read(keys, buffers, sizes)
         scattered = 0
-        for key, obj, size, buffer, length in zip(keys, objects, sizes, buffers, lengths):
-            if length == MISSING:
-                found.append(False)
+        for i, (key, obj, size, buffer) in enumerate(zip(keys, objects, sizes, buffers)):
+            if lengths[i] > size:
+                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
+                            "treated as a miss", key, lengths[i], size)
+                lengths[i] = MISSING
+            if lengths[i] == MISSING or len(obj) == 1:
                 continue
-            if length != size:
-                log.warning("kvstored: %s holds %d bytes but the engine expects %d; a "
-                            "different model geometry under the same namespace? Treated as "
-                            "a miss", key, length, size)
-                found.append(False)
-                continue
-            if len(obj) != 1:
-                at = 0
-                for piece in obj:
-                    piece[:] = buffer[at:at + piece.nbytes]
-                    at += piece.nbytes
-                scattered += size
-            found.append(True)
+            at = 0
+            for piece in obj:
+                n = min(piece.nbytes, lengths[i] - at)
+                if n <= 0:
+                    break
+                piece[:n] = buffer[at:at + n]
+                at += n
+            scattered += at
         if scattered:
             self.copies.add(scattered=scattered)
-        return found
+        return lengths
 
-    def _read_exact(self, keys: list[str], buffers: list[memoryview],
+    def _read(self, keys: list[str], buffers: list[memoryview],
                     sizes: list[int]) -> list[int]:
         """Read each object into its buffer; an object larger than its buffer reports
         its own size (so the caller sees the mismatch) and writes nothing."""
@@ -277,7 +288,7 @@ class ObjectIO:
             pass
         infos = [self.client.stat(key) for key in keys]
         lengths = [MISSING if info is None else info.size for info in infos]
-        fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if n == size]
+        fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if 0 <= n <= size]
         if fits:
             got = self.client.batch_get_into([keys[i] for i in fits], [buffers[i] for i in fits])
             for i, n in zip(fits, got):
@@ -316,13 +327,13 @@ def _size(obj: Pieces) -> int:
     return sum(piece.nbytes for piece in obj)
 
 
-def byte_view(buffer: Any) -> memoryview:
-    """A flat, writable byte view of a buffer-protocol object (a numpy array, a
-    bytearray, a mmap). Raises ValueError for a read-only or non-contiguous buffer,
-    which no piece may be: gets write into pieces."""
+def byte_view(buffer: Any, *, writable: bool = True) -> memoryview:
+    """A flat byte view of a buffer-protocol object (a numpy array, a bytearray, a
+    mmap), sharing its memory. Raises ValueError for a non-contiguous buffer, or a
+    read-only one when ``writable`` (gets write into their pieces; puts only read)."""
     view = memoryview(buffer)
-    if view.readonly:
-        raise ValueError("a piece must be writable")
+    if writable and view.readonly:
+        raise ValueError("a piece to load into must be writable")
     if not view.c_contiguous:
         raise ValueError("a piece must be contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
