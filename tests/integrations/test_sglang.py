@@ -212,3 +212,26 @@ def test_legacy_calls_move_sglangs_flat_pages(store, rng):
     assert backend.batch_exists(keys) == 0
     backend.close()
     v1.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_the_stored_object_is_the_page_buffers_in_meta_order(store, rng, layout):
+    """The documented format, pinned against the pool's own tensors: K then V of the
+    page (page_first), or K and V of each layer in turn (layer_first)."""
+    pool = make_host_pool("mha", layout)
+    backend = attach(store.addr, pool, mla=False, layout=layout)
+    keys = page_hashes(rng, 1)
+    src = pool.alloc(PAGE)
+    fill_random(pool, src, rng)
+    assert backend.batch_set_v1(keys, src) == [True]
+    first = int(src[0])
+    kv = pool.kv_buffer
+    if layout == "page_first":
+        parts = [kv[0, first:first + PAGE], kv[1, first:first + PAGE]]
+    else:
+        parts = [kv[kv_index, layer, first:first + PAGE] for layer in range(LAYERS)
+                 for kv_index in (0, 1)]
+    expected = b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
+    with connect(store.addr) as client:
+        assert client.get(backend.namespace.key(keys[0])) == expected
+    backend.close()
