@@ -235,3 +235,79 @@ def test_the_stored_object_is_the_page_buffers_in_meta_order(store, rng, layout)
     with connect(store.addr) as client:
         assert client.get(backend.namespace.key(keys[0])) == expected
     backend.close()
+
+
+@pytest.fixture
+def controller(store):
+    """SGLang's own HiCacheController attaching the backend the way the scheduler does
+    (a one-rank gloo group for its rank reductions, SGLang's test override of the
+    parallel widths), with its prefetch and backup threads running."""
+    import contextlib
+    import socket
+    import threading
+
+    dist = torch.distributed
+    allocator_mod = engine("sglang", "sglang.srt.mem_cache.allocator.paged")
+    cc = engine("sglang", "sglang.srt.managers.cache_controller")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cc.get_parallel().override(
+            attn_dcp_size=1, attn_dcp_rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1))
+        device = memory_pool.MHATokenToKVPool(1024, PAGE, torch.bfloat16, 2, 8, LAYERS, "cpu",
+                                              False, start_layer=0, end_layer=LAYERS)
+        host = pool_host_mha.MHATokenToKVPoolHost(
+            device.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, "page_first",
+            pin_memory=False, device_capacity_tokens=device.size, start_layer=0,
+            end_layer=LAYERS)
+        allocator = allocator_mod.PagedTokenToKVPoolAllocator(1024, PAGE, torch.bfloat16,
+                                                              "cpu", device, False)
+        ctrl = cc.HiCacheController(
+            allocator, host, PAGE, dist.group.WORLD, threading.Event(),
+            storage_backend="dynamic", model_name="org/test-model",
+            storage_backend_extra_config={
+                "backend_name": "kvstored", "module_path": "kvstored.integrations.sglang",
+                "class_name": "KvstoredStorage", "interface_v1": 1, "master": store.addr})
+        try:
+            yield ctrl, host
+        finally:
+            ctrl.detach_storage_backend()
+            dist.destroy_process_group()
+
+
+def test_the_cache_controller_backs_up_and_prefetches_through_kvstored(controller, rng):
+    """Backup and prefetch run on the controller's own threads, in its batches of
+    STORAGE_BATCH_SIZE pages, with its page hashes and its rank reductions; the test
+    plays only the radix cache's part (allocate host pages for the hit)."""
+    ctrl, host = controller
+    assert isinstance(ctrl.storage_backend, KvstoredStorage)
+    assert ctrl.page_get_func == ctrl._page_get_zero_copy
+    pages = hicache_storage.STORAGE_BATCH_SIZE + 2
+    tokens = [rng.randrange(32000) for _ in range(pages * PAGE)]
+    hashes = mem_utils.get_storage_hash_str(tokens, None, page_size=PAGE)
+    src = host.alloc(pages * PAGE)
+    fill_random(host, src, rng)
+
+    ctrl.write_storage(src, tokens, hash_value=hashes)
+    backed_up = ctrl.ack_backup_queue.get(timeout=60)
+    assert backed_up.completed_tokens == pages * PAGE
+
+    operation = ctrl.prefetch("request-1", tokens)
+    hit = ctrl.prefetch_hit_queue.get(timeout=60)
+    assert hit is operation and operation.storage_hit_count == pages * PAGE
+    operation.host_indices = host.alloc(operation.storage_hit_count)
+    ctrl.prefetch_buffer.put(operation)
+    progress = []
+    while True:  # the acks the radix cache reads: progress per batch, then completion
+        ack = ctrl.ack_prefetch_queue.get(timeout=60)
+        if ack.completed_req:
+            break
+        if ack.completed_tokens is not None:
+            progress.append(ack.completed_tokens)
+    assert progress == [hicache_storage.STORAGE_BATCH_SIZE * PAGE, pages * PAGE]
+    for i in range(pages):
+        got = int(operation.host_indices[i * PAGE])
+        assert page_bytes(host, got) == page_bytes(host, int(src[i * PAGE]))
