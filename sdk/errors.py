@@ -77,10 +77,10 @@ class BackendIOError(BackendError, OSError):
 
     def __init__(self, message: str, *, errno: int, key: str | None = None,
                  path: str | os.PathLike | None = None):
-        self.errno = errno
         name = _errno.errorcode.get(errno, errno)
         BackendError.__init__(self, f"{message}: {os.strerror(errno)} [{name}]",
                               key=key, path=path)
+        self.errno = errno  # after: OSError.__init__ (reached through super()) resets it
 
     def __str__(self) -> str:  # OSError would render its own (errno, strerror) form
         return self._render()

@@ -35,7 +35,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.cli.params import ExistingFile
 from kvstored.tools import binfile, events
 from kvstored.units import format_size
 
@@ -223,7 +225,7 @@ def _large(events_wanted: int, work: Path, policies: str) -> dict:
 
 
 @click.command("sim")
-@click.option("--trace", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+@click.option("--trace", type=ExistingFile(path_type=Path),
               help=f"A Mooncake JSONL trace (default: ../shared/traces/{DEFAULT_TRACE}).")
 @click.option("--model", default="glm-5.1", show_default=True)
 @click.option("--block-size", type=int, default=512, show_default=True)
@@ -242,18 +244,16 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
     process; results go to JSON."""
     trace = trace or _default_trace()
     if trace is None:
-        click.echo(f"error: no trace given and ../shared/traces/{DEFAULT_TRACE} not found; "
-                   "pass --trace", err=True)
-        sys.exit(int(ExitCode.USAGE))
+        raise QuietError(f"no trace given and ../shared/traces/{DEFAULT_TRACE} not found; "
+                         "pass --trace", ExitCode.NOT_FOUND)
     try:
         import kvcache_sim  # noqa: F401
     except ImportError:
-        click.echo("error: the reference simulator is not installed: pip install "
-                   "kvcache-simulator==0.1.3", err=True)
-        sys.exit(int(ExitCode.UNAVAILABLE))
+        raise QuietError("the reference simulator is not installed: pip install "
+                         "kvcache-simulator==0.1.3", ExitCode.UNAVAILABLE) from None
     if shutil.which("c++") is None:
-        click.echo("error: the reference's C++ backend needs a C++ compiler (c++)", err=True)
-        sys.exit(int(ExitCode.UNAVAILABLE))
+        raise QuietError("the reference's C++ backend needs a C++ compiler (c++)",
+                         ExitCode.UNAVAILABLE)
     console = Console(stderr=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-sim-") as tmp:
@@ -304,4 +304,5 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
                         f"{large['kvstoreMemory']['bytesPerEvent']:.1f} bytes/event")
     Console().print(f"wrote {json_out}")
     if not all(r["check"]["identical"] for r in results):
-        sys.exit(int(ExitCode.FAILURE))
+        raise QuietError(f"kvstore sim and the reference disagree on a trace; see {json_out}",
+                         ExitCode.FAILURE)
