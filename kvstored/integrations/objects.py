@@ -52,36 +52,31 @@ class StoreSettings:
     master: str
     transport: str = "auto"
     timeout: float = 30.0
-    token: str | None = None
+    token_file: str | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, prefix: str = "") -> StoreSettings:
         """Settings from an engine's option mapping: ``{prefix}master`` (default
         ``$KVSTORE_MASTER``, else 127.0.0.1:7700), ``{prefix}transport``
-        (auto|tcp|shm), ``{prefix}timeout`` (seconds) and ``{prefix}token_file``."""
+        (auto|tcp|shm), ``{prefix}timeout`` (seconds) and ``{prefix}token_file`` (default:
+        the client's own, see docs/security.md)."""
 
         def option(name: str, default: Any = None) -> Any:
-            return options.get(prefix + name, default)
+            value = options.get(prefix + name)
+            return default if value is None else value
 
-        token_file = option("token_file")
-        token = None
-        if token_file:
-            try:
-                with open(token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
-            except OSError as exc:
-                raise ValueError(f"kvstored token file {token_file} cannot be read "
-                                 f"({exc.strerror}); fix {prefix}token_file") from None
         try:
             timeout = float(option("timeout", 30.0))
         except (TypeError, ValueError):
             raise ValueError(f"{prefix}timeout must be a number of seconds, not "
                              f"{option('timeout')!r}") from None
+        token_file = option("token_file")
         return cls(master=str(option("master") or os.environ.get(MASTER_ENV) or DEFAULT_MASTER),
-                   transport=str(option("transport", "auto")), timeout=timeout, token=token)
+                   transport=str(option("transport", "auto")), timeout=timeout,
+                   token_file=str(token_file) if token_file else None)
 
     def connect(self) -> Client:
-        return connect(self.master, transport=self.transport, token=self.token,
+        return connect(self.master, transport=self.transport, token_file=self.token_file,
                        timeout=self.timeout)
 
 
@@ -131,7 +126,8 @@ class ObjectIO:
     def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
         """Load each object into its pieces; per key True if every byte arrived. An
         object whose size differs from its pieces' total is a miss: its bytes were laid
-        out for something else."""
+        out for something else. (A larger one writes nothing; a shorter one may have
+        landed in pieces reported False, which engines never read.)"""
         sizes = [_size(obj) for obj in objects]
         found = []
         for key, size, length in zip(keys, sizes, self.get_upto(keys, objects)):

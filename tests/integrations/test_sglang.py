@@ -171,18 +171,23 @@ def test_keys_name_model_dtype_layout_and_rank(store, rng):
     other.close()
 
 
-def test_an_object_of_the_wrong_size_is_a_miss_and_writes_nothing(store, rng):
+def test_an_object_of_the_wrong_size_is_a_miss(store, rng):
     pool = make_host_pool("mha", "page_first")
     backend = attach(store.addr, pool, mla=False, layout="page_first")
-    keys = page_hashes(rng, 2)
+    keys = page_hashes(rng, 3)
+    src = pool.alloc(PAGE)
+    fill_random(pool, src, rng)
+    assert backend.batch_set_v1(keys[:1], src) == [True]
     with connect(store.addr) as client:
         # Too short and too long for a page of this pool.
-        client.batch_put(backend.namespace.keys(keys), [b"x" * 100, b"y" * 10**6])
-    dst = pool.alloc(2 * PAGE)
+        client.batch_put(backend.namespace.keys(keys[1:]), [b"x" * 100, b"y" * 10**6])
+    dst = pool.alloc(3 * PAGE)
     fill_random(pool, dst, rng)
-    before = [page_bytes(pool, int(dst[i * PAGE])) for i in range(2)]
-    assert backend.batch_get_v1(keys, dst) == [False, False]
-    assert [page_bytes(pool, int(dst[i * PAGE])) for i in range(2)] == before
+    untouched = page_bytes(pool, int(dst[2 * PAGE]))
+    assert backend.batch_get_v1(keys, dst) == [True, False, False]
+    assert page_bytes(pool, int(dst[0])) == page_bytes(pool, int(src[0]))
+    # The oversized object is refused before any of its bytes land.
+    assert page_bytes(pool, int(dst[2 * PAGE])) == untouched
     backend.close()
 
 
