@@ -61,5 +61,6 @@ setup(
     packages=_packages(),
     cffi_modules=CFFI_MODULES,
     cmdclass={"build_py": BuildPyWithoutBuildScripts},
-    package_data={"kvstored": ["py.typed"], "kvstored.tools": ["data/*.toml"]},
+    package_data={"kvstored": ["py.typed"],
+                  "kvstored.tools": ["data/*.toml", "data/traces/*.jsonl.gz"]},
 )

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 import kvstored
-from kvstored.cli.errors import QuietError, exit_code_of
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import CliState, debug_option, state
 from kvstored.client import Client
@@ -107,8 +107,11 @@ def read_token(path: Path | None, source: str) -> str | None:
     try:
         token = Path(path).read_text().strip()
     except OSError as exc:
+        # A file that is not there was named wrong (3); one that is there but cannot be
+        # read (another user's) is a token that cannot be used (2, docs/security.md).
+        code = ExitCode.NOT_FOUND if isinstance(exc, FileNotFoundError) else ExitCode.USAGE
         raise QuietError(f"cannot read the token file {path} ({source}): {exc.strerror}",
-                         exit_code_of(exc) or ExitCode.FAILURE) from exc
+                         code) from exc
     if not token:
         raise QuietError(f"the token file {path} ({source}) is empty", ExitCode.USAGE)
     return token
