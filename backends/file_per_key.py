@@ -151,8 +151,11 @@ class FilePerKeyBackend(StorageBackend):
         self._reserved = 0
         self._seq = 0
 
+        #: What this open repaired (a rebuilt stamp), for the next check() to report.
+        self.open_problems: list[Problem] = []
         self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
-                                         markers=self.layout_markers)
+                                         markers=self.layout_markers,
+                                         report=self.open_problems)
         try:
             if not self.read_only:
                 for folder in (self.objects_dir, self.tmp_dir):
@@ -532,6 +535,9 @@ class FilePerKeyBackend(StorageBackend):
         else:
             self._check_open()
         report = CheckReport(repaired=repair)
+        report.problems.extend(self.open_problems)
+        if repair:
+            self.open_problems = []
         with self._lock:
             index = dict(self._index)
         seen: set[str] = set()

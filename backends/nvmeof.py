@@ -119,7 +119,8 @@ class NvmeofBackend(OffsetLayoutBackend):
     def _attach(self) -> Volume:
         if self.device_option is not None:
             self._holds.append(claim_directory(Path(self.path), self.name, LAYOUT_VERSION,
-                                               mode=self.mode, markers=self.layout_markers))
+                                               mode=self.mode, markers=self.layout_markers,
+                                           report=self.open_problems))
             target = self.device_option
         else:
             target = self.path

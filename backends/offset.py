@@ -46,7 +46,8 @@ class OffsetBackend(OffsetLayoutBackend):
     def _attach(self) -> Volume:
         root = Path(self.path)
         self._holds.append(claim_directory(root, self.name, LAYOUT_VERSION, mode=self.mode,
-                                           markers=self.layout_markers))
+                                           markers=self.layout_markers,
+                                           report=self.open_problems))
         target = root / VOLUME_NAME
         try:
             if not self.read_only:

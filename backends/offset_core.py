@@ -102,6 +102,7 @@ from kvstored.sdk.errors import (
     CapacityError,
     CorruptionError,
     InvalidRequestError,
+    MissingStoreError,
     from_oserror,
 )
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir
@@ -325,9 +326,9 @@ class OffsetLayoutBackend(StorageBackend):
             return self._rebuild_superblock(volume, exc.message)
         if not ours and self._may_format(volume, block):
             if self.read_only:
-                raise CorruptionError(
-                    "the volume is blank (never formatted); a read-only open does not "
-                    "format it", path=self._file.path)
+                raise MissingStoreError(
+                    "no volume here: the device or file is blank (never formatted), and a "
+                    "read-only open does not format it", path=self._file.path)
             geometry = Geometry.plan(self._volume_size_for_new(volume.size), self.index_bytes)
             if geometry.volume_size > volume.size:
                 raise InvalidRequestError(

@@ -36,7 +36,7 @@ from kvstored.sdk.errors import CorruptionError, InvalidRequestError, MissingSto
 from kvstored.sdk.files import make_private, make_private_dirs, write_atomically
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import OpenMode
+from kvstored.sdk.types import OpenMode, Problem, ProblemKind
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +107,14 @@ def store_files(root: Path) -> list[str]:
 
 def claim_directory(root: Path, backend: str, layout: int, *,
                     mode: OpenMode = OpenMode.READ_WRITE, markers: Collection[str] = (),
-                    lock: bool = True) -> StoreLock | None:
+                    lock: bool = True, report: list[Problem] | None = None
+                    ) -> StoreLock | None:
     """Claim ``root`` for ``backend`` (layout version ``layout``) in ``mode``; see the
-    module docstring. ``markers`` are names this backend keeps in its directory, by which
-    a store whose stamp is lost is recognised. Returns the directory's lock (None with
-    ``lock=False``, for a directory several writers share); the caller releases it.
+    module docstring. ``markers`` are names this backend keeps in its directory, all of
+    which a store whose stamp is lost still holds: by them it is recognised. Returns the
+    directory's lock (None with ``lock=False``, for a directory several writers share);
+    the caller releases it. A stamp rebuilt in repair mode is added to ``report`` (for
+    the backend's next ``check()`` to show).
     """
     root = Path(root)
     read_only = mode is OpenMode.READ_ONLY
@@ -127,16 +130,19 @@ def claim_directory(root: Path, backend: str, layout: int, *,
                              what=f"{backend} store", wait=0 if read_only else LOCK_WAIT) \
         if lock else None
     try:
-        _check_stamp(root, backend, layout, mode, markers)
+        rebuilt = _check_stamp(root, backend, layout, mode, markers)
     except BaseException:
         if held is not None:
             held.release()
         raise
+    if rebuilt is not None and report is not None:
+        report.append(rebuilt)
     return held
 
 
 def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
-                 markers: Collection[str]) -> None:
+                 markers: Collection[str]) -> Problem | None:
+    """Check (or write) the stamp; return what repair mode did about a damaged one."""
     stamp_path = root / STAMP_NAME
     try:
         stamp = read_stamp(root)
@@ -144,19 +150,24 @@ def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
         if mode is not OpenMode.REPAIR:
             raise
         moved = Quarantine(root / "quarantine").move_aside(stamp_path, exc.message)
+        write_stamp(root, backend, layout)
         log.warning("%s: the stamp was unreadable; moved it to %s and wrote a new one for "
                     "the %s backend", root, moved, backend)
-        write_stamp(root, backend, layout)
-        return
+        return Problem(ProblemKind.CORRUPT_RECORD, exc.message, None, str(stamp_path),
+                       f"moved to {moved}; a new stamp was written for the {backend} backend")
     if stamp is None:
         present = store_files(root)
-        ours = sorted(set(present) & set(markers))
+        ours = sorted(markers) if markers and set(markers) <= set(present) else []
         if ours:
             if mode is OpenMode.REPAIR:
+                write_stamp(root, backend, layout)
                 log.warning("%s: holds %s files (%s) but no stamp; wrote a new stamp",
                             root, backend, ", ".join(ours))
-                write_stamp(root, backend, layout)
-                return
+                files = ", ".join(ours)
+                return Problem(ProblemKind.INDEX_MISMATCH,
+                               f"the stamp was missing beside the store's files ({files})",
+                               None, str(stamp_path),
+                               f"a new stamp was written for the {backend} backend")
             raise CorruptionError(
                 f"the directory holds the files of a {backend} store ({', '.join(ours)}) "
                 f"but its stamp {STAMP_NAME} is missing; {repair_hint(root)}",
@@ -172,7 +183,7 @@ def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
                 f"and holds no {STAMP_NAME}; point the {backend!r} backend at an empty or "
                 "kvstored-owned directory", path=root)
         write_stamp(root, backend, layout)
-        return
+        return None
     if stamp.backend != backend:
         raise InvalidRequestError(
             f"{root} belongs to the {stamp.backend!r} backend; open it with --backend "
@@ -181,3 +192,4 @@ def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
         raise InvalidRequestError(
             f"{root} has {backend} layout version {stamp.layout}; this kvstored handles "
             f"version {layout}", path=root)
+    return None

@@ -256,7 +256,8 @@ class ThreeFsBackend(StorageBackend):
                     f"{self.node_dir / JOURNAL_NAME})", path=self.node_dir)
         else:
             make_private_dirs(self.root)
-            _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION, self.mode)
+            _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION, self.mode,
+                          self.open_reports)
             if make_private_dirs(self.node_dir):
                 fsync_dir(self.cluster_dir)
         try:
@@ -819,7 +820,8 @@ def _location(node_dir: Path, slot: Slot) -> Location:
                     slot.size, slot.offset, record_size(slot.size))
 
 
-def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode) -> None:
+def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
+                  report: list) -> None:
     """:func:`claim_directory` for a directory that several nodes may create at once
     (so without a lock: each node locks its own directory).
 
@@ -831,13 +833,14 @@ def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode) 
     deadline = time.monotonic() + 5
     while True:
         try:
-            claim_directory(cluster_dir, backend, layout, mode=mode, lock=False)
+            claim_directory(cluster_dir, backend, layout, mode=mode, lock=False, report=report)
             return
         except FileNotFoundError:
             pass  # the other node renamed the shared temporary file first
         except InvalidRequestError:
             if (cluster_dir / STAMP_NAME).exists():
-                claim_directory(cluster_dir, backend, layout, mode=mode, lock=False)
+                claim_directory(cluster_dir, backend, layout, mode=mode, lock=False,
+                                report=report)
                 return  # the real verdict
             if time.monotonic() > deadline:
                 raise

@@ -163,8 +163,9 @@ class BucketBackend(StorageBackend):
         self._removing: set[int] = set()
         self._handles = ReadHandles(self.engine)
         self._physical = self._logical = self._reserved = 0
+        stamp_report: list = []
         self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
-                                         markers=self.layout_markers)
+                                         markers=self.layout_markers, report=stamp_report)
         try:
             if not self.read_only:
                 make_private_dirs(self.buckets_dir)
@@ -182,7 +183,7 @@ class BucketBackend(StorageBackend):
         for bucket in self._buckets.values():
             self._physical += bucket.physical
             self._logical += bucket.logical
-        self._checker = Checker(self, found.problems, found.unindexed)
+        self._checker = Checker(self, stamp_report + found.problems, found.unindexed)
 
     # -- lifecycle and capabilities ----------------------------------------------------
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.store_cmds import _stamped_backend, master_options
+from kvstored.cli.store_cmds import master_options, offline_error_code
 
 
 def _fail(message: str, code: int) -> None:
@@ -20,8 +20,9 @@ def _fail(message: str, code: int) -> None:
 
 @click.command()
 @click.argument("mountpoint", type=click.Path(file_okay=False))
-@click.option("--offline", "offline_dir", type=click.Path(file_okay=False, exists=True),
-              help="Show this backend directory (a node's <data>/ssd), without a daemon.")
+@click.option("--offline", "offline_dir", type=click.Path(file_okay=False),
+              help="Show this backend directory (a stopped node's <data>/ssd), without a "
+                   "daemon; it is opened read-only and nothing in it is changed.")
 @click.option("--backend", default=None,
               help="With --offline: the directory's backend (default: read from its stamp).")
 @click.option("--foreground/--background", default=True, show_default=True,
@@ -40,7 +41,7 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
       MOUNTPOINT/keys/<name>                     every object; reading gives its bytes
       MOUNTPOINT/nodes/<node>/<dram|ssd>/<name>  objects by node and tier
       MOUNTPOINT/stats/cluster.json, stats/nodes/<node>.json
-    Offline (--offline DIR, e.g. a stopped node's <data>/ssd):
+    Offline (--offline DIR, a stopped node's <data>/ssd, opened read-only):
       MOUNTPOINT/keys/<name>, MOUNTPOINT/stats/backend.json
     \b
     Names encode keys reversibly (docs/fuse.md); `getfattr -d` shows an object's key,
@@ -69,14 +70,21 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     from kvstored.fuse.mount import mount as run_mount
 
     if offline_dir:
-        from kvstored.backends import DEFAULT_BACKEND
+        from kvstored.backends.offline import identify
         from kvstored.fuse.offline import OfflineSource
+        from kvstored.sdk import BackendError
 
-        name = backend or _stamped_backend(offline_dir) or DEFAULT_BACKEND
         directory = os.path.abspath(offline_dir)
+        try:
+            name = identify(directory, backend)  # fail before mounting, with its exit code
+        except BackendError as exc:
+            _fail(str(exc), offline_error_code(exc))
 
         def open_source():
-            return OfflineSource.open(directory, name)
+            try:
+                return OfflineSource.open(directory, name)
+            except BackendError as exc:
+                raise MountError(str(exc), offline_error_code(exc)) from None
 
         fsname = f"kvstored-offline:{directory}"
     else:

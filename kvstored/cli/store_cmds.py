@@ -232,8 +232,9 @@ def evict(client, tier, everything, nbytes, keys, prefix, dry_run, drop, as_json
 @click.command()
 @click.option("--node", help="Only this node.")
 @click.option("--repair", is_flag=True, help="Quarantine what is bad and fix the index.")
-@click.option("--offline", "offline_dir", type=click.Path(file_okay=False, exists=True),
-              help="Check a backend directory directly, without a daemon.")
+@click.option("--offline", "offline_dir", type=click.Path(file_okay=False),
+              help="Check a stopped node's SSD directory (<data>/ssd) without a daemon; "
+                   "read-only unless --repair.")
 @click.option("--backend", default=None,
               help="With --offline: the directory's backend (default: read from its stamp).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -242,7 +243,9 @@ def recover(node, repair, offline_dir, backend, as_json, master, token_file) -> 
     """Rescan the SSD tier, verify every record, re-register, and quarantine.
 
     Exits 0 when nothing is wrong (or everything found was repaired), 5 when problems
-    remain, 1 when a node did not report back.
+    remain, 1 when a node did not report back. With --offline DIR nothing is written
+    unless --repair is given; a directory that holds no store exits 3, one a running
+    node holds exits 2.
     """
     if offline_dir:
         _recover_offline(offline_dir, backend, repair, as_json)
@@ -263,35 +266,56 @@ def recover(node, repair, offline_dir, backend, as_json, master, token_file) -> 
 
 
 def _recover_offline(directory: str, backend: str | None, repair: bool, as_json: bool) -> None:
-    from kvstored.backends import DEFAULT_BACKEND, open_backend
+    """Check (read-only) or repair a backend directory without a daemon."""
+    from kvstored.backends.offline import identify, open_offline
     from kvstored.sdk import BackendError
 
-    name = backend or _stamped_backend(directory) or DEFAULT_BACKEND
     try:
-        with open_backend(name, directory) as store:
+        name = identify(directory, backend, repair=repair)
+        with open_offline(directory, name, repair=repair) as store:
             report = store.check(repair=repair)
             records = sum(1 for _ in store.scan(verify=True))
     except BackendError as exc:
-        _fail(str(exc), ExitCode.USAGE if "belongs to" in str(exc) else ExitCode.FAILURE)
+        _fail(str(exc), offline_error_code(exc))
     problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
                  "action": p.action} for p in report.problems]
+    unsolved = any(not p["action"] for p in problems)
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,
+                     "mode": "repair" if repair else "read-only",
                      "records_checked": report.records_checked, "problems": problems})
     else:
         _print_problems(f"{directory} ({name})", problems, report.records_checked)
         click.echo(f"{records} objects read back and verified")
-    if any(not p["action"] for p in problems):
+        if unsolved and not repair:
+            click.echo("nothing was changed (read-only); --repair quarantines what is bad "
+                       "and rebuilds what can be rebuilt")
+    if unsolved:
         sys.exit(ExitCode.CORRUPT)
 
 
-def _stamped_backend(directory: str) -> str | None:
-    from kvstored.backends.stamp import STAMP_NAME
+def offline_error_code(exc: Exception) -> ExitCode:
+    """The exit code of an offline tool (recover, mount) that could not open a backend
+    directory: no store there 3, damaged metadata 5, held by a running node or otherwise
+    the wrong directory 2, no room 6."""
+    from kvstored.sdk.errors import (
+        BackendBusyError,
+        CapacityError,
+        CorruptionError,
+        InvalidRequestError,
+        MissingStoreError,
+        UnknownBackendError,
+    )
 
-    try:
-        return json.loads((Path(directory) / STAMP_NAME).read_text())["backend"]
-    except (OSError, ValueError, KeyError):
-        return None
+    for kind, code in ((MissingStoreError, ExitCode.NOT_FOUND),
+                       (CorruptionError, ExitCode.CORRUPT),
+                       (BackendBusyError, ExitCode.USAGE),
+                       (InvalidRequestError, ExitCode.USAGE),
+                       (UnknownBackendError, ExitCode.USAGE),
+                       (CapacityError, ExitCode.NO_SPACE)):
+        if isinstance(exc, kind):
+            return code
+    return ExitCode.FAILURE
 
 
 def _print_problems(name: str, problems: list[dict[str, Any]], checked: int) -> None:

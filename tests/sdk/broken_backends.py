@@ -101,3 +101,21 @@ class ClaimsKeyByKey(FilePerKeyBackend):
                     del pending[key]
                     event.set()
         return results
+
+
+class TidiesWhenReadOnly(FilePerKeyBackend):
+    """Claims read-only opens but still runs the read-write recovery: it removes the
+    unfinished writes a crash left, which a read-only open must leave alone."""
+
+    def _recover(self):
+        for leftover in self._leftovers():
+            leftover.unlink()
+        super()._recover()
+
+
+class TakesNoLock(FilePerKeyBackend):
+    """Never locks its directory: a second process opens (and writes) it too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._dir_lock.release()
