@@ -14,6 +14,9 @@ Naming the volume
       ``volume.json`` binding it to the volume's uuid, and ``quarantine/``. Device names
       such as ``/dev/nvme1n1`` change when targets reconnect in another order; a device
       holding a different volume is refused instead of being read as this one.
+    - ``path`` is such a directory and no ``device`` is given: the device it was last
+      bound to (in ``volume.json``) is used, which is how the offline tools open a
+      node's directory.
 
 Safety
     - Block devices are claimed with ``O_EXCL``: the kernel refuses while the device is
@@ -96,6 +99,8 @@ class NvmeofBackend(OffsetLayoutBackend):
                  format: bool = False, quarantine_dir: str | None = None,
                  direct: bool | None = None, mode: OpenMode = OpenMode.READ_WRITE,
                  **options: Any) -> None:
+        if device is None and os.path.isdir(path):
+            device = _bound_device(Path(path))
         self.device_option = device
         self.format_allowed = format
         self._quarantine_option = quarantine_dir
@@ -205,9 +210,10 @@ class NvmeofBackend(OffsetLayoutBackend):
             return True
         if peek_slot(head[ALIGN:2 * ALIGN]) is not None:
             raise CorruptionError(
-                "this is a kvstored volume whose superblock is lost (its checkpoints are "
-                f"there). Nothing was written: {self._repair_hint()}; or, if its objects "
-                "may go, open it with the option format=true", path=self._file.path)
+                "this is a kvstored volume whose superblock does not check (its checkpoints "
+                "are there), and kvstored never formats over data it cannot read: "
+                f"{self._repair_hint()}; or, if its objects may go, open it with the "
+                "option format=true", path=self._file.path)
         raise InvalidRequestError(
             "it holds data that is not a kvstored volume (a file system, a partition "
             "table, …); if it may be overwritten, wipe it (`wipefs --all`, `blkdiscard`) "
@@ -244,6 +250,16 @@ class NvmeofBackend(OffsetLayoutBackend):
                 "the right one (a /dev/disk/by-id/ name is stable)", path=self.path)
         if known != mine and not self.read_only:
             write_atomically(binding, json.dumps(mine).encode() + b"\n")
+
+
+def _bound_device(directory: Path) -> str | None:
+    """The device a store directory was last bound to (its ``volume.json``), if any."""
+    try:
+        known = json.loads((directory / BINDING_NAME).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    device = known.get("device") if isinstance(known, dict) else None
+    return device if isinstance(device, str) and device else None
 
 
 class _DeviceClaim:

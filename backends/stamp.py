@@ -73,20 +73,20 @@ def read_stamp(root: str | os.PathLike) -> Stamp | None:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise CorruptionError(f"{STAMP_NAME} is unreadable (not UTF-8 text); "
+        raise CorruptionError(f"{STAMP_NAME} is unreadable: not UTF-8 text; "
                               f"{repair_hint(root)}", path=path) from None
     try:
         info = json.loads(text)
     except ValueError:
-        what = "empty" if not text.strip() else "not valid JSON (truncated or damaged)"
-        raise CorruptionError(f"{STAMP_NAME} is unreadable ({what}); {repair_hint(root)}",
+        what = "it is empty" if not text.strip() else "not valid JSON (truncated or damaged?)"
+        raise CorruptionError(f"{STAMP_NAME} is unreadable: {what}; {repair_hint(root)}",
                               path=path) from None
     backend = info.get("backend") if isinstance(info, dict) else None
     layout = info.get("layout") if isinstance(info, dict) else None
     if (not isinstance(backend, str) or not backend or isinstance(layout, bool)
             or not isinstance(layout, int)):
-        raise CorruptionError(f"{STAMP_NAME} is unreadable (it lacks a backend name or a "
-                              f"layout version); {repair_hint(root)}", path=path)
+        raise CorruptionError(f"{STAMP_NAME} is unreadable: it lacks a backend name or a "
+                              f"layout version; {repair_hint(root)}", path=path)
     created = info.get("created")
     return Stamp(backend, layout, created if isinstance(created, str) else None)
 
