@@ -249,7 +249,7 @@ class ThreeFsBackend(StorageBackend):
                 f"--backend {stamp.backend}", path=self.root)
         if self.read_only:
             claim_directory(self.cluster_dir, self.name, LAYOUT_VERSION, mode=self.mode,
-                            lock=False)
+                            lock=False, markers=_cluster_markers(self.cluster_dir))
             if not self.node_dir.is_dir():
                 raise MissingStoreError(
                     f"cluster {self.cluster!r} has no node {self.node_id!r} (looked for "
@@ -820,6 +820,16 @@ def _location(node_dir: Path, slot: Slot) -> Location:
                     slot.size, slot.offset, record_size(slot.size))
 
 
+def _cluster_markers(cluster_dir: Path) -> tuple[str, ...]:
+    """The node directories of ``cluster_dir`` that hold a journal: what shows that a
+    cluster directory whose stamp is lost belongs to 3fs."""
+    try:
+        return tuple(sorted(child.name for child in cluster_dir.iterdir()
+                            if (child / JOURNAL_NAME).is_file()))
+    except OSError:
+        return ()
+
+
 def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
                   report: list) -> None:
     """:func:`claim_directory` for a directory that several nodes may create at once
@@ -833,7 +843,8 @@ def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
     deadline = time.monotonic() + 5
     while True:
         try:
-            claim_directory(cluster_dir, backend, layout, mode=mode, lock=False, report=report)
+            claim_directory(cluster_dir, backend, layout, mode=mode, lock=False, report=report,
+                            markers=_cluster_markers(cluster_dir))
             return
         except FileNotFoundError:
             pass  # the other node renamed the shared temporary file first

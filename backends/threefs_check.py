@@ -107,8 +107,16 @@ def recover(b: ThreeFsBackend) -> None:
         parsed = parse(data, base)
         b.journal = JournalWriter(path, header, base + len(data), read_only=read_only)
         if parsed.end < base + len(data) and not read_only:
-            log.info("3fs: cutting the torn tail (%d bytes) off %s: an append a crash "
-                     "interrupted, never acknowledged", base + len(data) - parsed.end, path)
+            # An append a crash interrupted (never acknowledged), or the last entries
+            # damaged in place: either way they cannot be read. Keep the bytes before
+            # cutting them, so that nothing unreadable is ever simply destroyed.
+            tail = data[parsed.end - base:]
+            kept = b.quarantine.copy_out("journal-tail", tail, {
+                "journal": str(path), "offset": parsed.end, "length": len(tail),
+                "reason": "the journal's last bytes do not parse (a torn append)"},
+                suffix=".kvj")
+            log.info("3fs: cutting the torn tail (%d bytes, copied to %s) off %s: an "
+                     "append a crash interrupted, never acknowledged", len(tail), kept, path)
             b.journal.truncate(parsed.end)
         for start, stop in parsed.damaged:
             log.warning("3fs: %s bytes %d..%d are damaged; the entries there are lost "

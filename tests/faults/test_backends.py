@@ -66,6 +66,18 @@ def up(data: Path, *extra: str, backend: str = "bucket", ssd: str = "256MiB") ->
                    "--ssd", ssd, "--backend", backend, *extra], cwd=data.parent)
 
 
+def assert_refuses_to_start(daemon: Daemon, what: str) -> None:
+    """The daemon must exit by itself (it refused); one that serves is stopped, then fails
+    the test, so that a daemon that wrongly starts is never left running."""
+    try:
+        daemon.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        daemon.stop()
+        raise AssertionError(f"kvstored started {what}:\n{daemon.log}") from None
+    daemon.stop()
+    assert daemon.proc.returncode != 0, daemon.log
+
+
 def store_with_objects(data: Path, values: dict[str, bytes], *, backend: str = "bucket",
                        ssd: str = "256MiB") -> None:
     """A stopped `kvstored up` store whose objects are all on SSD."""
@@ -105,10 +117,27 @@ def fuse():
     require("fuse", *probe_fuse())
 
 
+@pytest.fixture
+def offline_mount(fuse, tmp_path):
+    """Run `kvstore mount MNT --offline DIR --background` and return the finished process;
+    whatever it mounted (it should not have) is unmounted after the test, so a tool that
+    wrongly mounts cannot hang the run or leave a mount behind."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+
+    def run(directory: Path) -> subprocess.CompletedProcess:
+        return kvstore("mount", str(mountpoint), "--offline", str(directory),
+                       "--background", timeout=60)
+
+    yield run
+    if os.path.ismount(mountpoint):
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+
+
 # -- item 4: the offline tools write nothing and refuse what is not theirs -------------------
 
 
-def test_offline_tools_refuse_a_directory_a_live_node_holds(tmp_path, fuse):
+def test_offline_tools_refuse_a_directory_a_live_node_holds(tmp_path, offline_mount):
     data = tmp_path / "data"
     daemon = up(data)
     try:
@@ -121,8 +150,7 @@ def test_offline_tools_refuse_a_directory_a_live_node_holds(tmp_path, fuse):
         assert run.returncode == 2, run
         line = one_line_error(run)
         assert f"pid {daemon.proc.pid}" in line and "kvstored up" in line, line
-        (tmp_path / "mnt").mkdir()
-        run = kvstore("mount", str(tmp_path / "mnt"), "--offline", str(data / "ssd"))
+        run = offline_mount(data / "ssd")
         assert run.returncode == 2, run
         assert f"pid {daemon.proc.pid}" in run.stderr.decode()
         assert not os.path.ismount(tmp_path / "mnt")
@@ -134,12 +162,11 @@ def test_offline_tools_refuse_a_directory_a_live_node_holds(tmp_path, fuse):
 
 
 @pytest.mark.parametrize("tool", ["recover", "mount"])
-def test_offline_tools_refuse_an_empty_directory(tmp_path, tool, fuse):
+def test_offline_tools_refuse_an_empty_directory(tmp_path, tool, offline_mount):
     empty = tmp_path / "empty"
     empty.mkdir()
-    args = (["recover", "--offline", str(empty)] if tool == "recover" else
-            ["mount", str(tmp_path), "--offline", str(empty)])
-    run = kvstore(*args)
+    run = (kvstore("recover", "--offline", str(empty)) if tool == "recover"
+           else offline_mount(empty))
     assert run.returncode == 3, run
     line = one_line_error(run)
     assert STAMP_NAME in line and "empty" in line, line
@@ -147,23 +174,20 @@ def test_offline_tools_refuse_an_empty_directory(tmp_path, tool, fuse):
 
 
 @pytest.mark.parametrize("tool", ["recover", "mount"])
-def test_offline_tools_refuse_a_mistyped_directory(tmp_path, tool, fuse):
+def test_offline_tools_refuse_a_mistyped_directory(tmp_path, tool, offline_mount):
     typo = tmp_path / "dta" / "ssd"
-    args = (["recover", "--offline", str(typo)] if tool == "recover" else
-            ["mount", str(tmp_path), "--offline", str(typo)])
-    run = kvstore(*args)
+    run = (kvstore("recover", "--offline", str(typo)) if tool == "recover"
+           else offline_mount(typo))
     assert run.returncode == 3, run
     assert "does not exist" in one_line_error(run)
     assert not (tmp_path / "dta").exists(), "the refused tool created the directory"
 
 
-def test_offline_tools_name_the_ssd_folder_of_a_data_directory(tmp_path, fuse):
+def test_offline_tools_name_the_ssd_folder_of_a_data_directory(tmp_path, offline_mount):
     data = tmp_path / "data"
     store_with_objects(data, {"k": b"v"})
     before = tree(data)
-    for args in (["recover", "--offline", str(data)],
-                 ["mount", str(tmp_path), "--offline", str(data)]):
-        run = kvstore(*args)
+    for run in (kvstore("recover", "--offline", str(data)), offline_mount(data)):
         assert run.returncode == 3, run
         line = one_line_error(run)
         assert "data directory" in line and f"pass {data / 'ssd'}" in line, line
@@ -224,8 +248,7 @@ def test_damaged_offset_volume_is_refused_then_rebuilt(tmp_path, damage):
     damaged = tree(data / "ssd")
 
     daemon = up(data, backend="offset", ssd="16MiB")
-    assert daemon.proc.wait(60) != 0, "kvstored started on a volume it cannot read"
-    daemon.stop()
+    assert_refuses_to_start(daemon, "on a volume it cannot read")
     assert "recover --offline" in daemon.log and str(volume) in daemon.log, daemon.log
     assert tree(data / "ssd") == damaged, "the daemon changed the damaged volume"
 
@@ -315,8 +338,7 @@ def test_damaged_stamp_is_one_line_exit_5_and_repair_rebuilds_it(tmp_path, damag
     assert tree(data / "ssd") == damaged
 
     daemon = up(data)
-    assert daemon.proc.wait(60) != 0, "kvstored started without a readable stamp"
-    daemon.stop()
+    assert_refuses_to_start(daemon, "without a readable stamp")
     assert STAMP_NAME in daemon.log, daemon.log
     assert tree(data / "ssd") == damaged, "the daemon overwrote or created the stamp"
 
@@ -485,12 +507,25 @@ def test_offset_volume_larger_than_the_disk_is_a_clean_capacity_error(small_tmpf
     assert "64.0 MiB" in message and "free" in message and "volume.kvo" in message, message
     assert not list(store.glob("*volume*")), "a partial volume was left behind"
     daemon = up(small_tmpfs / "data", backend="offset", ssd="64MiB")
-    assert daemon.proc.wait(60) != 0
-    daemon.stop()
+    assert_refuses_to_start(daemon, "with a volume larger than its disk")
     assert "64.0 MiB" in daemon.log and "free" in daemon.log, daemon.log
 
 
 # -- item 24: a volume reopened in the same process --------------------------------------------
+
+
+def fd_locks() -> dict[int, str]:
+    """This process's descriptors that hold a lock, from /proc/self/fdinfo."""
+    found = {}
+    for name in os.listdir("/proc/self/fdinfo"):
+        try:
+            with open(f"/proc/self/fdinfo/{name}") as f:
+                info = f.read()
+        except OSError:
+            continue
+        if "lock:" in info:
+            found[int(name)] = info.split("lock:", 1)[1].strip()
+    return found
 
 
 @pytest.mark.parametrize("engine", ["posix", "uring"])
@@ -502,6 +537,9 @@ def test_reopen_200_times_in_a_row(tmp_path, backend, engine):
     options = {"engine": engine, "capacity": 8 * MiB, "checkpoint_bytes": 1 << 40}
     for n in range(200):
         store = open_backend(backend, path, **options)
+        if n == 0:  # the lock is on a descriptor of its own, never the io engine's
+            locks = {fd: info for fd, info in fd_locks().items() if "FLOCK" in info}
+            assert store._file.fd not in locks and locks, locks
         # A write, then the closing checkpoint's write and fsync: what held the file.
         assert store.write(f"k{n}", payload(f"k{n}", 3000)).ok
         assert store.read(f"k{max(0, n - 1)}") == payload(f"k{max(0, n - 1)}", 3000)
