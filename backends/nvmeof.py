@@ -23,8 +23,9 @@ Safety
       mounted, part of an md/LVM/device-mapper device, or open by another kvstored. The
       claim is a descriptor of its own, never the one the io engine uses (an io_uring
       request may hold that file a moment past ``close``), so ``close`` releases it at
-      once; a regular file is ``flock``'d the same way. A read-only open claims the
-      device too (``O_RDONLY|O_EXCL``), so it never reads a volume a node is writing.
+      once; a regular file is ``flock``'d the same way. A read-only open probes the
+      claim (``O_RDONLY|O_EXCL``), so it never opens a volume a node is writing, then lets
+      it go so that readers can share the device.
     - A device without a superblock is formatted only if its first MiB is blank (all
       zeros) or the ``format`` option is set; a device holding a file system is refused.
       A device that holds a kvstored volume is never reformatted: a damaged superblock
@@ -175,14 +176,20 @@ class NvmeofBackend(OffsetLayoutBackend):
 
     def _claim_device(self, target: str) -> _DeviceClaim:
         """Claim the device with ``O_EXCL`` on a descriptor of its own: no mounted or
-        otherwise claimed device is ever written, nor read while a node writes it."""
+        otherwise claimed device is ever written, nor read while a node writes it.
+        Read-only, the claim is only probed and let go at once, so that several readers
+        can share the device (in a node's directory its shared lock keeps a node from
+        starting meanwhile)."""
         start = time.monotonic()
         deadline = start + (0 if self.read_only else BUSY_WAIT)
         noticed = False
         flags = (os.O_RDONLY if self.read_only else os.O_RDWR) | os.O_EXCL | os.O_CLOEXEC
         while True:
             try:
-                return _DeviceClaim(os.open(target, flags))
+                claim = _DeviceClaim(os.open(target, flags))
+                if self.read_only:
+                    claim.release()
+                return claim
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise from_oserror(exc, path=target, action="opening the device") from exc
