@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvstored.sdk.errors import CorruptionError, InvalidRequestError, MissingStoreError
-from kvstored.sdk.files import make_private, make_private_dirs, write_atomically
+from kvstored.sdk.files import is_temporary, make_private, make_private_dirs, write_atomically
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import OpenMode, Problem, ProblemKind
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 STAMP_NAME = "KVSTORED-BACKEND.json"
 #: Seconds a read-write open waits for the lock of a store whose holder is exiting.
 LOCK_WAIT = 5.0
-#: Names a directory may hold and still count as empty: the stamp being written, the lock.
-_HOUSEKEEPING = frozenset({STAMP_NAME, f".{STAMP_NAME}.tmp", LOCK_NAME})
+#: Names a directory may hold and still count as empty: the stamp, the lock.
+_HOUSEKEEPING = frozenset({STAMP_NAME, LOCK_NAME})
 
 @dataclass(frozen=True, slots=True)
 class Stamp:
@@ -98,9 +98,10 @@ def write_stamp(root: Path, backend: str, layout: int) -> None:
 
 
 def store_files(root: Path) -> list[str]:
-    """The names in ``root`` other than the stamp and the lock (sorted)."""
+    """The names in ``root`` other than the stamp (or one being written) and the lock."""
     try:
-        return sorted(n for n in os.listdir(root) if n not in _HOUSEKEEPING)
+        return sorted(n for n in os.listdir(root)
+                      if n not in _HOUSEKEEPING and not is_temporary(n, STAMP_NAME))
     except FileNotFoundError:
         return []
 

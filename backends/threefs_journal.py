@@ -237,7 +237,7 @@ class JournalWriter:
 
     @classmethod
     def create(cls, path: Path, header: Header) -> JournalWriter:
-        write_atomically(path, header.encode())
+        write_atomically(path, header.encode(), tmp=_tmp_of(path))
         return cls(path, header, HEADER_SIZE)
 
     @classmethod
@@ -299,7 +299,7 @@ class JournalWriter:
         self._check_writable()
         data = header.encode() + b"".join(e.encode() for e in entries)
         with self._lock:
-            write_atomically(self.path, data)
+            write_atomically(self.path, data, tmp=_tmp_of(self.path))
             fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             os.close(self._fd)
             self._fd = fd
@@ -324,9 +324,14 @@ class JournalStuckError(OSError):
         self.filename = str(path)
 
 
+def _tmp_of(path: Path) -> Path:
+    """The one temporary name of a journal rewrite (only its node writes it)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def remove_stale_tmp(node_dir: Path) -> bool:
     """Remove a compaction's temporary file left by a crash (the old journal is intact)."""
-    tmp = node_dir / f".{JOURNAL_NAME}.tmp"
+    tmp = _tmp_of(node_dir / JOURNAL_NAME)
     try:
         tmp.unlink()
     except FileNotFoundError:

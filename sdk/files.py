@@ -18,6 +18,7 @@ This module does no locking and knows nothing of any layout.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 #: Modes of everything a backend creates.
@@ -61,6 +62,11 @@ def make_private(path: str | os.PathLike) -> bool:
     return True
 
 
+def is_temporary(name: str, of: str) -> bool:
+    """Whether ``name`` is a temporary file :func:`write_atomically` makes for ``of``."""
+    return name.startswith(f".{of}.") and name.endswith(".tmp")
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make the entries of directory ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -80,13 +86,20 @@ def write_all(fd: int, data, offset: int | None = None) -> None:
             offset += written
 
 
-def write_atomically(path: str | os.PathLike, data, *, sync_dir: bool = True) -> int:
+def write_atomically(path: str | os.PathLike, data, *, sync_dir: bool = True,
+                     tmp: str | os.PathLike | None = None) -> int:
     """Replace ``path`` by ``data`` (a buffer, or an iterable of buffers written in turn)
     as a private file, so that a crash leaves the old file or the new one: temporary
     file, fsync, rename, directory fsync (unless ``sync_dir`` is False, for a caller that
-    fsyncs the directory once for several files). Returns the bytes written."""
+    fsyncs the directory once for several files). Returns the bytes written.
+
+    The temporary file is ``tmp``, or by default ``.<name>.<pid>-<random>.tmp``, unique,
+    so that two processes replacing one file at once never write into each other's
+    temporary file (:func:`is_temporary` recognises the name).
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = Path(tmp) if tmp is not None else path.with_name(
+        f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
     total = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)

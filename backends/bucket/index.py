@@ -250,6 +250,6 @@ def write_indexes(directory: str, files: Sequence[tuple[str, str, bytes]]) -> No
     if not files:
         return
     for tmp_name, final_name, data in files:
-        assert tmp_name == f".{final_name}.tmp", "write_atomically names the temporary file"
-        write_atomically(os.path.join(directory, final_name), data, sync_dir=False)
+        write_atomically(os.path.join(directory, final_name), data, sync_dir=False,
+                         tmp=os.path.join(directory, tmp_name))
     fsync_dir(directory)
