@@ -25,15 +25,18 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    client_token,
     parse_address,
     plan_reads,
     prepare_values,
+    split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
     NoSpaceError,
     StoreError,
+    UnauthorizedError,
     UnreachableError,
     from_wire,
 )
@@ -47,11 +50,11 @@ __all__ = ["MISSING", "AsyncClient", "ObjectInfo", "connect"]
 
 class AsyncClient:
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 token_file: str | None = None, timeout: float = 30.0) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
-        self.master = RpcClient(parse_address(master), token=token)
-        self.token = token
+        self.token = client_token(token, token_file)
+        self.master = RpcClient(parse_address(master), token=self.token.token)
         self.timeout = timeout
         self.segments = Segments(transport)
         self._nodes: dict[str, dict[str, Any]] = {}
@@ -59,14 +62,17 @@ class AsyncClient:
 
     async def _call(self, op: str, **args: Any) -> dict[str, Any]:
         with trio.fail_after(self.timeout):
-            return await self.master.call(op, **args)
+            try:
+                return await self.master.call(op, **args)
+            except UnauthorizedError as exc:
+                raise self.token.explain(exc) from None
 
     def _node(self, node: str) -> RpcClient:
         client = self._node_clients.get(node)
         if client is None:
             addr = self._nodes[node]["addr"]
             client = self._node_clients[node] = RpcClient((addr[0], int(addr[1])),
-                                                          token=self.token)
+                                                          token=self.token.token)
         return client
 
     async def _node_request(self, node: str, header: dict[str, Any], payload=(),
@@ -191,13 +197,17 @@ class AsyncClient:
         if plan.shm and trio.current_time() - started > 0.8 * reply["lease_ttl"]:
             for i, node, _, _ in plan.shm:
                 plan.tcp.setdefault(node, []).append(i)
-        for node, idx in plan.tcp.items():
-            reply = await self._node_request(
-                node, {"op": "get", "keys": [keys[i] for i in idx],
-                       "checksums": [plan.checksums[i] for i in idx]},
-                into=[bufs[i] for i in idx])
-            for i, size in zip(idx, reply["sizes"]):
-                results[i] = size if size >= 0 else MISSING
+        for node, every in plan.tcp.items():
+            # A node stages at most max_read_staging bytes of SSD reads for one request.
+            limit = (await self._node(node).hello()).get("max_read_staging")
+            for part in split_by_bytes([max(plan.sizes[i], 0) for i in every], limit):
+                idx = [every[j] for j in part]
+                reply = await self._node_request(
+                    node, {"op": "get", "keys": [keys[i] for i in idx],
+                           "checksums": [plan.checksums[i] for i in idx]},
+                    into=[bufs[i] for i in idx])
+                for i, size in zip(idx, reply["sizes"]):
+                    results[i] = size if size >= 0 else MISSING
         return results
 
     # -- metadata ----------------------------------------------------------------------
@@ -231,11 +241,16 @@ class AsyncClient:
 
 @asynccontextmanager
 async def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-                  token: str | None = None, timeout: float = 30.0
-                  ) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(master, transport=transport, token=token, timeout=timeout)
+                  token: str | None = None, token_file: str | None = None,
+                  timeout: float = 30.0) -> AsyncIterator[AsyncClient]:
+    """The trio client; the token is found as :func:`kvstored.connect` finds it."""
+    client = AsyncClient(master, transport=transport, token=token, token_file=token_file,
+                         timeout=timeout)
     try:
-        await client.master.connect()
+        try:
+            await client.master.connect()
+        except UnauthorizedError as exc:
+            raise client.token.explain(exc) from None
         yield client
     finally:
         await client.aclose()

@@ -246,15 +246,18 @@ class FilePath(Kind):
     """A path, made absolute: relative to the config file's folder when it came from the
     file (so a file can name its neighbours), else to the working directory."""
 
-    def __init__(self, allow_empty: bool = False):
+    def __init__(self, allow_empty: bool = False, empty_hint: str = "write a path"):
         self.allow_empty = allow_empty
+        self.empty_hint = empty_hint
         self.label = "path or empty" if allow_empty else "path"
 
     def parse(self, raw: Any, origin: Origin) -> Path | None:
         if not isinstance(raw, str | os.PathLike):
             raise ValueError(f"{raw!r} is not a path; write a quoted path")
-        if self.allow_empty and str(raw).strip() == "":
-            return None
+        if str(raw).strip() == "":
+            if self.allow_empty:
+                return None
+            raise ValueError(f"an empty path is not allowed; {self.empty_hint}")
         path = Path(raw).expanduser()
         if not path.is_absolute():
             path = (origin.base_dir or Path.cwd()) / path
@@ -305,6 +308,23 @@ def _default_data_dir(env: Mapping[str, str]) -> str:
     return str(base / "kvstored")
 
 
+def credentials_dir(env: Mapping[str, str]) -> Path:
+    """Where the daemon keeps the tokens it generates, and where the same user's clients
+    and nodes look for them: ``$XDG_CONFIG_HOME/kvstored``, else ``~/.config/kvstored``."""
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else (
+        Path(env["HOME"]) if env.get("HOME") else Path.home()) / ".config"
+    return base / "kvstored"
+
+
+def _default_token_file(env: Mapping[str, str]) -> str:
+    return str(credentials_dir(env) / "token")
+
+
+def _default_node_token_file(env: Mapping[str, str]) -> str:
+    return str(credentials_dir(env) / "node-token")
+
+
 @dataclass(frozen=True)
 class Setting:
     key: str
@@ -332,6 +352,7 @@ class Setting:
 
 
 _MASTER = "127.0.0.1:7700"
+_NO_AUTH_HINT = "to run without authentication, set security.auth = none"
 SETTINGS: tuple[Setting, ...] = (
     Setting("master.listen", Address(), _MASTER, "Address the master serves clients and nodes on."),
     Setting("master.lease_ttl", Duration(), "5s",
@@ -377,13 +398,40 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("io.engine", Choice("auto", "uring", "posix"), "auto",
             "SSD io engine; auto uses io_uring where it works, else POSIX."),
     Setting("io.direct", Boolean(), False, "Open SSD files with O_DIRECT (bypass the page cache)."),
-    Setting("security.token_file", FilePath(allow_empty=True), "",
-            "File holding a shared secret every connection must present; empty = no token."),
+    Setting("security.auth", Choice("token", "none"), "token",
+            "token: every connection proves its role with a token (docs/security.md); none: "
+            "no check at all, every peer may act as a client or a node."),
+    Setting("security.token_file", FilePath(empty_hint=_NO_AUTH_HINT), _default_token_file,
+            "The client token: clients present it, the master hands it to its nodes. The "
+            "master creates it at first start if it is missing at the default path.",
+            default_doc="$XDG_CONFIG_HOME/kvstored/token, else ~/.config/kvstored/token"),
+    Setting("security.node_token_file", FilePath(empty_hint=_NO_AUTH_HINT),
+            _default_node_token_file,
+            "The node token: nodes present it to the master, and only it allows node "
+            "operations (register, commit, heartbeat). Created like token_file.",
+            default_doc="$XDG_CONFIG_HOME/kvstored/node-token, else "
+                        "~/.config/kvstored/node-token"),
+    Setting("security.hello_timeout", Duration(), "10s",
+            "A connection that has not authenticated within this time is closed."),
+    Setting("security.preauth_header_limit", Size(minimum=256), "4KiB",
+            "Largest frame header accepted before a connection has authenticated."),
+    Setting("security.max_connections", Integer(minimum=1), 1024,
+            "Open connections one server (the master, or a node's data server) accepts; "
+            "beyond it new ones are refused."),
+    Setting("security.max_unauthenticated_per_peer", Integer(minimum=1), 32,
+            "Connections from one peer address that have not authenticated yet."),
+    Setting("security.max_read_staging", Size(minimum=1024 * 1024), "512MiB",
+            "Bytes of SSD reads a node holds in staging buffers at once, over all its "
+            "connections; a get that needs more is refused (clients split below it)."),
     Setting("client.master", Address(), _MASTER,
             "The master clients and `kvstore` talk to (also KVSTORE_MASTER)."),
     Setting("client.transport", Choice("auto", "tcp", "shm"), "auto",
             "Data path: shm maps a same-host node's segment, tcp works anywhere, auto picks."),
     Setting("client.timeout", Duration(), "30s", "Timeout of one client request."),
+    Setting("client.connect_timeout", Duration(), "3s",
+            "Timeout of connecting to the master or a node and of the hello that follows."),
+    Setting("client.wait_timeout", Duration(), "30m",
+            "How long `kvstore flush --wait` and `kvstore recover` wait for the nodes."),
 )
 SCHEMA: dict[str, Setting] = {setting.key: setting for setting in SETTINGS}
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(setting.section for setting in SETTINGS))

@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 import kvstored
+from kvstored.config import load_config
 from kvstored.sdk.testing import payload
 
 console = Console(width=max(120, shutil.get_terminal_size().columns))
@@ -68,6 +69,9 @@ def main() -> int:
     ok = True
     console.rule("[bold]1. start the embedded store")
     proc, master = start(data)
+    console.print(f"[dim]clients prove who they are with the token the daemon keeps in "
+                  f"{load_config()['security.token_file']} (mode 0600); kvstore and "
+                  "kvstored.connect read it from there (docs/security.md)[/]")
     try:
         console.rule("[bold]2. write 64 KV blocks of 256 KiB")
         with kvstored.connect(master) as c:

@@ -12,6 +12,8 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from kvstored.errors import ListenError
+
 log = logging.getLogger(__name__)
 
 IO_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -105,5 +107,8 @@ class _TalliedCounter:
 
 def serve_metrics(address: tuple[str, int], registry: CollectorRegistry) -> None:
     """Serve /metrics on ``address`` from a background thread."""
-    start_http_server(address[1], addr=address[0], registry=registry)
+    try:
+        start_http_server(address[1], addr=address[0], registry=registry)
+    except OSError as exc:
+        raise ListenError(address, exc, role="serve metrics") from exc
     log.info("metrics on http://%s:%d/metrics", *address)

@@ -8,8 +8,8 @@ DRAM segment.
 from __future__ import annotations
 
 import logging
+import resource
 import signal
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -20,26 +20,86 @@ from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node
-from kvstored.rpc import serve
+from kvstored.rpc import ServerLimits, serve
+from kvstored.security import (
+    Credentials,
+    CredentialsError,
+    create_token_file,
+    read_token_file,
+)
 
 log = logging.getLogger(__name__)
 
 
-def read_token(cfg: Config) -> str | None:
-    path = cfg["security.token_file"]
-    if not path:
-        return None
-    token = Path(path).read_text().strip()
-    if not token:
-        raise ValueError(f"the token file {path} is empty")
-    return token
+def _open_files_for(cfg: Config, servers: int) -> None:
+    """Raise this process's open-files limit so that ``servers`` servers can each hold
+    security.max_connections connections (plus files and a margin); say so if the hard
+    limit does not allow it, since accept() would then fail with EMFILE first."""
+    need = servers * cfg["security.max_connections"] + 512
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < need:
+        log.warning("the open-files limit is %d, too low for security.max_connections = %d "
+                    "on %d server(s); lower the setting or raise the limit (ulimit -Hn)",
+                    target, cfg["security.max_connections"], servers)
+
+
+def server_limits(cfg: Config) -> ServerLimits:
+    return ServerLimits(
+        hello_timeout=cfg["security.hello_timeout"],
+        preauth_header_limit=cfg["security.preauth_header_limit"],
+        max_connections=cfg["security.max_connections"],
+        max_unauthenticated_per_peer=cfg["security.max_unauthenticated_per_peer"])
+
+
+def _token(cfg: Config, key: str, what: str, *, create: bool) -> str:
+    """The token in the file ``key`` names. At its default path a missing file is
+    created when ``create`` (the master's first start); anywhere else it must exist."""
+    path = cfg[key]
+    if create and cfg.source(key) == "default" and not path.exists():
+        return create_token_file(path)
+    try:
+        return read_token_file(path, what)
+    except CredentialsError as exc:
+        if cfg.source(key) == "default" and not create:
+            raise CredentialsError(f"{exc}; start the master on this host first (it creates "
+                                   f"the file), or copy the master's {what} here, or name "
+                                   f"one with {key}") from None
+        raise CredentialsError(f"{exc} ({key} from {cfg.source(key)})") from None
+
+
+def master_credentials(cfg: Config) -> Credentials:
+    """The master checks the client token and the node token (creating both at their
+    default paths at first start)."""
+    if cfg["security.auth"] == "none":
+        log.warning("security.auth = none: every peer that can reach this master may read, "
+                    "write and act as a node; see docs/security.md")
+        return Credentials.open()
+    return Credentials(required=True,
+                       client=_token(cfg, "security.token_file", "client token file",
+                                     create=True),
+                       node=_token(cfg, "security.node_token_file", "node token file",
+                                   create=True))
+
+
+def node_credentials(cfg: Config) -> Credentials:
+    """A node presents the node token; its clients' token comes from the master."""
+    if cfg["security.auth"] == "none":
+        return Credentials.open()
+    return Credentials(required=True, node=_token(cfg, "security.node_token_file",
+                                                  "node token file", create=False))
 
 
 def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Master:
     return Master(policy=PolicyConfig.from_section(cfg.section("policy")),
                   lease_ttl=cfg["master.lease_ttl"], put_timeout=cfg["master.put_timeout"],
                   node_ttl=cfg["master.node_ttl"],
-                  heartbeat_interval=cfg["master.heartbeat_interval"], token=read_token(cfg),
+                  heartbeat_interval=cfg["master.heartbeat_interval"],
+                  credentials=master_credentials(cfg), limits=server_limits(cfg),
                   metrics=MasterMetrics(registry))
 
 
@@ -61,8 +121,9 @@ def build_node(cfg: Config, master: tuple[str, int] | None = None,
                 backend=backend, backend_options=options,
                 master=master or split_address(cfg["node.master"]),
                 listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
-                token=read_token(cfg), put_timeout=cfg["master.put_timeout"],
-                metrics=NodeMetrics(registry), **extra)
+                credentials=node_credentials(cfg), limits=server_limits(cfg),
+                max_read_staging=cfg["security.max_read_staging"],
+                put_timeout=cfg["master.put_timeout"], metrics=NodeMetrics(registry), **extra)
 
 
 async def _until_signalled(cancel_scope: trio.CancelScope) -> None:
@@ -74,6 +135,7 @@ async def _until_signalled(cancel_scope: trio.CancelScope) -> None:
 
 
 async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
     if cfg["master.metrics"]:
@@ -86,6 +148,7 @@ async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> No
 
 
 async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
     node = build_node(cfg, registry=registry)
     if cfg["node.metrics"]:
@@ -99,6 +162,7 @@ async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
 async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     """The master and one node in this process; the node reaches the master over
     loopback like any other node, so the embedded store behaves like a cluster."""
+    _open_files_for(cfg, servers=2)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
     metrics = cfg["master.metrics"] or cfg["node.metrics"]

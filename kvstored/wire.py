@@ -4,7 +4,7 @@ A frame is a fixed prefix, a msgpack header, and an optional raw payload::
 
     offset  size  field
     0       4     magic        b"KVW1"
-    4       4     header_len   u32, at most MAX_HEADER
+    4       4     header_len   u32, at most the receiver's header limit (MAX_HEADER)
     8       8     payload_len  u64, at most the receiver's payload limit
     16      h     header       a msgpack map with str keys
     16+h    p     payload      raw bytes (object values, back to back)
@@ -16,8 +16,10 @@ object. A request header holds ``op`` and its arguments; a response header holds
 
 msgpack is decoded with every length bounded (``max_*_len``) and ``strict_map_key``,
 so a hostile peer cannot make a receiver allocate more than the frame it sent, which is
-itself bounded. A malformed frame raises :class:`FrameError`; servers answer it (when
-they can) and close the connection.
+itself bounded: both limits are the receiver's, checked on the prefix before anything
+else is read (a server keeps them small until the peer has authenticated). A malformed
+frame raises :class:`FrameError`; servers answer it (when they can) and close the
+connection.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER = 8 * 1024 * 1024
 #: Default payload bound for one frame (a batch of values).
 DEFAULT_MAX_PAYLOAD = 4 * 1024**3
-PROTOCOL_VERSION = 1
 
 
 class FrameError(Exception):
@@ -53,12 +54,18 @@ def pack_header(header: dict[str, Any], payload_len: int = 0) -> bytes:
     return PREFIX.pack(MAGIC, len(body), payload_len) + body
 
 
-def parse_prefix(prefix: bytes, max_payload: int) -> tuple[int, int]:
+def parse_prefix(prefix: bytes, max_payload: int,
+                 max_header: int = MAX_HEADER) -> tuple[int, int]:
+    """``(header_len, payload_len)`` of a frame's 16-byte prefix, checked against the
+    receiver's limits; FrameError for a bad magic, an empty or oversized header, or an
+    oversized payload."""
     magic, header_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise FrameError(f"bad frame magic {magic!r}: not a kvstored peer")
-    if header_len > MAX_HEADER:
-        raise FrameError(f"header length {header_len} exceeds {MAX_HEADER}")
+    if header_len == 0:
+        raise FrameError("empty header: a frame header is a msgpack map")
+    if header_len > max_header:
+        raise FrameError(f"header length {header_len} exceeds {max_header}")
     if payload_len > max_payload:
         raise FrameError(f"payload length {payload_len} exceeds the limit {max_payload}")
     return header_len, payload_len
@@ -92,6 +99,21 @@ class ReadAhead:
     def __init__(self, size: int = READ_AHEAD) -> None:
         self._view = memoryview(bytearray(size))
         self._pos = self._end = 0
+
+    @property
+    def size(self) -> int:
+        """Capacity: the most bytes one ``recv_into`` can bring in."""
+        return len(self._view)
+
+    def grow(self, size: int) -> None:
+        """Make the capacity ``size`` (if larger), keeping what is buffered. A server
+        reads an unauthenticated peer through a small buffer and grows it afterwards."""
+        if size <= len(self._view):
+            return
+        left = self._end - self._pos
+        view = memoryview(bytearray(size))
+        view[:left] = self._view[self._pos:self._end]
+        self._view, self._pos, self._end = view, 0, left
 
     @property
     def buffered(self) -> int:
@@ -152,7 +174,7 @@ class FrameReader:
         self.payload_left = 0
 
     def _fill(self, need: int) -> None:
-        """Have at least ``need`` (<= READ_AHEAD) bytes buffered."""
+        """Have at least ``need`` (<= the read-ahead's size) bytes buffered."""
         ahead = self._ahead
         while ahead.buffered < need:
             n = self.sock.recv_into(ahead.room())
@@ -167,7 +189,7 @@ class FrameReader:
         self._fill(PREFIX.size)
         header_len, payload_len = parse_prefix(self._ahead.consume(PREFIX.size),
                                                self.max_payload)
-        if header_len <= READ_AHEAD:
+        if header_len <= self._ahead.size:
             self._fill(header_len)
             body = self._ahead.consume(header_len)
         else:

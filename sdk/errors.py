@@ -86,10 +86,10 @@ class BackendIOError(BackendError, OSError):
 
     def __init__(self, message: str, *, errno: int, key: str | None = None,
                  path: str | os.PathLike | None = None):
-        self.errno = errno
         name = _errno.errorcode.get(errno, errno)
         BackendError.__init__(self, f"{message}: {os.strerror(errno)} [{name}]",
                               key=key, path=path)
+        self.errno = errno  # after: OSError.__init__ (reached through super()) resets it
 
     def __str__(self) -> str:  # OSError would render its own (errno, strerror) form
         return self._render()
@@ -97,11 +97,12 @@ class BackendIOError(BackendError, OSError):
 
 class BackendBusyError(BackendError):
     """Another process holds the store (a running node, or a tool). ``holder`` says who
-    (``pid N (command line)``) when that can be told, else None."""
+    (``pid N (command line)``) and ``pid`` is its process id, when that can be told."""
 
     def __init__(self, message: str, *, path: str | os.PathLike | None = None,
-                 holder: str | None = None):
+                 holder: str | None = None, pid: int | None = None):
         self.holder = holder
+        self.pid = pid
         super().__init__(message, path=path)
 
 

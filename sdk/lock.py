@@ -88,7 +88,7 @@ class StoreLock:
                 if busy and time.monotonic() < deadline:
                     time.sleep(0.02)  # a holder that is exiting; polled with a deadline
                     continue
-                holder = holder_of(fd) if busy else None
+                pid, holder = lock_holder(fd) if busy else (None, None)
                 os.close(fd)
                 if not busy:
                     raise from_oserror(exc, path=path, action=f"locking the {what}") from exc
@@ -96,7 +96,7 @@ class StoreLock:
                     f"the {what} is in use by {holder or 'another process'}; two processes "
                     "must not share one store: stop it first (or, for a running node, use "
                     "its live view: kvstore mount, kvstore recover --node)", path=path,
-                    holder=holder) from None
+                    holder=holder, pid=pid) from None
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
@@ -105,16 +105,17 @@ class StoreLock:
             os.close(fd)
 
 
-def holder_of(fd: int) -> str | None:
-    """Who holds a lock on the file open as ``fd``: ``pid N (command line)``, from
-    ``/proc/locks``, or None when it cannot be told (no /proc, another pid namespace)."""
+def lock_holder(fd: int) -> tuple[int | None, str | None]:
+    """Who holds a lock on the file open as ``fd``: its pid and ``pid N (command line)``,
+    from ``/proc/locks``; ``(None, None)`` when it cannot be told (no /proc, another pid
+    namespace)."""
     st = os.fstat(fd)
     target = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
+        return None, None
     for line in lines:
         fields = line.split()
         if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
@@ -128,9 +129,9 @@ def holder_of(fd: int) -> str | None:
         if where != target or pid <= 0:
             continue
         if pid == os.getpid():
-            return f"this process (pid {pid}: another open of the same store)"
-        return f"pid {pid} ({_command_line(pid)})"
-    return None
+            return pid, f"this process (pid {pid}: another open of the same store)"
+        return pid, f"pid {pid} ({_command_line(pid)})"
+    return None, None
 
 
 def openers_of(path: str | os.PathLike) -> str | None:

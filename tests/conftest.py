@@ -23,6 +23,19 @@ def require(capability: str, available: bool, reason: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _credentials_dir(tmp_path_factory):
+    """The tokens the daemons under test generate, and their clients find, live in a
+    scratch ``$XDG_CONFIG_HOME`` (their documented default place), not in ~/.config."""
+    saved = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
+    yield
+    if saved is None:
+        del os.environ["XDG_CONFIG_HOME"]
+    else:
+        os.environ["XDG_CONFIG_HOME"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _sweep_dram_segments():
     """Tests kill nodes with SIGKILL; free the shared memory they leave behind."""
     yield

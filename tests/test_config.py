@@ -38,14 +38,17 @@ def write(tmp_path: Path, text: str, name: str = "kvstored.toml") -> Path:
 # --- defaults and precedence -----------------------------------------------------------------
 
 def test_defaults_are_typed_and_say_so(tmp_path):
-    cfg = load_config(env={"XDG_DATA_HOME": str(tmp_path)})
+    cfg = load_config(env={"XDG_DATA_HOME": str(tmp_path),
+                           "XDG_CONFIG_HOME": str(tmp_path / "config")})
     assert cfg.file is None
     assert cfg["master.listen"] == "127.0.0.1:7700"
     assert cfg["master.heartbeat_interval"] == 0.2
     assert cfg["node.dram"] == GiB and cfg["node.ssd"] == 16 * GiB
     assert cfg["node.data"] == tmp_path / "kvstored"
     assert cfg["policy.promote_reads"] == 2 and cfg["policy.dram_only"] is False
-    assert cfg["security.token_file"] is None
+    assert cfg["security.auth"] == "token"
+    assert cfg["security.token_file"] == tmp_path / "config" / "kvstored" / "token"
+    assert cfg["security.node_token_file"] == tmp_path / "config" / "kvstored" / "node-token"
     assert {source for _, _, source in cfg.items()} == {"default"}
     assert [key for key, _, _ in cfg.items()] == [s.key for s in SETTINGS]
 
@@ -243,9 +246,16 @@ def test_paths_resolve_against_the_file_folder_or_the_working_directory(tmp_path
     assert cfg["security.token_file"] == tmp_path / "secret"
     monkeypatch.chdir(tmp_path / "..")
     cfg = load_config(path, env={"KVSTORED_NODE_DATA": "elsewhere",
-                                 "KVSTORED_SECURITY_TOKEN_FILE": ""})
+                                 "KVSTORED_SECURITY_TOKEN_FILE": "other"})
     assert cfg["node.data"] == tmp_path.parent / "elsewhere"
-    assert cfg["security.token_file"] is None
+    assert cfg["security.token_file"] == tmp_path.parent / "other"
+
+
+def test_token_files_default_to_the_user_config_dir_and_cannot_be_emptied(tmp_path):
+    cfg = load_config(env={"HOME": str(tmp_path), "XDG_CONFIG_HOME": "relative/ignored"})
+    assert cfg["security.token_file"] == tmp_path / ".config" / "kvstored" / "token"
+    with pytest.raises(ConfigError, match=r"set security\.auth = none"):
+        load_config(env={"KVSTORED_SECURITY_TOKEN_FILE": ""})
 
 
 def test_a_higher_layer_replaces_the_backend_options_table(tmp_path):
@@ -346,14 +356,16 @@ def test_show_prints_values_human_and_raw_with_their_sources(tmp_path):
 def test_show_json_is_one_document_of_values_and_sources(tmp_path):
     result = CliRunner().invoke(main, ["config", "show", "--json"],
                                 env={"KVSTORED_IO_ENGINE": "posix",
-                                     "XDG_DATA_HOME": str(tmp_path)})
+                                     "XDG_DATA_HOME": str(tmp_path),
+                                     "XDG_CONFIG_HOME": str(tmp_path)})
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert list(document) == list(SCHEMA)
     assert document["io.engine"] == {"value": "posix", "source": "env KVSTORED_IO_ENGINE"}
     assert document["node.dram"] == {"value": GiB, "source": "default"}
     assert document["node.data"]["value"] == str(tmp_path / "kvstored")
-    assert document["security.token_file"] == {"value": None, "source": "default"}
+    assert document["security.token_file"] == {"value": str(tmp_path / "kvstored" / "token"),
+                                               "source": "default"}
 
 
 def test_show_exits_with_usage_on_a_configuration_error(tmp_path):

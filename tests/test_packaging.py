@@ -1,10 +1,20 @@
-"""Both install modes give one import root, and nothing generic lands in site-packages."""
+"""Both install modes give one import root, and a regular install has everything.
+
+The editable install maps the top-level folders under ``kvstored`` through a finder that
+also finds what a wheel would leave out, so the regular install is checked where no such
+finder exists: a wheel built from a copy of the tracked sources, installed into a fresh
+venv, run with the working directory outside the repository and no ``PYTHONPATH``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -12,7 +22,13 @@ import pytest
 import kvstored
 
 REPO = Path(__file__).resolve().parents[1]
-SUBPACKAGES = {"sdk": "sdk", "backends": "backends", "native": "native", "tools": "tools"}
+#: Top-level folder -> the package it installs as (pyproject's package-dir).
+ROOTS = {"kvstored": "kvstored", "sdk": "kvstored.sdk", "backends": "kvstored.backends",
+         "native": "kvstored.native", "tools": "kvstored.tools"}
+#: Not part of the source tree a wheel is built from.
+UNTRACKED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                   "__pycache__", "*.so", ".pytest_cache", ".ruff_cache",
+                                   ".hypothesis", "bench-results")
 
 
 def test_editable_install_maps_each_folder_under_kvstored():
@@ -22,33 +38,9 @@ def test_editable_install_maps_each_folder_under_kvstored():
     import kvstored.tools
 
     assert Path(kvstored.__file__).parent == REPO / "kvstored"
-    for name, folder in SUBPACKAGES.items():
-        module = sys.modules[f"kvstored.{name}"]
+    for folder, name in ROOTS.items():
+        module = sys.modules[name]
         assert Path(module.__file__).parent == REPO / folder, module.__file__
-
-
-def _pip_install_target(source: Path, target: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(source)],
-        check=True, capture_output=True, text=True, cwd=target.parent)
-
-
-@pytest.mark.slow
-def test_regular_install_has_one_root_and_imports(tmp_path):
-    target = tmp_path / "site"
-    _pip_install_target(REPO, target)
-    top = {p.name for p in target.iterdir()} - {"bin", "__pycache__"}
-    assert {n for n in top if not n.endswith(".dist-info")} == {"kvstored"}, top
-    probe = ("import kvstored, kvstored.sdk, kvstored.backends, kvstored.native, "
-             "kvstored.tools, kvstored.sdk.testing; "
-             "print('\\n'.join(m.__file__ for m in (kvstored.sdk, kvstored.backends, "
-             "kvstored.native, kvstored.tools)))")
-    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True,
-                         text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(target)}).stdout
-    for line in out.split():
-        assert line.startswith(str(target)), f"{line} was not imported from the install"
 
 
 def test_console_scripts_give_useful_help():
@@ -58,3 +50,155 @@ def test_console_scripts_give_useful_help():
                              capture_output=True, text=True).stdout
         assert expected in out, out
     assert kvstored.__version__
+
+
+def _copy_sources(target: Path) -> Path:
+    """The tree as a fresh clone has it: tracked and new files, no build products (a stale
+    build/ or an in-place .so would hide a file the wheel misses)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=REPO, capture_output=True)
+    if listed.returncode != 0:  # not a git checkout: copy the folder, minus build products
+        shutil.copytree(REPO, target, ignore=UNTRACKED)
+        return target
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def _source_packages() -> set[str]:
+    """Every folder holding Python modules, as the package a wheel must install it as."""
+    found = set()
+    for folder, package in ROOTS.items():
+        for module in (REPO / folder).rglob("*.py"):
+            parts = module.parent.relative_to(REPO / folder).parts
+            if "__pycache__" not in parts:
+                found.add(".".join([package, *parts]))
+    return found
+
+
+def _run(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
+         timeout: float = 300) -> subprocess.CompletedProcess:
+    run = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    assert run.returncode == 0, f"{' '.join(map(str, args))} exited {run.returncode}:\n" \
+                                f"{run.stdout}\n{run.stderr}"
+    return run
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    """A venv holding only the wheel; its dependencies come from this venv's site-packages,
+    added as a plain path (a .pth line), so this venv's editable finder is not loaded."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = _copy_sources(work / "src")
+    dist = work / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", dist, source, cwd=work)
+    (wheel,) = dist.glob("kvstored-*.whl")
+    venv = work / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=work)
+    python = venv / "bin" / "python"
+    _run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
+         "--no-index", wheel, cwd=work)
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+                        cwd=work).stdout.strip())
+    assert purelib.is_relative_to(venv), purelib
+    (purelib / "_dependencies_from_the_dev_venv.pth").write_text(
+        "\n".join([*site.getsitepackages(), sysconfig.get_path("platlib")]) + "\n")
+    return venv
+
+
+def _clean_env(venv: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+PROBE = r"""
+import importlib, json, pkgutil, sys
+import kvstored
+failed = {}
+for info in pkgutil.walk_packages(kvstored.__path__, "kvstored.",
+                                  onerror=lambda name: failed.setdefault(name, "walk")):
+    if info.name.rpartition(".")[2] == "__main__":
+        continue  # running it is not importing it
+    try:
+        importlib.import_module(info.name)
+    except BaseException as exc:
+        failed[info.name] = f"{type(exc).__name__}: {exc}"
+from importlib.resources import files
+print(json.dumps({
+    "modules": {n: getattr(m, "__file__", None) for n, m in sys.modules.items()
+                if n == "kvstored" or n.startswith("kvstored.")},
+    "packages": sorted(n for n, m in sys.modules.items()
+                       if n.startswith("kvstored") and hasattr(m, "__path__")),
+    "failed": failed,
+    "finders": [type(f).__name__ + " " + repr(f) for f in sys.meta_path],
+    "models": (files("kvstored.tools") / "data" / "models.toml").is_file(),
+}))
+"""
+
+
+@pytest.mark.slow
+def test_wheel_in_a_fresh_venv_has_every_package_and_runs(wheel_venv, tmp_path):
+    env = _clean_env(wheel_venv)
+    site_dir = next((wheel_venv / "lib").glob("python3*/site-packages"))
+    top = {p.name for p in site_dir.iterdir()} - {"__pycache__"}
+    assert {n for n in top if not n.endswith((".dist-info", ".pth"))} == {"kvstored"}, top
+
+    probe = json.loads(_run(wheel_venv / "bin" / "python", "-c", PROBE, cwd=tmp_path,
+                            env=env).stdout)
+    assert not probe["failed"], probe["failed"]
+    assert not [f for f in probe["finders"] if "editable" in f.lower()], probe["finders"]
+    outside = {n: f for n, f in probe["modules"].items()
+               if f is not None and not Path(f).is_relative_to(site_dir)}
+    assert not outside, f"imported from outside the venv: {outside}"
+    assert Path(probe["modules"]["kvstored"]).parent == site_dir / "kvstored"
+    missing = _source_packages() - set(probe["packages"])
+    assert not missing, f"packages the wheel lacks: {sorted(missing)}"
+    assert probe["models"], "kvstored/tools/data/models.toml is not in the wheel"
+
+    for command, expected in (("kvstore mount --help", "read-only view"),
+                              ("kvstore sim --help", "--model"),
+                              ("kvstored --help", "up"),
+                              ("kvstored up --help", "--dram")):
+        script, *args = command.split()
+        out = _run(wheel_venv / "bin" / script, *args, cwd=tmp_path, env=env).stdout
+        assert expected in out, f"{command}:\n{out}"
+
+    # The data file and the compiled simulator core are used, not only present.
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 1024,
+                                         "output_length": 1, "hash_ids": [1, 2 + i % 3]})
+                             + "\n" for i in range(30)))
+    sim = json.loads(_run(wheel_venv / "bin" / "kvstore", "sim", trace, "--model", "glm-5.1",
+                          "--json", cwd=tmp_path, env=env).stdout)
+    assert sim["engine"] == "c" and sim["model"]["id"] == "glm-5.1", sim
+    assert sim["bytesPerToken"] == 109_824 and sim["trace"]["blockEvents"] == 60, sim
+
+
+@pytest.mark.slow
+def test_sdist_holds_what_a_wheel_is_built_from(tmp_path):
+    """An sdist carries the C sources and data files that the wheel build needs."""
+    source = _copy_sources(tmp_path / "src")
+    sdist_dir = tmp_path / "sdist"
+    _run(sys.executable, "-c", "import sys; from setuptools import build_meta; "
+         "build_meta.build_sdist(sys.argv[1])", sdist_dir, cwd=source)
+    (sdist,) = sdist_dir.glob("kvstored-*.tar.gz")
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", dist, sdist, cwd=tmp_path)
+    import zipfile
+
+    (wheel,) = dist.glob("kvstored-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("kvstored/fuse/__init__.py", "kvstored/tools/data/models.toml",
+                   "kvstored/py.typed"):
+        assert needed in names, needed
+    assert any(n.startswith("kvstored/native/_io") and n.endswith(".so") for n in names)
+    assert any(n.startswith("kvstored/tools/_simcore") and n.endswith(".so") for n in names)
+    assert not [n for n in names if n.endswith((".c", ".h"))], "C sources in the wheel"

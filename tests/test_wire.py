@@ -124,3 +124,61 @@ def test_read_ahead_compacts_unread_bytes_to_the_front():
     out = memoryview(bytearray(10))
     assert ahead.take(out) == 5 and bytes(out[:5]) == b"efghi"
     assert ahead.buffered == 0 and ahead.take(out) == 0
+
+
+# -- the 16-byte prefix at its edges --------------------------------------------------------
+
+def test_a_header_of_zero_bytes_is_refused():
+    with pytest.raises(FrameError, match="empty header"):
+        parse_prefix(PREFIX.pack(MAGIC, 0, 0), 1 << 20)
+
+
+def test_the_header_limit_is_inclusive_and_the_receiver_sets_it():
+    assert parse_prefix(PREFIX.pack(MAGIC, MAX_HEADER, 0), 0) == (MAX_HEADER, 0)
+    with pytest.raises(FrameError, match=f"header length {MAX_HEADER + 1} exceeds"):
+        parse_prefix(PREFIX.pack(MAGIC, MAX_HEADER + 1, 0), 0)
+    assert parse_prefix(PREFIX.pack(MAGIC, 4096, 0), 0, max_header=4096) == (4096, 0)
+    with pytest.raises(FrameError, match="header length 4097 exceeds 4096"):
+        parse_prefix(PREFIX.pack(MAGIC, 4097, 0), 0, max_header=4096)
+    # The largest values the prefix can carry.
+    with pytest.raises(FrameError, match="header length"):
+        parse_prefix(PREFIX.pack(MAGIC, 2**32 - 1, 2**64 - 1), 2**64 - 1)
+    assert parse_prefix(PREFIX.pack(MAGIC, 1, 2**64 - 1), 2**64 - 1) == (1, 2**64 - 1)
+    with pytest.raises(FrameError, match="payload length 1 exceeds the limit 0"):
+        parse_prefix(PREFIX.pack(MAGIC, 1, 1), 0)
+
+
+@pytest.mark.parametrize("length", range(PREFIX.size))
+def test_a_prefix_truncated_anywhere_is_a_closed_connection(length):
+    from kvstored.wire import FrameReader
+
+    a, b = socket.socketpair()
+    with b:
+        a.sendall(pack_header({"op": "x"})[:length])
+        a.close()
+        with pytest.raises(ConnectionClosed):
+            FrameReader(b).recv_header()
+
+
+def test_a_header_larger_than_the_read_ahead_arrives_whole():
+    from kvstored.wire import READ_AHEAD, FrameReader
+
+    a, b = socket.socketpair()
+    with a, b:
+        header = {"pad": "y" * (2 * READ_AHEAD)}
+        threading.Thread(target=send_frame, args=(a, header)).start()
+        assert FrameReader(b).recv_header() == header
+
+
+def test_read_ahead_grows_without_losing_what_it_holds():
+    from kvstored.wire import ReadAhead
+
+    ahead = ReadAhead(8)
+    ahead.room()[:8] = b"01234567"
+    ahead.received(8)
+    assert ahead.consume(3) == b"012"
+    ahead.grow(64)
+    assert ahead.size == 64 and ahead.buffered == 5 and len(ahead.room()) == 59
+    assert ahead.consume(5) == b"34567"
+    ahead.grow(16)  # never shrinks
+    assert ahead.size == 64

@@ -30,7 +30,6 @@ import json
 import struct
 from pathlib import Path
 
-import crc32c
 import numpy as np
 from kvstored.tools.errors import TraceError, TraceNotFoundError
 from kvstored.tools.events import EventTrace
@@ -67,9 +66,11 @@ def write(trace: EventTrace, path: Path) -> int:
     """Write the trace; returns the bytes written. Written to a temporary name first,
     so a crash never leaves a half file under the final name."""
     meta = json.dumps({"format": trace.format, "sources": trace.sources,
-                       "skipped": trace.skipped, "idNames": trace.id_names}).encode()
+                       "skipped": trace.skipped, "idNames": list(trace.id_names)}).encode()
     arrays = [np.ascontiguousarray(getattr(trace, name), dtype=dtype)
               for name, dtype, _ in _SECTIONS]
+    import crc32c  # here, not at the top: a JSON trace's run never loads it
+
     crc = crc32c.crc32c(meta)
     crc = crc32c.crc32c(b"\0" * _pad(len(meta)), crc)
     for array in arrays:
@@ -110,6 +111,8 @@ def read(path: Path, *, verify: bool = True) -> EventTrace:
                                    "truncated or damaged; convert the trace again")
         handle.seek(header_size)
         meta_bytes = handle.read(meta_size + _pad(meta_size))
+        import crc32c
+
         check = crc32c.crc32c(meta_bytes)
         arrays = {}
         for name, dtype, n in _SECTIONS:

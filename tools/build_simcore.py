@@ -16,7 +16,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 MODULE = "kvstored.tools._simcore"
-SOURCES = ["trie.c", "replay.c", "plru.c", "optimal.c", "s3fifo.c", "tiered.c", "reuse.c"]
+SOURCES = ["trie.c", "replay.c", "plru.c", "optimal.c", "s3fifo.c", "tiered.c", "reuse.c",
+           "intern.c"]
 
 
 def _cdef(header: Path) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 import sys
 import time
@@ -11,8 +12,6 @@ from collections.abc import Callable, Iterator
 
 import click
 from kvstored.tools.errors import ToolError, UsageProblem
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.units import parse_size
@@ -48,6 +47,9 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] 
     if not enabled or not sys.stderr.isatty():
         yield None
         return
+    from rich.console import Console  # only on a terminal: --json runs never load rich
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
     bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
         "{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console, transient=True)
@@ -67,6 +69,21 @@ def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] 
     finally:
         if shown:
             bar.stop()
+
+
+def write_file(path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all (through ``NAME.partial``); a failure is a
+    usage error naming the file."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        if isinstance(data, str):
+            partial.write_text(data)
+        else:
+            partial.write_bytes(data)
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UsageProblem(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def split_list(text: str | None) -> list[str] | None:

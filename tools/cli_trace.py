@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import click
-from kvstored.tools import reader, stats, writers
-from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors
+from kvstored.tools import reader, report_table, stats, workloads, writers
+from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
 from kvstored.tools.errors import UsageProblem
 from rich.console import Console
 from rich.table import Table
@@ -20,19 +20,37 @@ def trace() -> None:
     """Describe traces and convert them between formats."""
 
 
-def _load(traces, fmt, block_size):
+def _load(traces, fmt, block_size, skip_bad_lines=False):
     if not traces:
         raise UsageProblem("give a trace")
     with progress_bar(enabled=True) as progress:
         if progress:
             progress(0, 1, "reading the trace")
-        return reader.load(list(traces), fmt, block_size)
+        loaded = reader.load(list(traces), fmt, block_size, skip_bad_lines=skip_bad_lines)
+    note = report_table.bad_lines_note(loaded.summary())
+    if note:
+        click.echo(note, err=True)
+    return loaded
 
 
 def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.2f} h"
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def _gap_rows(prefix: str, gaps: dict) -> list[tuple[str, str]]:
+    """Table rows of both reuse-gap distributions: share by count and by tokens."""
+    rows = []
+    for key, head, each in (("perReuse", "block reuses (gap since previous use)", "reused"),
+                            ("perBlockMaxGap", "reused blocks (by longest gap)",
+                             "longest gap")):
+        dist = gaps[key]
+        rows.append((f"{prefix}{head}", f"{dist['count']:,}  (by count / by tokens)"))
+        rows += [(f"  {each} {b['label']}",
+                  f"{b['share'] * 100:5.1f}% / {b['tokenShare'] * 100:5.1f}%  "
+                  f"({b['count']:,})") for b in dist["bins"]]
+    return rows
 
 
 @trace.command("stats")
@@ -42,20 +60,26 @@ def _duration(seconds: float) -> str:
               help="Tokens per block when the trace does not say.")
 @click.option("--warmup", type=float, default=0.5, show_default=True,
               help="Warm-up share for the ceiling (as in kvstore sim).")
+@click.option("--skip-bad-lines", is_flag=True,
+              help="Leave out (and count) lines that are not valid records.")
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a PNG of the reuse-gap distribution.")
+              help="Write a PNG of the reuse-gap distributions.")
+@click.option("--plot-weight", type=click.Choice(["count", "tokens"]), default="count",
+              show_default=True, help="What the plot's shares count: reuses and blocks, "
+                                      "or their tokens.")
 @reports_errors
-def stats_command(traces, fmt, block_size, warmup, as_json, plot):
+def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot,
+                  plot_weight):
     """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
     if not 0 <= warmup < 1:
         raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
-    loaded = _load(traces, fmt, block_size)
+    loaded = _load(traces, fmt, block_size, skip_bad_lines)
     result = stats.describe(loaded, warmup=warmup)
     if plot:
         from kvstored.tools import plots
 
-        plots.save(stats.figure(result), plot)
+        plots.save(stats.figure(result, plot_weight), plot)
     if as_json:
         click.echo(json.dumps(result, indent=1))
         return
@@ -77,9 +101,9 @@ def stats_command(traces, fmt, block_size, warmup, as_json, plot):
                     " over all requests"),
     ]
     gaps = result["reuseGaps"]
-    rows.append(("block reuses", f"{gaps['reuses']:,}"))
-    rows += [(f"  reused after {b['label']}", f"{b['share'] * 100:.1f}%  ({b['reuses']:,})")
-             for b in gaps["bins"]]
+    rows += _gap_rows("", gaps)
+    for kind, by_kind in (gaps["byRequestType"] or {}).items():
+        rows += _gap_rows(f"[{kind}] ", by_kind)
     if loaded.skipped:
         rows.append(("records without blocks (skipped)", f"{loaded.skipped:,}"))
     for name, value in rows:
@@ -98,12 +122,33 @@ def stats_command(traces, fmt, block_size, warmup, as_json, plot):
 @click.option("--format", "fmt", type=FORMAT_CHOICE, default="auto", show_default=True)
 @click.option("--block-size", type=click.IntRange(min=1),
               help="Tokens per block when the trace does not say.")
+@click.option("--skip-bad-lines", is_flag=True,
+              help="Leave out (and count) lines that are not valid records.")
 @reports_errors
-def convert_command(traces, target, output, fmt, block_size):
+def convert_command(traces, target, output, fmt, block_size, skip_bad_lines):
     """Convert TRACE... to another format; the replay stays exactly the same."""
-    loaded = _load(traces, fmt, block_size)
+    loaded = _load(traces, fmt, block_size, skip_bad_lines)
     if output.resolve() in {Path(t).resolve() for t in traces}:
         raise UsageProblem(f"{output} is also an input; write elsewhere")
     writers.write(loaded, target, output)
     click.echo(f"wrote {output} ({target}): {loaded.requests:,} requests, "
                f"{loaded.events:,} block events, {format_size(output.stat().st_size)}")
+
+
+@trace.command("generate")
+@click.argument("workload", type=click.Choice(list(workloads.WORKLOADS)))
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="Output file (gzip-compressed JSONL; name it .jsonl.gz).")
+@click.option("--seed", type=int, default=workloads.DEFAULT_SEED, show_default=True,
+              help="Random seed; the same seed gives the same bytes.")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Multiply the load: sessions for coding-agent, the "
+                                      "arrival rate for the others.")
+@reports_errors
+def generate_command(workload, output, seed, scale):
+    """Write a trace from one of the workload models (the built-in traces are these at
+    the default seed and scale; docs/simulator.md describes each model)."""
+    data = workloads.generate(workload, seed, scale)
+    write_file(output, data)
+    click.echo(f"wrote {output} ({workloads.WORKLOADS[workload].format}, seed {seed}, "
+               f"scale {scale:g}): {format_size(len(data))}")

@@ -12,8 +12,9 @@ slower; ``s3fifo`` and ``tiered`` then raise UnavailableError.
 
 from __future__ import annotations
 
+import ctypes
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from kvstored.tools import refsim
@@ -49,6 +50,7 @@ class PolicySpec:
     write_through: bool = True   # tiered: else offload-on-evict
     promote: bool = True         # tiered: copy SSD hits into DRAM
     small_fraction: float = 0.1  # s3fifo: share of the small FIFO
+    full_run: bool = False       # replay every request even if underfilled
 
     @property
     def small_capacity(self) -> int:
@@ -64,13 +66,17 @@ class RunResult:
     evictions: int = 0
     promotions: int = 0
     ssd_writes: int = 0
+    # tiered with per_request: hit tokens of every request (measured or not), and the
+    # part the SSD served
+    request_hit_tokens: np.ndarray | None = field(default=None, repr=False)
+    request_ssd_hit_tokens: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if not k.startswith("request_")}
 
 
 class Replay:
@@ -135,9 +141,13 @@ class Replay:
         _check(lib.sim_ceiling(trace, out))
         return RunResult(out.hit_tokens, out.total_tokens, False)
 
-    def run(self, spec: PolicySpec, *, progress=None, cancel=None) -> RunResult:
+    def run(self, spec: PolicySpec, *, progress=None, cancel=None,
+            per_request: bool = False) -> RunResult:
         """Replay every request against ``spec``. ``progress`` and ``cancel`` are optional
-        one-element int64/int32 numpy arrays the core updates and polls."""
+        one-element int64/int32 numpy arrays the core updates and polls. ``per_request``
+        (tiered only) also returns the hit tokens of every request by tier."""
+        if per_request and spec.policy != "tiered":
+            raise ValueError("per-request hits are kept for the tiered policy only")
         if spec.policy not in _POLICY_CODES:
             raise ValueError(f"unknown policy {spec.policy!r}")
         if spec.policy == "optimal" and self.next_use is None:
@@ -160,10 +170,18 @@ class Replay:
             if progress is not None else ffi.NULL
         params.cancel = ffi.cast("int32_t *", cancel.ctypes.data) \
             if cancel is not None else ffi.NULL
+        params.full_run = int(spec.full_run)
+        hits = ssd_hits = None
+        if per_request:
+            hits = np.zeros(self.requests, dtype=np.uint64)
+            ssd_hits = np.zeros(self.requests, dtype=np.uint64)
+            params.request_hit_tokens = ffi.cast("uint64_t *", hits.ctypes.data)
+            params.request_ssd_hit_tokens = ffi.cast("uint64_t *", ssd_hits.ctypes.data)
         out = ffi.new("sim_result *")
         _check(lib.sim_run(self._workspace(), trace, params, out))
         return RunResult(out.hit_tokens, out.total_tokens, bool(out.underfilled),
-                         out.ssd_hit_tokens, out.evictions, out.promotions, out.ssd_writes)
+                         out.ssd_hit_tokens, out.evictions, out.promotions, out.ssd_writes,
+                         hits, ssd_hits)
 
     def _workspace(self):
         ws = getattr(self._local, "ws", None)
@@ -186,6 +204,23 @@ class Replay:
         total = trie + next_use + workspaces
         return {"trieBytes": trie, "nextUseBytes": next_use, "workspaceBytes": workspaces,
                 "totalBytes": total, "bytesPerEvent": total / max(1, self.events)}
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). Reading a JSON trace frees millions of small objects; without this the
+    replay would start on top of their pages, and the peak would be their sum."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
+
+_MALLOC_TRIM = None
 
 
 def build_trie(ids: np.ndarray, offsets: np.ndarray, engine: str = "c"

@@ -9,6 +9,15 @@ from pathlib import Path
 
 from kvstored.cli.exitcodes import ExitCode
 
+#: How a file is named to the user when its path is not what they typed: the spooled
+#: copy of standard input is "-", a built-in trace is "builtin:NAME".
+SHOWN_AS: dict[str, str] = {}
+
+
+def shown(path: str | Path) -> str:
+    """The name of a trace file as the user gave it."""
+    return SHOWN_AS.get(str(path), str(path))
+
 
 class ToolError(Exception):
     """Base: ``str(error)`` is the whole message for the user."""
@@ -22,7 +31,7 @@ class TraceError(ToolError):
     exit_code = ExitCode.CORRUPT
 
     def __init__(self, path: str | Path, message: str, *, line: int | None = None):
-        self.path = str(path)
+        self.path = shown(path)
         self.line = line
         self.message = message
         where = f"{self.path}:{line}" if line is not None else self.path

@@ -7,6 +7,7 @@ weight. Per request there is a timestamp (seconds), the input and output lengths
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,10 @@ class EventTrace:
     format: str                # "mooncake" | "bailian" | "sessions" | "binary"
     sources: list[str] = field(default_factory=list)
     skipped: int = 0           # records without blocks, left out as the reference does
-    id_names: list[str] = field(default_factory=list)  # texts of interned ids
+    id_names: Sequence[str] = field(default_factory=list)  # texts of interned ids
+    bad_lines: dict | None = None  # with --skip-bad-lines: {"skipped": n, "examples": [...]}
+    kinds: np.ndarray | None = None  # int16 [requests]: index into kind_names, -1 none
+    kind_names: list[str] = field(default_factory=list)  # request types (Bailian, sessions)
 
     @property
     def requests(self) -> int:
@@ -53,25 +57,40 @@ class EventTrace:
             "inputTokens": int(self.input_lengths.sum()),
             "blockTokens": int(self.tokens.sum(dtype=np.uint64)),
             "skippedRecords": self.skipped,
+            "badLines": self.bad_lines,
             "timeSpanSeconds": span,
         }
 
 
 def block_weights(offsets: np.ndarray, input_lengths: np.ndarray, block_size: int) -> np.ndarray:
     """Token weight of every block: ``max(1, min(B, L - i*B))`` for block i of a request
-    of input length L; ids beyond ``ceil(L/B)`` weigh 1 token."""
-    counts = np.diff(offsets)
+    of input length L; ids beyond ``ceil(L/B)`` weigh 1 token. Computed a few thousand
+    requests at a time, so the temporaries stay small whatever the trace's size."""
     n = int(offsets[-1])
-    position = np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], counts)
-    remaining = np.repeat(input_lengths.astype(np.int64), counts) - position * block_size
-    return np.clip(remaining, 1, block_size).astype(np.uint32)
+    out = np.empty(n, dtype=np.uint32)
+    lengths = input_lengths.astype(np.int64, copy=False)
+    step = 4096
+    for first in range(0, len(offsets) - 1, step):
+        last = min(len(offsets) - 1, first + step)
+        lo, hi = int(offsets[first]), int(offsets[last])
+        counts = np.diff(offsets[first:last + 1])
+        remaining = np.repeat(lengths[first:last], counts)
+        position = np.arange(lo, hi, dtype=np.int64)
+        position -= np.repeat(offsets[first:last], counts)
+        position *= block_size
+        remaining -= position
+        np.clip(remaining, 1, block_size, out=remaining)
+        out[lo:hi] = remaining
+    return out
 
 
 def build(ids: np.ndarray, counts: np.ndarray, input_lengths: np.ndarray,
           timestamps: np.ndarray, output_lengths: np.ndarray, block_size: int, fmt: str, *,
-          sources: list[str], skipped: int = 0, id_names: list[str] | None = None,
-          explicit_tokens: dict[int, list[int]] | None = None) -> EventTrace:
-    """Assemble an EventTrace; ``explicit_tokens`` maps a request to its own weights."""
+          sources: list[str], skipped: int = 0, id_names: Sequence[str] | None = None,
+          explicit_tokens: dict[int, list[int]] | None = None,
+          kinds: list | None = None) -> EventTrace:
+    """Assemble an EventTrace; ``explicit_tokens`` maps a request to its own weights,
+    ``kinds`` gives each request's type (or None)."""
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     input_lengths = np.asarray(input_lengths, dtype=np.int64)
@@ -82,7 +101,19 @@ def build(ids: np.ndarray, counts: np.ndarray, input_lengths: np.ndarray,
         ids=np.asarray(ids, dtype=np.int64), tokens=tokens, offsets=offsets,
         timestamps=np.asarray(timestamps, dtype=np.float64), input_lengths=input_lengths,
         output_lengths=np.asarray(output_lengths, dtype=np.int64), block_size=block_size,
-        format=fmt, sources=sources, skipped=skipped, id_names=list(id_names or []))
+        format=fmt, sources=sources, skipped=skipped,
+        id_names=id_names if id_names is not None else [],
+        **_kind_codes(kinds))
+
+
+def _kind_codes(kinds: list | None) -> dict:
+    """Request types as codes; nothing when no request has one."""
+    if not kinds or all(k is None for k in kinds):
+        return {}
+    names = sorted({str(k) for k in kinds if k is not None})
+    index = {name: i for i, name in enumerate(names)}
+    codes = np.array([index[str(k)] if k is not None else -1 for k in kinds], dtype=np.int16)
+    return {"kinds": codes, "kind_names": names}
 
 
 def concatenate(traces: list[EventTrace]) -> EventTrace:
@@ -106,4 +137,4 @@ def concatenate(traces: list[EventTrace]) -> EventTrace:
         output_lengths=np.concatenate([t.output_lengths for t in traces]),
         block_size=traces[0].block_size, format=traces[0].format,
         sources=[s for t in traces for s in t.sources],
-        skipped=sum(t.skipped for t in traces))
+        skipped=sum(t.skipped for t in traces), bad_lines=traces[0].bad_lines)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+
+from kvstored.units import format_size
 
 GIB = 1 << 30
 DEFAULT_BUDGETS_GIB = [float(1 << k) for k in range(15)]  # 1 GiB .. 16 TiB
@@ -22,27 +25,51 @@ def ideal_speedup(hit_rate: float) -> float:
     return min(SPEEDUP_CAP, 1.0 / max(1.0 - max(0.0, min(1.0, hit_rate)), MISS_FLOOR))
 
 
-def knee(points: list[tuple[float, float]], min_speedup_per_tib: float) -> dict:
+def recommend_budget(points: list[tuple[float, float]], margin: float, *,
+                     ceiling_speedup: float, fits: bool) -> dict:
     """The recommended budget from ``(gib, speedup)`` points in ascending budget order:
-    the smallest budget past which no step adds at least ``min_speedup_per_tib`` of
-    speedup per TiB. ``reason`` says how it was chosen."""
+    the smallest budget whose speedup is within ``margin`` (a share, e.g. 0.05) of the
+    best on the curve. Relative, so it does not move with the trace's size or units.
+
+    ``fits`` says the whole trace fits in the largest budget asked for (a point is the
+    ceiling, or a budget was at least the trace's unique blocks): only when it does not,
+    and the curve's best is still short of the ceiling, does the reason suggest larger
+    budgets."""
     if not points:
         return {"gib": None, "reason": "no budget was simulated"}
-    last_steep = None
-    for k in range(len(points) - 1):
-        (g0, s0), (g1, s1) = points[k], points[k + 1]
-        if g1 > g0 and (s1 - s0) / ((g1 - g0) / 1024) >= min_speedup_per_tib:
-            last_steep = k + 1
-    if last_steep is None:
-        gib, speedup = points[0]
-        reason = (f"no step adds {min_speedup_per_tib:g}x per TiB or more: the smallest "
-                  "budget already gets what the curve offers")
-    elif last_steep == len(points) - 1:
-        gib, speedup = points[-1]
-        reason = (f"still gaining at least {min_speedup_per_tib:g}x per TiB at the largest "
-                  "simulated budget: try larger budgets")
+    best_gib, best = max(points, key=lambda p: (p[1], -p[0]))
+    gib, speedup = next(p for p in points if p[1] >= best * (1 - margin))
+    out = {"gib": gib, "idealSpeedup": speedup, "margin": margin, "bestGib": best_gib,
+           "bestSpeedup": best}
+    if gib == best_gib:
+        reason = f"the best speedup on the curve ({best:.2f}x)"
     else:
-        gib, speedup = points[last_steep]
-        reason = f"past this budget every step adds less than {min_speedup_per_tib:g}x per TiB"
-    return {"gib": gib, "idealSpeedup": speedup, "minSpeedupPerTib": min_speedup_per_tib,
-            "reason": reason}
+        reason = (f"the smallest budget within {margin:.0%} of the best speedup on the "
+                  f"curve ({best:.2f}x at {size_label(best_gib)})")
+    if fits:
+        reason += "; the whole trace fits at the largest budgets"
+    elif (len(points) > 1 and best_gib == points[-1][0] and points[-2][1] < best
+          and best < ceiling_speedup * (1 - margin)):
+        reason += (f"; the curve still rises at the largest budget and the trace does not "
+                   f"fit: larger budgets may reach up to {ceiling_speedup:.2f}x")
+    out["reason"] = reason
+    return out
+
+
+def marginal_gains(points: list[tuple[float, float]]) -> list[float | None]:
+    """Speedup added per extra TiB from the previous budget: the marginal gain column."""
+    gains: list[float | None] = [None]
+    for (g0, s0), (g1, s1) in itertools.pairwise(points):
+        gains.append((s1 - s0) / ((g1 - g0) / 1024) if g1 > g0 else None)
+    return gains
+
+
+def size_label(gib: float) -> str:
+    """``512 GiB``, ``2 TiB``, ``1.5 GiB``: budgets as people write them."""
+    for unit, scale in (("TiB", 1024.0), ("GiB", 1.0)):
+        if gib >= scale or unit == "GiB":
+            value = gib / scale
+            if value == round(value, 3):
+                return f"{value:g} {unit}"
+            return format_size(gib * GIB)
+    raise AssertionError("unreachable")

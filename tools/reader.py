@@ -1,14 +1,19 @@
-"""Loading any trace: pick the format (or detect it), read, return event arrays."""
+"""Loading any trace: pick the format (or detect it), read, return event arrays.
+
+A trace is a path, ``-`` (standard input, spooled to a temporary file first), or
+``builtin:NAME`` (one of the small traces shipped in the package, see ``builtin``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
-from kvstored.tools import binfile, events
-from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
+from kvstored.tools import binfile, builtin, events
+from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem, shown
 from kvstored.tools.requests_jsonl import read_requests
 from kvstored.tools.sessions import read_sessions, session_files
-from kvstored.tools.textio import first_value
+from kvstored.tools.textio import STDIN, BadLines, first_value, spooled_stdin
 
 FORMATS = ("mooncake", "sessions", "bailian", "binary")
 
@@ -16,7 +21,7 @@ FORMATS = ("mooncake", "sessions", "bailian", "binary")
 def detect_format(path: Path) -> str:
     """The format of one trace path, from its first record."""
     if not path.exists():
-        raise TraceNotFoundError(f"{path}: no such file or directory")
+        raise TraceNotFoundError(f"{shown(path)}: no such file or directory")
     if path.is_dir():
         path = session_files(path)[0]
         value = first_value(path)
@@ -40,12 +45,28 @@ def detect_format(path: Path) -> str:
                            "JSONL, session JSON, or a binary event file; give --format")
 
 
-def load(paths: list[str | Path], fmt: str = "auto",
-         block_size: int | None = None) -> events.EventTrace:
-    """Read the traces at ``paths`` (replayed one after another) into event arrays."""
-    paths = [Path(p) for p in paths]
+def load(paths: list[str | Path], fmt: str = "auto", block_size: int | None = None, *,
+         skip_bad_lines: bool = False, keep_id_names: bool = True) -> events.EventTrace:
+    """Read the traces at ``paths`` (replayed one after another) into event arrays.
+    ``skip_bad_lines`` leaves out (and counts) lines that are not valid records instead
+    of stopping at the first; without ``keep_id_names`` the texts of string ids are not
+    kept (a replay needs their keys only; converting back to JSON needs the texts)."""
     if not paths:
         raise UsageProblem("give at least one trace")
+    if sum(str(p) == STDIN for p in paths) > 1:
+        raise UsageProblem("standard input (-) can be read only once")
+    with contextlib.ExitStack() as stack:
+        resolved = [stack.enter_context(spooled_stdin()) if str(p) == STDIN
+                    else builtin.resolve(p) if builtin.is_builtin(p) else Path(p)
+                    for p in paths]
+        trace = _load(resolved, fmt, block_size, BadLines(skip=skip_bad_lines),
+                      keep_id_names)
+        trace.sources = [shown(p) for p in resolved]
+    return trace
+
+
+def _load(paths: list[Path], fmt: str, block_size: int | None, bad: BadLines,
+          keep_id_names: bool = True) -> events.EventTrace:
     if fmt not in (*FORMATS, "auto"):
         raise UsageProblem(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or auto")
     if fmt == "auto":
@@ -55,7 +76,7 @@ def load(paths: list[str | Path], fmt: str = "auto",
                                "convert them to one first")
         fmt = found.pop()
     if fmt == "sessions":
-        return read_sessions(paths, block_size)
+        return read_sessions(paths, block_size, bad)
     if fmt == "binary":
         traces = [binfile.read(p) for p in paths]
         try:
@@ -64,5 +85,5 @@ def load(paths: list[str | Path], fmt: str = "auto",
             raise UsageProblem(str(exc)) from None
     for p in paths:
         if not p.exists():
-            raise TraceNotFoundError(f"{p}: no such file")
-    return read_requests(paths, fmt, block_size)
+            raise TraceNotFoundError(f"{shown(p)}: no such file")
+    return read_requests(paths, fmt, block_size, bad, keep_id_names=keep_id_names)

@@ -3,7 +3,8 @@
 - Budgets are taken in ascending order. A budget whose block count is at least the
   trace's unique blocks is not simulated (it could only return the ceiling), and neither
   is any larger one.
-- A budget of 0 blocks is a cache that holds nothing: 0 hits.
+- A budget of 0 blocks is a cache that holds nothing: 0 hits; except for ``tiered``,
+  where the budget is the DRAM tier and 0 DRAM leaves the SSD tier (lru on the SSD).
 - When a policy's cache never filled during the warm-up, that budget's point is
   replaced by the ceiling for every policy (mode ``ceiling_no_pressure``) and the curve
   ends there.
@@ -79,6 +80,8 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
     seen: set[PolicySpec] = set()
     for k, budget in enumerate(simulated):
         if budget.blocks == 0:
+            if "tiered" in spec.policies and spec.tier.ssd_blocks > 0:
+                tasks.append((k, _specs(spec, budget)["tiered"], False))
             continue
         wanted = [(s, True) for s in _specs(spec, budget).values()]
         if "tiered" in spec.policies:
@@ -90,7 +93,7 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
             if s not in seen:
                 seen.add(s)
                 tasks.append((k, s, ends))
-    results = _execute(replay, tasks, spec.jobs, progress)
+    results = execute(replay, tasks, spec.jobs, progress)
     points = []
     for budget in simulated:
         point = _point(replay, spec, budget, results, ceiling, unique, bytes_per_token)
@@ -100,8 +103,10 @@ def run(replay: Replay, spec: SweepSpec, *, bytes_per_token: float | None = None
     return {"ceiling": ceiling, "points": points}
 
 
-def _execute(replay: Replay, tasks, jobs: int, progress: ProgressFn | None
-             ) -> dict[PolicySpec, RunResult]:
+def execute(replay: Replay, tasks, jobs: int, progress: ProgressFn | None
+            ) -> dict[PolicySpec, RunResult]:
+    """Run ``tasks`` (budget index, spec, whether an underfilled result ends the curve)
+    on ``jobs`` threads; a task past an ending budget is skipped."""
     stop_at = [len(tasks) and max(k for k, _, _ in tasks)]
     lock = threading.Lock()
     cancel = np.zeros(1, dtype=np.int32)
@@ -148,7 +153,11 @@ def _point(replay: Replay, spec: SweepSpec, budget: Budget, results, ceiling: Ru
         empty = RunResult(0, replay.measured_tokens(), False)
         out = {p: _result(empty) for p in spec.policies}
         if "tiered" in out:
-            out["tiered"] = tiered.point(spec.tier, empty, lru_dram_hits=None,
+            ssd_only = results.get(specs["tiered"], empty)
+            if ssd_only.underfilled:  # the SSD never filled: it holds every block
+                ssd_only = RunResult(ceiling.hit_tokens, ceiling.total_tokens, False,
+                                     ssd_hit_tokens=ceiling.hit_tokens)
+            out["tiered"] = tiered.point(spec.tier, ssd_only, lru_dram_hits=None,
                                          lru_total_hits=None, requests=measured,
                                          bytes_per_token=bytes_per_token) | {"mode": FIXED}
         return {"gib": budget.gib, "cacheBlocks": budget.blocks, "mode": FIXED, "results": out}

@@ -10,12 +10,16 @@ The *two-point estimate* is how the published "512 GB DRAM + 2 TB SSD: 95.1% of 
 DRAM" figure was made: the hit rate of a DRAM-only LRU cache divided by that of one LRU
 cache of DRAM + SSD size. It is reported next to the simulated split so the two can be
 compared (docs/simulator.md explains where they part).
+
+``replay_tiers`` is the tiered policy as a library call: capacities in blocks in, hits by
+tier per request (and per time window) out, for comparing a live store with the model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from kvstored.tools.planning import ideal_speedup
 
 #: Defaults for one serving instance (documented in docs/simulator.md).
@@ -37,10 +41,14 @@ class TierConfig:
     def mode(self) -> str:
         return "write-through" if self.write_through else "offload-on-evict"
 
-    def describe(self, bytes_per_block: float | None) -> dict:
+    def describe(self, bytes_per_block: float | None, ssd_gib: float | None = None) -> dict:
+        """The configuration for the result; ``ssd_gib`` is the size as given (the
+        blocks it holds, times the block size, may fall a little short of it)."""
+        if ssd_gib is None and bytes_per_block:
+            ssd_gib = self.ssd_blocks * bytes_per_block / (1 << 30)
         return {
             "ssdBlocks": self.ssd_blocks,
-            "ssdGib": self.ssd_blocks * bytes_per_block / (1 << 30) if bytes_per_block else None,
+            "ssdGib": ssd_gib,
             "mode": self.mode,
             "promotion": self.promote,
             "ttftModel": {"prefillTokensPerSecond": self.prefill_tokens_per_s,
@@ -83,3 +91,101 @@ def point(cfg: TierConfig, run, *, lru_dram_hits: int | None, lru_total_hits: in
         out["ttft"] = ttft(cfg, total_tokens=run.total_tokens, dram_tokens=dram,
                            ssd_tokens=ssd, requests=requests, bytes_per_token=bytes_per_token)
     return out
+
+
+@dataclass
+class TierReplay:
+    """What one DRAM + SSD configuration serves on a trace: totals over the measured
+    requests, and per request (every request, warm-up included) the tokens, and the hit
+    tokens served by DRAM and by the SSD."""
+
+    dram_blocks: int
+    ssd_blocks: int
+    write_through: bool
+    promote: bool
+    warmup_requests: int
+    filled: bool                    # the cache reached its capacity during the warm-up
+    promotions: int
+    ssd_writes: int
+    dram_evictions: int
+    timestamps: np.ndarray          # float64 [requests], seconds
+    request_tokens: np.ndarray      # uint64 [requests]
+    request_dram_hit_tokens: np.ndarray
+    request_ssd_hit_tokens: np.ndarray
+
+    def _measured(self, array: np.ndarray) -> int:
+        return int(array[self.warmup_requests:].sum(dtype=np.uint64))
+
+    @property
+    def total_tokens(self) -> int:
+        return self._measured(self.request_tokens)
+
+    @property
+    def dram_hit_tokens(self) -> int:
+        return self._measured(self.request_dram_hit_tokens)
+
+    @property
+    def ssd_hit_tokens(self) -> int:
+        return self._measured(self.request_ssd_hit_tokens)
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.dram_hit_tokens + self.ssd_hit_tokens
+
+    def rates(self) -> dict:
+        """Hit rates over the measured requests' tokens, overall and by tier."""
+        total = self.total_tokens or 1
+        return {"hit_rate": self.hit_tokens / total,
+                "dram_hit_rate": self.dram_hit_tokens / total,
+                "ssd_hit_rate": self.ssd_hit_tokens / total}
+
+    def windows(self, seconds: float) -> list[dict]:
+        """The same per time window of ``seconds`` (from the first request's time), over
+        every request: ``start``, ``requests``, ``tokens``, the three rates."""
+        if seconds <= 0:
+            raise ValueError("the window must be positive")
+        if not len(self.timestamps):
+            return []
+        index = np.floor((self.timestamps - self.timestamps.min()) / seconds).astype(np.int64)
+        n = int(index.max()) + 1
+        count = np.bincount(index, minlength=n)
+        sums = [np.bincount(index, weights=a.astype(np.float64), minlength=n) for a in (
+            self.request_tokens, self.request_dram_hit_tokens, self.request_ssd_hit_tokens)]
+        out = []
+        for w in range(n):
+            tokens, dram, ssd = (float(s[w]) for s in sums)
+            scale = 1.0 / tokens if tokens else 0.0
+            out.append({"start": float(self.timestamps.min() + w * seconds),
+                        "requests": int(count[w]), "tokens": int(tokens),
+                        "hit_rate": (dram + ssd) * scale, "dram_hit_rate": dram * scale,
+                        "ssd_hit_rate": ssd * scale})
+        return out
+
+
+def replay_tiers(trace, dram_blocks: int, ssd_blocks: int, *, write_through: bool = True,
+                 promote: bool = True, warmup: float = 0.0, replay=None) -> TierReplay:
+    """Replay ``trace`` (an EventTrace) on DRAM over SSD with capacities in blocks, every
+    request (no warm-up cut-off), and return the hits by tier per request.
+
+    ``warmup`` only decides which requests the totals measure. ``replay`` may pass a
+    ``Replay`` already built for this trace (with the same warm-up) to skip the trie.
+    This is what ``kvstore replay`` predicts a store with those capacities serves."""
+    from kvstored.tools.core import PolicySpec, Replay
+
+    if dram_blocks < 0 or ssd_blocks < 0:
+        raise ValueError("capacities must not be negative")
+    if replay is None:
+        replay = Replay(trace, warmup, next_use=False)
+    request_tokens = np.add.reduceat(replay.tokens.astype(np.uint64), replay.offsets[:-1]) \
+        if replay.events else np.zeros(replay.requests, dtype=np.uint64)
+    if dram_blocks == 0 and ssd_blocks == 0:
+        zero = np.zeros(replay.requests, dtype=np.uint64)
+        return TierReplay(0, 0, write_through, promote, replay.warmup_requests, False, 0, 0,
+                          0, trace.timestamps, request_tokens, zero, zero.copy())
+    run = replay.run(PolicySpec("tiered", dram_blocks, ssd_blocks, write_through, promote,
+                                full_run=True), per_request=True)
+    ssd = run.request_ssd_hit_tokens
+    return TierReplay(dram_blocks, ssd_blocks, write_through, promote,
+                      replay.warmup_requests, not run.underfilled, run.promotions,
+                      run.ssd_writes, run.evictions, trace.timestamps, request_tokens,
+                      run.request_hit_tokens - ssd, ssd)

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import click
 
+from kvstored.cli.errors import QuietError
+from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.lazy import LazyGroup
+
+
+class BenchError(QuietError):
+    """A benchmark that cannot run here, or whose subject failed: one line, an exit code
+    (FAILURE unless said otherwise)."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
+        super().__init__(message, code)
 
 # Each benchmark lives in its own module; adding one is a line here.
 BENCHMARKS: dict[str, str] = {

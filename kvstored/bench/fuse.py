@@ -46,6 +46,7 @@ from typing import Any
 import click
 import numpy as np
 
+from kvstored.bench import BenchError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.units import format_size, parse_size
 
@@ -53,12 +54,6 @@ KiB, MiB = 1 << 10, 1 << 20
 READ_SIZES = (128 * KiB, MiB)
 KEY = "bench/fuse-object"
 BIN = Path(sys.executable).parent
-
-
-class BenchError(click.ClickException):
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.exit_code = int(code)
 
 
 def _start_store(home: Path, size: int) -> tuple[subprocess.Popen, str]:

@@ -36,6 +36,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from kvstored.bench import BenchError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.native import IoEngine, IoError, probe_uring
 from kvstored.native.posix import PosixEngine
@@ -85,12 +86,6 @@ class Measurement:
     def figures(self) -> dict[str, float]:
         return {"bytes_per_s": self.bytes / self.seconds, "iops": self.ops / self.seconds,
                 "cpu_pct": 100 * self.cpu_seconds / self.seconds}
-
-
-class BenchError(click.ClickException):
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE):
-        super().__init__(message)
-        self.exit_code = int(code)
 
 
 # -- runners -----------------------------------------------------------------------------

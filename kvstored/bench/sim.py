@@ -12,6 +12,10 @@ timestamps) offset per copy, so every copy is new to the cache. ``kvstore sim`` 
 on the replicated trace converted to the binary event file. Both tools' hit tokens are
 compared point by point: the ratio means nothing if the answers differ.
 
+``--string-ids`` gives both traces string block ids (16 hex digits, one distinct text
+per integer id, so the replay is unchanged): both tools then intern every id, the case
+of traces whose ids are hash strings.
+
 ``--large-events N`` adds a run of ``kvstore sim`` alone on a synthetic session-style
 trace of N block events (long, growing agent contexts), written straight to a binary
 event file: the reference cannot read it, this shows speed and memory at that scale.
@@ -35,7 +39,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.cli.params import ExistingFile
 from kvstored.tools import binfile, events
 from kvstored.units import format_size
 
@@ -69,6 +75,19 @@ def replicate_jsonl(source: Path, copies: int, target: Path) -> int:
                 written += len(shifted["hash_ids"])
                 out.write(json.dumps(shifted) + "\n")
     return written
+
+
+def stringify_jsonl(source: Path, target: Path) -> None:
+    """The same Mooncake JSONL with every integer block id written as a 16-hex-digit
+    string (an odd multiplier mod 2**64: distinct ids stay distinct)."""
+    with source.open() as lines, target.open("w") as out:
+        for line in lines:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            record["hash_ids"] = [format((h * 0x9E3779B97F4A7C15 + 1) % (1 << 64), "016x")
+                                  for h in record.get("hash_ids") or []]
+            out.write(json.dumps(record) + "\n")
 
 
 def synthetic_sessions(target_events: int, seed: int = 7) -> events.EventTrace:
@@ -223,7 +242,7 @@ def _large(events_wanted: int, work: Path, policies: str) -> dict:
 
 
 @click.command("sim")
-@click.option("--trace", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+@click.option("--trace", type=ExistingFile(path_type=Path),
               help=f"A Mooncake JSONL trace (default: ../shared/traces/{DEFAULT_TRACE}).")
 @click.option("--model", default="glm-5.1", show_default=True)
 @click.option("--block-size", type=int, default=512, show_default=True)
@@ -235,41 +254,52 @@ def _large(events_wanted: int, work: Path, policies: str) -> dict:
               help="Also run kvstore sim alone on a synthetic session trace of this many "
                    "block events (e.g. 100000000).")
 @click.option("--large-policies", default="fifo,lru,optimal", show_default=True)
+@click.option("--string-ids", is_flag=True,
+              help="Give both traces string block ids (hex texts): both tools intern them.")
 @click.option("--json-out", type=click.Path(path_type=Path, dir_okay=False),
               default=Path("bench-results/sim.json"), show_default=True)
-def sim(trace, model, block_size, replicate, rounds, large_events, large_policies, json_out):
+def sim(trace, model, block_size, replicate, rounds, large_events, large_policies, string_ids,
+        json_out):
     """kvstore sim against the reference simulator (C++ backend), whole process to whole
     process; results go to JSON."""
     trace = trace or _default_trace()
     if trace is None:
-        click.echo(f"error: no trace given and ../shared/traces/{DEFAULT_TRACE} not found; "
-                   "pass --trace", err=True)
-        sys.exit(int(ExitCode.USAGE))
+        raise QuietError(f"no trace given and ../shared/traces/{DEFAULT_TRACE} not found; "
+                         "pass --trace", ExitCode.NOT_FOUND)
     try:
         import kvcache_sim  # noqa: F401
     except ImportError:
-        click.echo("error: the reference simulator is not installed: pip install "
-                   "kvcache-simulator==0.1.3", err=True)
-        sys.exit(int(ExitCode.UNAVAILABLE))
+        raise QuietError("the reference simulator is not installed: pip install "
+                         "kvcache-simulator==0.1.3", ExitCode.UNAVAILABLE) from None
     if shutil.which("c++") is None:
-        click.echo("error: the reference's C++ backend needs a C++ compiler (c++)", err=True)
-        sys.exit(int(ExitCode.UNAVAILABLE))
+        raise QuietError("the reference's C++ backend needs a C++ compiler (c++)",
+                         ExitCode.UNAVAILABLE)
     console = Console(stderr=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-sim-") as tmp:
         work = Path(tmp)
         console.print(f"trace {trace}: {rounds} rounds")
-        results.append(_bench_trace("original", trace, model, block_size, rounds, work))
+        label = "original"
+        if string_ids:
+            stringified = work / "original-string-ids.jsonl"
+            stringify_jsonl(trace, stringified)
+            label = "original, string ids"
+        results.append(_bench_trace(label, stringified if string_ids else trace, model,
+                                    block_size, rounds, work))
         replicated = work / f"replicated-{replicate}x.jsonl"
         events_written = replicate_jsonl(trace, replicate, replicated)
+        if string_ids:
+            stringify_jsonl(replicated, work / "replicated-strings.jsonl")
+            replicated = work / "replicated-strings.jsonl"
         console.print(f"replicated x{replicate}: {events_written:,} block events")
         binary = work / "replicated.kvtrace"
         _timed([*_kvstore(), "trace", "convert", str(replicated), "--block-size",
                 str(block_size), "--to", "binary", "-o", str(binary)], work / "convert.txt")
         extra = {"kvstore-binary": [*_kvstore(), "sim", str(binary), "--model", model,
                                     "--json"]}
-        results.append(_bench_trace(f"replicated-{replicate}x", replicated, model, block_size,
-                                    rounds, work, extra))
+        results.append(_bench_trace(f"replicated-{replicate}x" + (", string ids"
+                                                                  if string_ids else ""),
+                                    replicated, model, block_size, rounds, work, extra))
         large = None
         if large_events:
             console.print(f"synthetic sessions: {large_events:,} block events")
@@ -277,12 +307,13 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
     report = {"benchmark": "sim", "machine": {"cpus": os.cpu_count(),
                                               "platform": platform.platform()},
               "model": model, "blockSize": block_size, "rounds": rounds,
+              "stringIds": string_ids,
               "traces": results, "large": large}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=2) + "\n")
     table = Table(title="kvstore sim vs reference (C++ backend), whole process")
     for column in ("trace", "block events", "reference", "kvstore", "ratio", "kvstore binary",
-                   "ratio", "same hits", "kvstore peak RSS"):
+                   "ratio", "same hits", "reference peak RSS", "kvstore peak RSS"):
         table.add_column(column, justify="right")
     for r in results:
         t = r["tools"]
@@ -294,8 +325,12 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
                       f"{t['reference']['medianSeconds']:.2f} s",
                       f"{t['kvstore']['medianSeconds']:.2f} s", f"{r['speedup']:.2f}x",
                       *binary_cells, f"{r['check']['pointsCompared']} pts {same}",
+                      format_size(t["reference"]["peakRssBytes"]),
                       format_size(t["kvstore"]["peakRssBytes"]))
-    Console().print(table)
+    out = Console()
+    if not out.is_terminal:  # a log file: one row per line, not wrapped at 80 columns
+        out.width = 200
+    out.print(table)
     if large:
         Console().print(f"synthetic sessions, {large['blockEvents']:,} events "
                         f"({large['uniqueBlocks']:,} unique), {large['policies']}: "
@@ -304,4 +339,5 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
                         f"{large['kvstoreMemory']['bytesPerEvent']:.1f} bytes/event")
     Console().print(f"wrote {json_out}")
     if not all(r["check"]["identical"] for r in results):
-        sys.exit(int(ExitCode.FAILURE))
+        raise QuietError(f"kvstore sim and the reference disagree on a trace; see {json_out}",
+                         ExitCode.FAILURE)

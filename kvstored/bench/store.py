@@ -30,7 +30,6 @@ import platform
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.bench import BenchError
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.raw_peers import MemcpyTarget, RawSocketServer, RawSocketTarget
 from kvstored.bench.store_kvstored import KvstoredRunner
@@ -54,7 +54,6 @@ from kvstored.bench.store_workload import (
     object_count,
     run_ops,
 )
-from kvstored.cli.exitcodes import ExitCode
 from kvstored.errors import StoreError
 from kvstored.units import parse_size
 
@@ -375,9 +374,7 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
                                        rounds, say)
     except WorkloadError as exc:
         # The daemons' logs stay behind (even in a temporary directory) to explain it.
-        failure = click.ClickException(f"{exc} (logs under {workdir})")
-        failure.exit_code = int(ExitCode.FAILURE)
-        raise failure from None
+        raise BenchError(f"{exc} (logs under {workdir})") from None
     if temporary:
         shutil.rmtree(workdir, ignore_errors=True)
     for peer in ("raw-socket", "memcpy"):
@@ -426,5 +423,6 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     if errors:
         console.print(f"runners that failed (see the JSON): {', '.join(errors)}")
     if any(runner.startswith("kvstored") for error in errors for runner in error.split()[1:]):
-        sys.exit(ExitCode.FAILURE)  # kvstored's own failure fails the run (after the JSON)
+        # kvstored's own failure fails the run (after the JSON)
+        raise BenchError("a kvstored runner failed; the JSON says how")
 

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvstored.cli.exitcodes import ExitCode
+from kvstored.cli.lazy import LazyGroup
+from kvstored.cli.program import debug_option
 from kvstored.config import (
     CONFIG_ENV,
     SCHEMA,
     SECTIONS,
     SETTINGS,
-    ConfigError,
     describe_default,
     load_config,
     to_plain,
@@ -31,7 +31,7 @@ def _console() -> Console:
     return console
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def config() -> None:
     """Show the effective configuration, or list every setting.
 
@@ -45,13 +45,10 @@ def config() -> None:
               help=f"The TOML file to read (default: ${CONFIG_ENV}, else none).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document {key: {value, source}} instead of a table.")
+@debug_option
 def show(config_file: Path | None, as_json: bool) -> None:
     """Print the effective configuration and where each value came from."""
-    try:
-        cfg = load_config(config_file)
-    except ConfigError as exc:
-        click.echo(f"kvstored config show: {exc}", err=True)
-        raise SystemExit(ExitCode.USAGE) from None
+    cfg = load_config(config_file)
     if as_json:
         document = {key: {"value": to_plain(value), "source": source}
                     for key, value, source in cfg.items()}

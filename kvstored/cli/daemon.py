@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from kvstored import __version__
-from kvstored.cli.lazy import LazyGroup
+from kvstored.cli.program import Program, debug_option
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
@@ -17,10 +17,12 @@ COMMANDS: dict[str, str] = {
 
 
 @click.group(
-    cls=LazyGroup,
+    "kvstored",
+    cls=Program,
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+@debug_option
 @click.version_option(__version__, prog_name="kvstored")
 def main() -> None:
     """kvstored: a tiered DRAM + SSD KV-cache object store for LLM serving.

@@ -1,7 +1,8 @@
 """Exit codes shared by ``kvstored`` and ``kvstore``; docs/cli.md lists them.
 
 They are distinct so that scripts can tell a missing object from a dead daemon
-from corrupt data without parsing messages.
+from corrupt data without parsing messages. Which error ends with which code is
+decided in one place, :mod:`kvstored.cli.errors`; nothing below the CLI knows them.
 """
 
 from enum import IntEnum
@@ -13,7 +14,7 @@ class ExitCode(IntEnum):
     FAILURE = 1
     #: Bad usage: an unknown flag, a malformed value, an unknown name (click uses 2 too).
     USAGE = 2
-    #: The key, file or trace named does not exist.
+    #: The key, file, directory, node or trace named does not exist.
     NOT_FOUND = 3
     #: The master or node could not be reached.
     UNREACHABLE = 4
@@ -23,5 +24,7 @@ class ExitCode(IntEnum):
     NO_SPACE = 6
     #: A capability asked for is absent on this machine (io_uring, FUSE, RDMA).
     UNAVAILABLE = 7
+    #: The address, data directory or mount point is held by another process.
+    IN_USE = 8
     #: Interrupted by SIGINT.
     INTERRUPTED = 130

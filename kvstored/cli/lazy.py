@@ -1,7 +1,9 @@
 """A click group whose subcommands are imported only when they are used.
 
 ``kvstore --help`` must stay fast, and a subcommand whose optional dependency is missing
-(matplotlib, pyfuse3) must not break the others.
+(matplotlib, pyfuse3) must not break the others. Every group of the two programs is one,
+so each records the command about to run (``kvstore bench sim``) in the program's state
+(:class:`kvstored.cli.program.CliState`), for the first words of its error messages.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ class LazyGroup(click.Group):
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, command, rest = super().resolve_command(ctx, args)
+        run = ctx.find_root().obj
+        if name and hasattr(run, "command"):
+            run.command = f"{ctx.command_path} {name}"
+        return name, command, rest
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy_commands:

@@ -5,22 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 import click
 
+from kvstored.cli.background import run_in_background
+from kvstored.cli.connection import client_options, client_settings, open_client
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.store_cmds import master_options, offline_error_code
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"kvstore mount: {message}", err=True)
-    sys.exit(code)
+from kvstored.cli.params import ExistingDirectory
+from kvstored.cli.program import state
 
 
 @click.command()
-@click.argument("mountpoint", type=click.Path(file_okay=False))
-@click.option("--offline", "offline_dir", type=click.Path(file_okay=False),
+@click.argument("mountpoint",
+                type=ExistingDirectory(missing_hint="create it first (mkdir -p {path})"))
+@click.option("--offline", "offline_dir",
+              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
               help="Show this backend directory (a stopped node's <data>/ssd), without a "
                    "daemon; it is opened read-only and nothing in it is changed.")
 @click.option("--backend", default=None,
@@ -31,9 +31,9 @@ def _fail(message: str, code: int) -> None:
               help="Serve object reads uncached, each read() one request (fastest for big "
                    "reads), or through the page cache (for mmap and many small reads).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debugging detail too.")
-@master_options
+@client_options
 def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foreground: bool,
-          direct_io: bool, verbose: bool, master: str, token_file: str | None) -> None:
+          direct_io: bool, verbose: bool) -> None:
     """Mount a read-only view of the store on MOUNTPOINT (an empty directory).
 
     \b
@@ -50,18 +50,14 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     """
     from kvstored.capabilities import probe_fuse
 
-    available, reason = probe_fuse()
-    if not available:
-        _fail(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
     if backend and not offline_dir:
         raise click.UsageError("--backend only applies with --offline DIR")
-    target = Path(mountpoint)
-    if not target.is_dir():
-        _fail(f"{mountpoint} is not a directory; create it first (mkdir -p {mountpoint})",
-              ExitCode.USAGE)
-    if os.path.ismount(target):
-        _fail(f"something is already mounted on {mountpoint}; unmount it first "
-              f"(fusermount3 -u {mountpoint})", ExitCode.USAGE)
+    available, reason = probe_fuse()
+    if not available:
+        raise QuietError(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
+    if os.path.ismount(mountpoint):
+        raise QuietError(f"something is already mounted on {mountpoint}; unmount it first "
+                         f"(fusermount3 -u {mountpoint})", ExitCode.IN_USE)
     logging.basicConfig(format="kvstore mount: %(levelname)s: %(message)s",
                         level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr)
     logging.getLogger("kvstored").setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -72,32 +68,42 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     if offline_dir:
         from kvstored.backends.offline import identify
         from kvstored.fuse.offline import OfflineSource
-        from kvstored.sdk import BackendError
 
         directory = os.path.abspath(offline_dir)
-        try:
-            name = identify(directory, backend)  # fail before mounting, with its exit code
-        except BackendError as exc:
-            _fail(str(exc), offline_error_code(exc))
+        # Fail before mounting (or forking) when the directory holds no store; errors
+        # opening it (a running node holds it...) reach kvstored.cli.errors as they are.
+        name = identify(directory, backend)
 
         def open_source():
-            try:
-                return OfflineSource.open(directory, name)
-            except BackendError as exc:
-                raise MountError(str(exc), offline_error_code(exc)) from None
+            return OfflineSource.open(directory, name)
 
         fsname = f"kvstored-offline:{directory}"
     else:
         from kvstored.fuse.live import LiveSource
 
-        token = Path(token_file).read_text().strip() if token_file else None
+        settings = client_settings(state())  # read before a background fork
 
         def open_source():
-            return LiveSource.connect(master, token=token)
+            return LiveSource(open_client(settings))
 
-        fsname = f"kvstored:{master}"
-    try:
-        run_mount(open_source, os.path.abspath(mountpoint), fsname=fsname,
-                  foreground=foreground, direct_io=direct_io)
-    except MountError as exc:
-        _fail(str(exc), exc.code)
+        fsname = f"kvstored:{settings.master}"
+    target = os.path.abspath(mountpoint)
+
+    def serve(mounted) -> None:
+        try:
+            run_mount(open_source, target, fsname=fsname, mounted=mounted,
+                      direct_io=direct_io)
+        except MountError as exc:
+            raise QuietError(str(exc), ExitCode.FAILURE) from exc
+
+    if foreground:
+        serve(_announce)
+        return
+    click.echo(run_in_background(lambda ready: serve(lambda point, shown: ready(
+        f"{shown} mounted read-only on {point} by process {os.getpid()}; unmount with "
+        f"`fusermount3 -u {point}`")), debug=state().debug), err=True)
+
+
+def _announce(mountpoint: str, fsname: str) -> None:
+    click.echo(f"kvstore mount: {fsname} mounted read-only on {mountpoint}; unmount with "
+               f"`fusermount3 -u {mountpoint}` or Ctrl-C", err=True)

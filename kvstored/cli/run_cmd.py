@@ -3,32 +3,34 @@
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 import trio
 
+from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.config import ConfigError, load_config
+from kvstored.cli.program import debug_option
+from kvstored.config import Config, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
 token_option = click.option("--token-file", type=click.Path(dir_okay=False),
-                            help="Require this shared secret on every connection.")
+                            help="The client token clients must present "
+                                 "(default ~/.config/kvstored/token, created at first "
+                                 "start).")
+node_token_option = click.option("--node-token-file", type=click.Path(dir_okay=False),
+                                 help="The node token nodes present "
+                                      "(default ~/.config/kvstored/node-token).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
-def _load(config_file: str | None, overrides: dict[str, Any], flags: dict[str, str]):
-    try:
-        return load_config(config_file, overrides=overrides, flag_names=flags)
-    except ConfigError as exc:
-        click.echo(f"kvstored: {exc}", err=True)
-        sys.exit(ExitCode.USAGE)
+def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
+    """Run a role until it is signalled; its errors go to the programs' one handler."""
+    from kvstored.node.segment import SegmentExistsError
+    from kvstored.sdk.errors import BackendBusyError
 
-
-def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
     async def wrapper() -> None:
         async with trio.open_nursery() as nursery:
             started = await nursery.start(main, cfg)
@@ -36,11 +38,18 @@ def _run(main: Callable, cfg, banner: Callable[[Any], None]) -> None:
 
     try:
         trio.run(wrapper)
-    except KeyboardInterrupt:
-        sys.exit(ExitCode.INTERRUPTED)
-    except OSError as exc:
-        click.echo(f"kvstored: {exc}", err=True)
-        sys.exit(ExitCode.UNAVAILABLE if exc.errno in (98, 99) else ExitCode.FAILURE)
+    except BaseException as exc:
+        held = next((e for e in leaves(exc)
+                     if isinstance(e, SegmentExistsError | BackendBusyError)), None)
+        if held is None:
+            raise
+        # The DRAM segment is named after the data directory, and the SSD tier's lock is
+        # in it: either way another node runs on it.
+        pid = held.pid if isinstance(held, BackendBusyError) else held.holder
+        holder = f" (process {pid})" if pid else ""
+        raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
+                         f"node{holder}; stop that node, or give this one another --data",
+                         ExitCode.IN_USE) from exc
     click.echo("kvstored: stopped cleanly", err=True)
 
 
@@ -59,9 +68,11 @@ def _logging(verbose: bool) -> None:
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
+@debug_option
 def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
-       verbose) -> None:
+       node_token_file, verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
 
     Stop it with Ctrl-C or SIGTERM; DRAM-only objects are lost then, so run
@@ -70,12 +81,13 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
     from kvstored.server import run_embedded
 
     _logging(verbose)
-    cfg = _load(config_file, {
+    cfg = load_config(config_file, overrides={
         "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
         "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
-        "security.token_file": token_file},
-        {"master.listen": "--listen", "master.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+        "security.token_file": token_file, "security.node_token_file": node_token_file},
+        flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
+                    "security.token_file": "--token-file",
+                    "security.node_token_file": "--node-token-file"})
 
     def banner(started) -> None:
         host, port = started["master"]
@@ -93,16 +105,21 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
+@node_token_option
 @verbose_option
-def master(listen, metrics, config_file, token_file, verbose) -> None:
+@debug_option
+def master(listen, metrics, config_file, token_file, node_token_file, verbose) -> None:
     """Run the cluster's master (metadata only; data never passes through it)."""
     from kvstored.server import run_master
 
     _logging(verbose)
-    cfg = _load(config_file, {"master.listen": listen, "master.metrics": metrics,
-                              "security.token_file": token_file},
-                {"master.listen": "--listen", "master.metrics": "--metrics",
-                 "security.token_file": "--token-file"})
+    cfg = load_config(config_file,
+                      overrides={"master.listen": listen, "master.metrics": metrics,
+                                 "security.token_file": token_file,
+                                 "security.node_token_file": node_token_file},
+                      flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
+                                  "security.token_file": "--token-file",
+                                  "security.node_token_file": "--node-token-file"})
     _run(run_master, cfg, lambda bound: click.echo(
         f"kvstored master: listening on {bound[0]}:{bound[1]}"))
 
@@ -117,19 +134,21 @@ def master(listen, metrics, config_file, token_file, verbose) -> None:
 @click.option("--name", help="Node name (default: hostname:port).")
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
-@token_option
+@node_token_option
 @verbose_option
+@debug_option
 def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
-         token_file, verbose) -> None:
+         node_token_file, verbose) -> None:
     """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
     from kvstored.server import run_node
 
     _logging(verbose)
-    cfg = _load(config_file, {
+    cfg = load_config(config_file, overrides={
         "node.master": master_address, "node.listen": listen, "node.data": data,
         "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
-        "node.metrics": metrics, "security.token_file": token_file},
-        {"node.master": "--master", "node.listen": "--listen", "node.metrics": "--metrics",
-         "security.token_file": "--token-file"})
+        "node.metrics": metrics, "security.node_token_file": node_token_file},
+        flag_names={"node.master": "--master", "node.listen": "--listen",
+                    "node.metrics": "--metrics",
+                    "security.node_token_file": "--node-token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
         f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))

@@ -1,13 +1,15 @@
 """``kvstore`` commands that talk to a running store: status, put, get, ls, stat, rm,
-flush, evict and recover."""
+flush, evict and recover (which also checks a backend directory offline).
+
+Each command either finishes or raises: a :class:`~kvstored.cli.errors.QuietError` when
+it knows what went wrong, or the library's own error; the program's top level turns
+either into one line and the exit code docs/cli.md gives for the command.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,57 +17,38 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.cli.connection import (
+    client_options,
+    client_settings,
+    json_option,
+    open_client,
+    store_command,
+)
+from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.errors import StoreError
+from kvstored.cli.params import ExistingDirectory, ExistingFile
+from kvstored.cli.program import state
+from kvstored.errors import NotFoundError
 from kvstored.units import format_size, parse_size
 
 console = Console()
 
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"kvstore: {message}", err=True)
-    sys.exit(code)
-
-
-def master_options(function: Callable) -> Callable:
-    function = click.option("--token-file", type=click.Path(dir_okay=False, exists=True),
-                            help="The cluster's shared secret.")(function)
-    return click.option("--master", envvar="KVSTORE_MASTER", default="127.0.0.1:7700",
-                        show_default=True,
-                        help="The master's address (env KVSTORE_MASTER).")(function)
-
-
-@contextmanager
-def session(master: str, token_file: str | None) -> Iterator[Any]:
-    """A connected client; store errors end the command with their exit code."""
-    import kvstored
-
-    token = Path(token_file).read_text().strip() if token_file else None
-    try:
-        with kvstored.connect(master, token=token, timeout=3600) as client:
-            yield client
-    except StoreError as exc:
-        _fail(str(exc), exc.exit_code)
-
-
-def store_command(function: Callable) -> Callable:
-    """Add --master/--token-file and pass a connected client as the first argument."""
-
-    @master_options
-    @functools.wraps(function)
-    def wrapper(master: str, token_file: str | None, **kwargs: Any) -> None:
-        with session(master, token_file) as client:
-            function(client, **kwargs)
-
-    return wrapper
+wait_timeout_option = click.option(
+    "--wait-timeout", metavar="DURATION",
+    help="How long to wait for the nodes [client.wait_timeout; default 30m].")
 
 
 def _print_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=1, sort_keys=True))
 
 
+def _some(keys: list[str]) -> str:
+    """``'a'``, or ``'a' (and 2 more)``."""
+    return f"{keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
+
+
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 @store_command
 def status(client, as_json: bool) -> None:
     """Nodes, and per tier the used and capacity bytes, object counts and hit rates."""
@@ -97,11 +80,15 @@ def status(client, as_json: bool) -> None:
 
 @click.command()
 @click.argument("key")
-@click.argument("source", type=click.File("rb"))
+@click.argument("source", type=ExistingFile(allow_dash=True))
 @store_command
-def put(client, key: str, source) -> None:
-    """Store the contents of SOURCE (a file, or - for stdin) under KEY."""
-    data = source.read()
+def put(client, key: str, source: str) -> None:
+    """Store the contents of SOURCE (a file, or - for stdin) under KEY.
+
+    A SOURCE that does not exist exits 3; objects are written once, so an existing KEY
+    is kept (exit 0, with a note).
+    """
+    data = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     if client.put(key, data):
         click.echo(f"stored {key!r} ({format_size(len(data))})", err=True)
     else:
@@ -110,20 +97,24 @@ def put(client, key: str, source) -> None:
 
 @click.command()
 @click.argument("key")
-@click.option("-o", "--output", type=click.File("wb"), default="-",
-              help="Write here instead of stdout.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              help="Write here instead of stdout (created only once the value is read).")
 @store_command
-def get(client, key: str, output) -> None:
+def get(client, key: str, output: str) -> None:
     """Write the value of KEY to stdout or a file."""
     value = client.get(key)
     if value is None:
-        _fail(f"no object {key!r}", ExitCode.NOT_FOUND)
-    output.write(value)
+        raise QuietError(f"no object {key!r}", ExitCode.NOT_FOUND)
+    if output == "-":
+        sys.stdout.buffer.write(value)
+        sys.stdout.buffer.flush()
+    else:
+        Path(output).write_bytes(value)
 
 
 @click.command(name="ls")
 @click.argument("prefix", default="")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 @store_command
 def ls(client, prefix: str, as_json: bool) -> None:
     """List keys (starting with PREFIX), with sizes and tiers; streams page by page."""
@@ -145,16 +136,14 @@ def ls(client, prefix: str, as_json: bool) -> None:
 
 @click.command()
 @click.argument("key")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@json_option
 @store_command
 def stat(client, key: str, as_json: bool) -> None:
     """Size, checksum and replicas (node, tier, state) of KEY."""
     try:
         obj = client.call("stat", key=key)["object"]
-    except StoreError as exc:
-        if exc.code == "not_found":
-            _fail(f"no object {key!r}", ExitCode.NOT_FOUND)
-        raise
+    except NotFoundError:
+        raise QuietError(f"no object {key!r}", ExitCode.NOT_FOUND) from None
     if as_json:
         _print_json(obj)
         return
@@ -168,44 +157,55 @@ def stat(client, key: str, as_json: bool) -> None:
 @click.argument("keys", nargs=-1, required=True)
 @store_command
 def rm(client, keys: tuple[str, ...]) -> None:
-    """Remove KEYS. Exits 3 if any of them did not exist."""
+    """Remove KEYS. Exits 3 if any of them did not exist (the others are removed)."""
     removed = client.batch_remove(list(keys))
     missing = [k for k, ok in zip(keys, removed) if not ok]
     if missing:
-        _fail(f"no object {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
-                                            if len(missing) > 1 else ""), ExitCode.NOT_FOUND)
+        raise QuietError(f"no object {_some(missing)}", ExitCode.NOT_FOUND)
 
 
 @click.command()
-@click.option("--node", help="Only this node.")
+@click.option("--node", help="Only this node (exit 3 if no live node has that name).")
 @click.option("--wait", is_flag=True, help="Return once every copy is durable on SSD.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@store_command
-def flush(client, node: str | None, wait: bool, as_json: bool) -> None:
-    """Offload every DRAM-only object to SSD now (fsync'd before it counts)."""
-    reply = client.call("flush", node=node, wait=wait)
+@wait_timeout_option
+@json_option
+@client_options
+def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool) -> None:
+    """Offload every DRAM-only object to SSD now (fsync'd before it counts).
+
+    With --wait, exits 1 if an offload failed or the nodes did not finish in time.
+    """
+    settings = client_settings(state(), wait_timeout=wait_timeout)
+    with open_client(settings, waits=wait) as client:
+        reply = client.call("flush", node=node, wait=wait, timeout=settings.wait_timeout)
     reply.pop("ok", None)
     if as_json:
         _print_json(reply)
     else:
-        state = "done" if reply["done"] else ("queued" if not wait else "incomplete")
-        click.echo(f"flush {state}: {reply['queued']} objects offloaded"
+        state_word = "done" if reply["done"] else ("queued" if not wait else "incomplete")
+        click.echo(f"flush {state_word}: {reply['queued']} objects offloaded"
                    + (f", {len(reply['failed'])} failed" if reply["failed"] else ""))
-    if wait and (reply["failed"] or not reply["done"]):
-        sys.exit(ExitCode.FAILURE)
+    if wait and reply["failed"]:
+        raise QuietError(f"{len(reply['failed'])} objects could not be offloaded; the node "
+                         "logs say why", ExitCode.FAILURE)
+    if wait and not reply["done"]:
+        raise QuietError(f"{reply.get('remaining', '?')} objects were not durable after "
+                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         "the node logs", ExitCode.FAILURE)
 
 
 @click.command()
 @click.option("--tier", type=click.Choice(["dram", "ssd"]), required=True)
 @click.option("--all", "everything", is_flag=True, help="Every object in the tier.")
 @click.option("--bytes", "nbytes", metavar="SIZE", help="Least recently used first, this much.")
-@click.option("--key", "keys", multiple=True, help="This key (repeatable).")
+@click.option("--key", "keys", multiple=True,
+              help="This key (repeatable); exit 3 if one does not exist.")
 @click.option("--prefix", help="Keys starting with this.")
 @click.option("--dry-run", is_flag=True, help="Say what would go; change nothing.")
 @click.option("--drop", is_flag=True, help="Also drop last copies (data is lost).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@store_command
-def evict(client, tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> None:
+@json_option
+@client_options
+def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> None:
     """Evict objects from a tier. A last copy is never lost without --drop: from DRAM it
     is offloaded to SSD first; on SSD it is skipped."""
     chosen = sum(bool(x) for x in (everything, nbytes, keys, prefix))
@@ -215,71 +215,90 @@ def evict(client, tier, everything, nbytes, keys, prefix, dry_run, drop, as_json
         budget = parse_size(nbytes) if nbytes else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bytes") from None
-    reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
-                        bytes=budget, dry_run=dry_run, drop=drop)
+    with open_client(client_settings(state())) as client:
+        reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
+                            bytes=budget, dry_run=dry_run, drop=drop)
+        # A named key the master did not consider either does not exist or has no copy
+        # in that tier; only the first is an error, as for rm and get.
+        considered = {*reply["evicted"], *reply["offloading"], *reply["skipped_last_copy"]}
+        unseen = [k for k in dict.fromkeys(keys) if k not in considered]
+        missing = [k for k, there in zip(unseen, client.batch_exists(unseen)) if not there] \
+            if unseen else []
     reply.pop("ok", None)
     if as_json:
-        _print_json(reply)
-        return
-    verb = "would evict" if dry_run else "evicted"
-    click.echo(f"{verb} {len(reply['evicted'])} from {tier} ({format_size(reply['bytes'])})")
-    if reply["offloading"]:
-        click.echo(f"{len(reply['offloading'])} DRAM-only objects go to SSD first")
-    if reply["skipped_last_copy"]:
-        click.echo(f"{len(reply['skipped_last_copy'])} skipped: last copy (use --drop)")
+        _print_json({**reply, "missing": missing})
+    else:
+        verb = "would evict" if dry_run else "evicted"
+        click.echo(f"{verb} {len(reply['evicted'])} from {tier} "
+                   f"({format_size(reply['bytes'])})")
+        if reply["offloading"]:
+            click.echo(f"{len(reply['offloading'])} DRAM-only objects go to SSD first")
+        if reply["skipped_last_copy"]:
+            click.echo(f"{len(reply['skipped_last_copy'])} skipped: last copy (use --drop)")
+    if missing:
+        raise QuietError(f"no object {_some(missing)}", ExitCode.NOT_FOUND)
 
 
 @click.command()
-@click.option("--node", help="Only this node.")
+@click.option("--node", help="Only this node (exit 3 if no live node has that name).")
 @click.option("--repair", is_flag=True, help="Quarantine what is bad and fix the index.")
-@click.option("--offline", "offline_dir", type=click.Path(file_okay=False),
+@click.option("--offline", "offline_dir",
+              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
               help="Check a stopped node's SSD directory (<data>/ssd) without a daemon; "
                    "read-only unless --repair.")
 @click.option("--backend", default=None,
               help="With --offline: the directory's backend (default: read from its stamp).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@master_options
-def recover(node, repair, offline_dir, backend, as_json, master, token_file) -> None:
+@wait_timeout_option
+@json_option
+@client_options
+def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
     """Rescan the SSD tier, verify every record, re-register, and quarantine.
 
     Exits 0 when nothing is wrong (or everything found was repaired), 5 when problems
-    remain, 1 when a node did not report back. With --offline DIR nothing is written
-    unless --repair is given; a directory that holds no store exits 3, one a running
-    node holds exits 2.
+    remain, 1 when a node did not report back in time. With --offline DIR nothing is
+    written unless --repair is given; a directory that holds no store exits 3, a damaged
+    stamp or volume 5, one a running node holds 8.
     """
     if offline_dir:
         _recover_offline(offline_dir, backend, repair, as_json)
         return
-    with session(master, token_file) as client:
-        reply = client.call("recover", node=node, repair=repair)
+    if backend:
+        raise click.UsageError("--backend only applies with --offline DIR")
+    settings = client_settings(state(), wait_timeout=wait_timeout)
+    with open_client(settings, waits=True) as client:
+        reply = client.call("recover", node=node, repair=repair, timeout=settings.wait_timeout)
     reports = reply["reports"]
     if as_json:
         _print_json({"reports": reports, "missing": reply["missing"]})
     else:
         for name, report in reports.items():
             _print_problems(name, report["problems"], report["records_checked"])
-        for name in reply["missing"]:
-            click.echo(f"node {name}: no report (timed out)", err=True)
-    bad = [p for r in reports.values() for p in r["problems"] if not p["action"]]
-    if bad or reply["missing"]:
-        sys.exit(ExitCode.CORRUPT if bad else ExitCode.FAILURE)
+    _fail_on_problems([p for r in reports.values() for p in r["problems"]])
+    if reply["missing"]:
+        raise QuietError(f"node {_some(reply['missing'])} did not report back within "
+                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         "its log", ExitCode.FAILURE)
+
+
+def _fail_on_problems(problems: list[dict[str, Any]]) -> None:
+    left = [p for p in problems if not p["action"]]
+    if left:
+        raise QuietError(f"{len(left)} problems left as they are; --repair quarantines or "
+                         "fixes them", ExitCode.CORRUPT)
 
 
 def _recover_offline(directory: str, backend: str | None, repair: bool, as_json: bool) -> None:
     """Check (read-only) or repair a backend directory without a daemon."""
     from kvstored.backends.offline import identify, open_offline
-    from kvstored.sdk import BackendError
 
-    try:
-        name = identify(directory, backend, repair=repair)
-        with open_offline(directory, name, repair=repair) as store:
-            report = store.check(repair=repair)
-            records = sum(1 for _ in store.scan(verify=True))
-    except BackendError as exc:
-        _fail(str(exc), offline_error_code(exc))
+    # A backend error (no store there, a damaged stamp, a running node holding it...) is
+    # mapped to its exit code by kvstored.cli.errors.
+    name = identify(directory, backend, repair=repair)
+    with open_offline(directory, name, repair=repair) as store:
+        report = store.check(repair=repair)
+        records = sum(1 for _ in store.scan(verify=True))
     problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
                  "action": p.action} for p in report.problems]
-    unsolved = any(not p["action"] for p in problems)
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,
                      "mode": "repair" if repair else "read-only",
@@ -287,35 +306,7 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
     else:
         _print_problems(f"{directory} ({name})", problems, report.records_checked)
         click.echo(f"{records} objects read back and verified")
-        if unsolved and not repair:
-            click.echo("nothing was changed (read-only); --repair quarantines what is bad "
-                       "and rebuilds what can be rebuilt")
-    if unsolved:
-        sys.exit(ExitCode.CORRUPT)
-
-
-def offline_error_code(exc: Exception) -> ExitCode:
-    """The exit code of an offline tool (recover, mount) that could not open a backend
-    directory: no store there 3, damaged metadata 5, held by a running node or otherwise
-    the wrong directory 2, no room 6."""
-    from kvstored.sdk.errors import (
-        BackendBusyError,
-        CapacityError,
-        CorruptionError,
-        InvalidRequestError,
-        MissingStoreError,
-        UnknownBackendError,
-    )
-
-    for kind, code in ((MissingStoreError, ExitCode.NOT_FOUND),
-                       (CorruptionError, ExitCode.CORRUPT),
-                       (BackendBusyError, ExitCode.USAGE),
-                       (InvalidRequestError, ExitCode.USAGE),
-                       (UnknownBackendError, ExitCode.USAGE),
-                       (CapacityError, ExitCode.NO_SPACE)):
-        if isinstance(exc, kind):
-            return code
-    return ExitCode.FAILURE
+    _fail_on_problems(problems)
 
 
 def _print_problems(name: str, problems: list[dict[str, Any]], checked: int) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from kvstored import __version__
-from kvstored.cli.lazy import LazyGroup
+from kvstored.cli.connection import client_options
+from kvstored.cli.program import Program, state
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
@@ -18,17 +19,29 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        state(ctx).json = True
+
+
 @click.group(
-    cls=LazyGroup,
+    "kvstore",
+    cls=Program,
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+@client_options
+@click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
+              help="The commands that talk to a cluster print one JSON document.")
 @click.version_option(__version__, prog_name="kvstore")
 def main() -> None:
     """kvstore: use and administer a kvstored cache, and plan its capacity.
 
+    Options given here apply to every command; the commands that talk to a cluster
+    also take them after their name.
+
     \b
     Exit codes (docs/cli.md):
       0 ok   1 failure   2 bad usage   3 not found   4 unreachable
-      5 corrupt   6 no space   7 capability unavailable   130 interrupted
+      5 corrupt   6 no space   7 capability unavailable   8 in use   130 interrupted
     """

@@ -10,10 +10,12 @@ from typing import Any
 
 from crc32c import crc32c
 
+from kvstored.config import ConfigError
 from kvstored.errors import BadRequestError
 from kvstored.hostid import host_id
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
+from kvstored.security import ClientToken, find_client_token
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,30 @@ def plan_reads(reply: dict[str, Any], buffers: list[memoryview], keys: list[str]
         raise BadRequestError("transport='shm' but some objects are not in a DRAM segment on "
                               "this host; use transport='auto'")
     return plan
+
+
+def client_token(token: str | None, token_file: str | None) -> ClientToken:
+    """The token a client presents (see :func:`kvstored.security.find_client_token`)."""
+    try:
+        return find_client_token(token, token_file)
+    except ConfigError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
+def split_by_bytes(sizes: list[int], limit: int | None) -> list[list[int]]:
+    """Indexes of ``sizes`` in order, cut into runs of at most ``limit`` bytes each (an
+    item larger than ``limit`` alone in its run): the requests one node get becomes."""
+    if not limit or sum(sizes) <= limit:
+        return [list(range(len(sizes)))]
+    runs: list[list[int]] = [[]]
+    total = 0
+    for i, size in enumerate(sizes):
+        if runs[-1] and total + size > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += size
+    return runs
 
 
 def client_host() -> str:

@@ -21,20 +21,24 @@ from kvstored.client.common import (
     Segments,
     check_keys,
     client_host,
+    client_token,
     parse_address,
     plan_reads,
     prepare_values,
+    split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
     NoSpaceError,
     StoreError,
+    UnauthorizedError,
     UnreachableError,
     from_wire,
 )
+from kvstored.protocol import Hello, Role
+from kvstored.security import ClientToken
 from kvstored.wire import (
-    PROTOCOL_VERSION,
     ConnectionClosed,
     FrameError,
     FrameReader,
@@ -47,30 +51,50 @@ NO_SPACE_RETRY_SECONDS = 5.0
 
 
 class _Connection:
-    def __init__(self, address: tuple[str, int], token: str | None, timeout: float) -> None:
+    """One socket to the master or a node. Connecting and the hello are bounded by
+    ``connect_timeout`` (a peer that accepts and never answers, or answers something that
+    is not kvstored, fails fast); every later request by ``timeout``."""
+
+    def __init__(self, address: tuple[str, int], token: ClientToken, timeout: float,
+                 connect_timeout: float) -> None:
         self.address = address
+        where = f"{address[0]}:{address[1]}"
         try:
-            self.sock = socket.create_connection(address, timeout=timeout)
+            self.sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
-            raise UnreachableError(f"cannot reach {address[0]}:{address[1]} "
-                                   f"({exc.strerror or exc}); is kvstored running?") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = FrameReader(self.sock)
-        self.hello = self.request({"op": "hello", "version": PROTOCOL_VERSION, "token": token,
-                                   "role": "client"})
+            raise UnreachableError(f"cannot reach {where} ({exc.strerror or exc}); "
+                                   "is kvstored running?") from None
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.reader = FrameReader(self.sock)
+            self.hello = self._exchange(Hello(Role.CLIENT, token.token).to_wire())
+        except (OSError, ConnectionClosed, FrameError) as exc:
+            self.close()
+            raise UnreachableError(f"{where} did not answer as kvstored does within "
+                                   f"{connect_timeout:g} s ({str(exc) or type(exc).__name__}); "
+                                   "is that a kvstored master's or node's address?") from None
+        except UnauthorizedError as exc:
+            self.close()
+            raise token.explain(exc) from None
+        except BaseException:  # refused (another protocol version), or interrupted
+            self.close()  # nothing stays open when the hello fails
+            raise
+        self.sock.settimeout(timeout)
 
     def request(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
         """Send a request, return its response header; the caller reads any payload."""
         try:
-            send_frame(self.sock, header, payload)
-            reply = self.reader.recv_header()
-            if not reply.get("ok"):
-                self.reader.discard_payload()
+            return self._exchange(header, payload)
         except (OSError, ConnectionClosed, FrameError) as exc:
             self.close()
             raise UnreachableError(f"{header.get('op')}: connection to "
                                    f"{self.address[0]}:{self.address[1]} failed: {exc}") from None
+
+    def _exchange(self, header: dict[str, Any], payload: Sequence = ()) -> dict[str, Any]:
+        send_frame(self.sock, header, payload)
+        reply = self.reader.recv_header()
         if not reply.get("ok"):
+            self.reader.discard_payload()
             raise from_wire(reply.get("error") or {})
         return reply
 
@@ -82,13 +106,15 @@ class Client:
     """A connection to a kvstored cluster. Use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 token_file: str | None = None, timeout: float = 30.0,
+                 connect_timeout: float | None = None) -> None:
         if transport not in TRANSPORTS:
             raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
         self.master_address = parse_address(master)
         self.transport = transport
-        self.token = token
+        self.token = client_token(token, token_file)
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.segments = Segments(transport)
         self._local = threading.local()
         self._all: list[_Connection] = []
@@ -105,7 +131,8 @@ class Client:
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get(name)
         if conn is None or conn.sock.fileno() < 0:
-            conn = conns[name] = _Connection(address, self.token, self.timeout)
+            conn = conns[name] = _Connection(address, self.token, self.timeout,
+                                             self.connect_timeout)
             with self._all_lock:
                 self._all.append(conn)
         return conn
@@ -252,6 +279,13 @@ class Client:
 
     def _get_from_node(self, node, keys, bufs, checksums, idx, results) -> None:
         conn = self._node_conn(node)
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        limit = conn.hello.get("max_read_staging")
+        for part in split_by_bytes([max(results[i], 0) for i in idx], limit):
+            self._get_part(node, conn, [keys[j] for j in part], [bufs[j] for j in part],
+                           [checksums[j] for j in part], [idx[j] for j in part], results)
+
+    def _get_part(self, node, conn, keys, bufs, checksums, idx, results) -> None:
         reply = conn.request({"op": "get", "keys": keys, "checksums": checksums})
         try:
             for i, buf, size in zip(idx, bufs, reply["sizes"]):
@@ -339,10 +373,19 @@ class Client:
 
 
 def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
-            token: str | None = None, timeout: float = 30.0) -> Client:
+            token: str | None = None, token_file: str | None = None,
+            timeout: float = 30.0, connect_timeout: float | None = None) -> Client:
     """Connect to the cluster whose master listens at ``master``.
 
     ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
     otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
+    ``timeout`` bounds each request; ``connect_timeout`` (default: ``timeout``) bounds
+    connecting to the master or a node and the hello that follows.
+
+    The client token is ``token``, else the first line of ``token_file``, else the file
+    ``security.token_file`` of the configuration names (by default
+    ``~/.config/kvstored/token``, which the master creates for its user); see
+    docs/security.md.
     """
-    return Client(master, transport=transport, token=token, timeout=timeout)
+    return Client(master, transport=transport, token=token, token_file=token_file,
+                  timeout=timeout, connect_timeout=connect_timeout)

@@ -2,26 +2,20 @@
 
 The mount ends when it is unmounted from outside (``fusermount3 -u MOUNTPOINT``), on
 SIGINT or SIGTERM, or on an error; in every case the file system is unmounted and the
-source (connection or backend) closed before the process exits. In the background the
-process forks first (before any thread or connection exists), and the parent returns
-only once the child has mounted, or reports the child's error.
+source (connection or backend) closed before :func:`mount` returns. Running it in the
+background, and turning its errors into messages and exit codes, is the command line's
+business (:mod:`kvstored.cli.mount_cmd`).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import signal
-import sys
 from collections.abc import Callable
 
 import pyfuse3
 import trio
-from kvstored.sdk.errors import BackendError, InvalidRequestError
 
-from kvstored.cli.exitcodes import ExitCode
-from kvstored.errors import StoreError
 from kvstored.fuse.ops import KvstoreOperations
 from kvstored.fuse.sources import Source
 from kvstored.fuse.tree import Tree
@@ -33,43 +27,19 @@ READAHEAD_KIB = 1024
 
 
 class MountError(Exception):
-    """The mount could not start; ``code`` is the exit code to end with."""
-
-    def __init__(self, message: str, code: int = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.code = int(code)
+    """The kernel would not mount the file system (the message says what to check)."""
 
 
 def mount(open_source: Callable[[], Source], mountpoint: str, *, fsname: str,
-          foreground: bool = True, direct_io: bool = True) -> None:
-    """Mount what ``open_source()`` returns at ``mountpoint``, read-only.
+          mounted: Callable[[str, str], None], direct_io: bool = True) -> None:
+    """Mount what ``open_source()`` returns at ``mountpoint``, read-only, and serve it
+    until it is unmounted or the process is signalled.
 
-    In the foreground, serve until unmounted or signalled. In the background, return
-    once a child process has mounted. Raises :class:`MountError` if it cannot start.
+    ``mounted(mountpoint, fsname)`` is called once the mount is in place. Raises
+    :class:`MountError` if the kernel refuses the mount; an error opening the source
+    (the cluster unreachable, a backend directory that cannot be read) is raised as is.
     """
-    serve = functools.partial(_serve_opened, open_source, mountpoint, fsname,
-                              direct_io=direct_io)
-    if foreground:
-        serve(_announce)
-    else:
-        _mount_in_background(serve)
-
-
-def _announce(mountpoint: str, fsname: str) -> None:
-    print(f"kvstore mount: {fsname} mounted read-only on {mountpoint}; unmount with "
-          f"`fusermount3 -u {mountpoint}` or Ctrl-C", file=sys.stderr, flush=True)
-
-
-def _serve_opened(open_source: Callable[[], Source], mountpoint: str, fsname: str,
-                  mounted: Callable[[str, str], None], *, direct_io: bool) -> None:
-    try:
-        source = open_source()
-    except StoreError as exc:
-        raise MountError(str(exc), exc.exit_code) from None
-    except InvalidRequestError as exc:
-        raise MountError(str(exc), ExitCode.USAGE) from None
-    except BackendError as exc:
-        raise MountError(str(exc)) from None
+    source = open_source()
     trio.run(_serve, source, mountpoint, fsname, mounted, direct_io)
 
 
@@ -145,57 +115,3 @@ async def _terminate_on_signal() -> None:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
-
-
-def _mount_in_background(serve: Callable[[Callable[[str, str], None]], None]) -> None:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as status:
-            report = status.read().decode("utf-8", "replace")
-        code, _, message = report.partition("\t")
-        if not code:
-            raise MountError(f"the background mount process ({pid}) died before mounting")
-        if int(code) != ExitCode.OK:
-            raise MountError(message, int(code))
-        print(message, file=sys.stderr, flush=True)
-        return
-    # The child: its own session, so the terminal's hangup does not unmount it.
-    os.close(read_end)
-    os.setsid()
-
-    status_fd: list[int] = [write_end]  # emptied once the parent has its answer
-
-    def mounted(mountpoint: str, fsname: str) -> None:
-        _report(status_fd, f"0\t{fsname} mounted read-only on {mountpoint} by process "
-                           f"{os.getpid()}; unmount with `fusermount3 -u {mountpoint}`")
-        _detach_stdio()
-
-    code = ExitCode.OK
-    try:
-        serve(mounted)
-    except MountError as exc:
-        code = exc.code
-        _report(status_fd, f"{exc.code}\t{exc}")
-    except BaseException as exc:
-        code = ExitCode.FAILURE
-        _report(status_fd, f"{ExitCode.FAILURE}\t{type(exc).__name__}: {exc}")
-        log.exception("the mount failed")
-    finally:
-        os._exit(code)
-
-
-def _report(status_fd: list[int], message: str) -> None:
-    """Tell the waiting parent how the mount went (once; later news goes to the log)."""
-    if status_fd:
-        fd = status_fd.pop()
-        os.write(fd, message.encode())
-        os.close(fd)
-
-
-def _detach_stdio() -> None:
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)

@@ -18,11 +18,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from kvstored.sdk import StorageBackend
-from kvstored.sdk.types import ObjectRecord, ReadStatus
-
 from kvstored.fuse.names import ParsedName, digest
 from kvstored.fuse.sources import PAGE, Entry, ObjectCorrupt, ObjectGone, Source, Space
+from kvstored.sdk import StorageBackend
+from kvstored.sdk.types import ObjectRecord, ReadStatus
 
 _XATTRS = ("key", "tier", "size", "checksum", "location", "write_time", "seq", "backend")
 

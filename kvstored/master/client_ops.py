@@ -139,7 +139,7 @@ class ClientOps:
         complete replica there. A filtered page examines at most 20 pages' worth of keys,
         so it may come back short (even empty) with ``more``: resume from ``after``."""
         prefix = str(h.get("prefix") or "")
-        limit = min(int(h.get("limit", 1000)), 10000)
+        limit = min(int(h.get("limit") or 1000), 10000)
         node, tier = h.get("node"), h.get("tier")
         unfiltered = node is None and tier is None
         budget = limit if unfiltered else 20 * limit

@@ -34,6 +34,9 @@ class NodeState:
     promote_queued: set[str] = field(default_factory=set)
     #: Keys whose DRAM copy goes as soon as their SSD copy lands (evict, not drop).
     evict_after_offload: set[str] = field(default_factory=set)
+    #: The connection it registered over: only that one speaks for it, and while it is
+    #: open (and the node alive) no other registration may take the name.
+    session: object | None = None
 
     def dram_free(self) -> int:
         return self.dram_capacity - self.dram_used - self.pending_bytes

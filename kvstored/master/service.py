@@ -27,7 +27,9 @@ from kvstored.master.policy import PolicyConfig, plan_node
 from kvstored.master.table import DRAM, SSD, TIERS, ObjectTable
 from kvstored.master.waits import Deferred, Waiter
 from kvstored.metrics import MasterMetrics
-from kvstored.rpc import FramedSocket, Service
+from kvstored.protocol import MASTER_OPS
+from kvstored.rpc import FramedSocket, ServerLimits, Service
+from kvstored.security import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,8 @@ log = logging.getLogger(__name__)
 class Master(ClientOps, AdminOps):
     def __init__(self, *, policy: PolicyConfig, lease_ttl: float = 5.0,
                  put_timeout: float = 30.0, node_ttl: float = 10.0,
-                 heartbeat_interval: float = 0.2, token: str | None = None,
+                 heartbeat_interval: float = 0.2, credentials: Credentials | None = None,
+                 limits: ServerLimits | None = None,
                  metrics: MasterMetrics | None = None) -> None:
         self.policy = policy
         self.lease_ttl = lease_ttl
@@ -51,11 +54,10 @@ class Master(ClientOps, AdminOps):
         self.flushes: list[Waiter] = []
         self.recoveries: dict[int, Waiter] = {}
         self._ids = itertools.count(1)
-        self.service = Service("master", token=token)
+        self.service = Service("master", MASTER_OPS, credentials=credentials, limits=limits)
         self.service.hello_extra = lambda header: {"heartbeat_interval": heartbeat_interval}
-        for name in dir(self):
-            if name.startswith("op_"):
-                self.service.handlers[name[3:]] = getattr(self, name)
+        self.service.bind(self)
+        self.service.on_disconnect = self._disconnected
 
     # -- background -------------------------------------------------------------------
 
@@ -107,31 +109,51 @@ class Master(ClientOps, AdminOps):
         checksum]`` on SSD, so a late drop never frees a newer object of the same key."""
         self._queue(node, {"t": "drop", "tier": tier, "items": items})
 
-    def _node(self, header: dict[str, Any]) -> NodeState:
+    def _node(self, conn: FramedSocket, header: dict[str, Any]) -> NodeState:
+        """The node a node op is about; only the connection that registered it may
+        speak for it."""
         node = self.nodes.get(header.get("node"))
         if node is None:
             raise BadRequestError(f"unknown node {header.get('node')!r}: register first")
+        if node.session is not conn:
+            raise BadRequestError(f"node {node.node_id} is registered over another "
+                                  "connection; register again")
         return node
+
+    async def _disconnected(self, conn: FramedSocket) -> None:
+        # The name is free for the next registration once its connection is gone.
+        for node in self.nodes.values():
+            if node.session is conn:
+                node.session = None
 
     # -- node-facing ops ---------------------------------------------------------------
 
     async def op_register(self, conn: FramedSocket, h: dict[str, Any]):
         info = h["info"]
         node_id = str(info["node"])
-        if node_id in self.nodes:
+        held = self.nodes.get(node_id)
+        if held is not None and held.alive and held.session not in (None, conn):
+            raise BadRequestError(
+                f"node name {node_id!r} belongs to a live node (data server "
+                f"{held.address[0]}:{held.address[1]}); give this node another --name, or "
+                "stop that one: its name is free once it disconnects or misses heartbeats "
+                f"for {self.node_ttl:g}s")
+        if held is not None:
             self.table.drop_node(node_id)  # it re-sends everything it holds
         host, port = info["address"]
         self.nodes[node_id] = NodeState(
             node_id=node_id, address=(str(host), int(port)), host_id=str(info["host"]),
             segment=str(info["segment"]), segment_token=str(info["token"]),
             dram_capacity=int(info["dram_capacity"]), ssd_capacity=int(info["ssd_capacity"]),
-            backend=str(info.get("backend", "")), shared_ssd=bool(info.get("shared", False)),
-            last_heartbeat=time.monotonic())
+            backend=str(info.get("backend") or ""), shared_ssd=bool(info.get("shared")),
+            last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s:%s", node_id, host, port)
-        return {"heartbeat_interval": self.heartbeat_interval}, ()
+        # The node checks clients on its data server with the cluster's client token.
+        return {"heartbeat_interval": self.heartbeat_interval,
+                "client_token": self.service.credentials.client}, ()
 
     async def op_register_objects(self, conn: FramedSocket, h: dict[str, Any]):
-        node = self._node(h)
+        node = self._node(conn, h)
         now = time.monotonic()
         conflicts = []
         for key, size, checksum, tier, offset in h["objects"]:
@@ -143,7 +165,7 @@ class Master(ClientOps, AdminOps):
         return {"conflicts": conflicts}, ()
 
     async def op_register_done(self, conn: FramedSocket, h: dict[str, Any]):
-        node = self._node(h)
+        node = self._node(conn, h)
         node.registered = True
         node.alive = True
         if not self.policy.dram_only and self.policy.offload == "eager":
@@ -155,7 +177,7 @@ class Master(ClientOps, AdminOps):
         return {}, ()
 
     async def op_commit(self, conn: FramedSocket, h: dict[str, Any]):
-        node = self._node(h)
+        node = self._node(conn, h)
         now = time.monotonic()
         results = []
         committed = []
@@ -177,7 +199,7 @@ class Master(ClientOps, AdminOps):
             self._queue(node, {"t": "offload", "keys": fresh, "urgent": urgent})
 
     async def op_heartbeat(self, conn: FramedSocket, h: dict[str, Any]):
-        node = self._node(h)
+        node = self._node(conn, h)
         now = time.monotonic()
         node.last_heartbeat = now
         if not node.alive:
@@ -275,7 +297,7 @@ class Master(ClientOps, AdminOps):
             self.deferred.append(Deferred(meta.lease_until, node_id, tier, key, ident, False))
 
     async def op_ssd_evicted(self, conn: FramedSocket, h: dict[str, Any]):
-        node = self._node(h)
+        node = self._node(conn, h)
         for key in h["keys"]:
             self.table.drop_replica(key, node.node_id, SSD)
         self.metrics.evictions.labels(tier=SSD).inc(len(h["keys"]))

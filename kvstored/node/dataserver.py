@@ -32,8 +32,6 @@ from kvstored.sdk import ReadStatus
 
 log = logging.getLogger(__name__)
 
-MAX_STAGING = 512 * 1024 * 1024
-
 
 def batch_columns(h: dict[str, Any], *fields: str) -> list[list[Any]]:
     """``keys`` and per-key fields of a request, checked to be lists of one length."""
@@ -166,55 +164,68 @@ class DataServerOps:
                     ssd_wanted.append(i)
             self.metrics.bytes_served.labels(tier=DRAM).inc(
                 sum(s for s in sizes if s > 0))
-            if ssd_wanted:
-                await self._load_from_ssd(conn, keys, ssd_wanted, wanted, sizes, pieces)
-            await conn.send_frame({"ok": True, "sizes": sizes},
-                                  [p for p in pieces if p is not None])
+            records = self._ssd_records(keys, ssd_wanted, wanted)
+            need = sum(r.size for r in records.values())
+            if not need:
+                await conn.send_frame({"ok": True, "sizes": sizes},
+                                      [p for p in pieces if p is not None])
+                return None, ()
+            async with self.staging.lend(need) as staging:
+                await self._load_from_ssd(keys, ssd_wanted, wanted, records, staging, sizes,
+                                          pieces)
+                await conn.send_frame({"ok": True, "sizes": sizes},
+                                      [p for p in pieces if p is not None])
         finally:
             self.dram.unpin(pinned.values())
         return None, ()
 
-    async def _load_from_ssd(self, conn: FramedSocket, keys: list[str], indexes: list[int],
-                             wanted: list[int] | None, sizes: list[int],
-                             pieces: list[memoryview | None]) -> None:
-        records = []
+    def _ssd_records(self, keys: list[str], indexes: list[int],
+                     wanted: list[int | None] | None) -> dict[str, Any]:
+        """The SSD record of each distinct key among ``indexes`` that has the wanted
+        version: a key named many times in one get is read (and staged) once."""
+        records: dict[str, Any] = {}
         for i in indexes:
-            record = self.backend.stat(keys[i])
+            key = keys[i]
+            if key in records:
+                continue
+            record = self.backend.stat(key)
             if record is not None and (wanted is None or wanted[i] == record.checksum):
-                records.append((i, record))
-        if not records:
-            return
-        staging = self._staging(conn, sum(r.size for _, r in records))
-        views, cursor = [], 0
-        for _, record in records:
-            views.append(staging[cursor:cursor + record.size])
+                records[key] = record
+        self.staging.check(sum(r.size for r in records.values()))
+        return records
+
+    async def _load_from_ssd(self, keys: list[str], indexes: list[int],
+                             wanted: list[int | None] | None, records: dict[str, Any],
+                             staging: memoryview, sizes: list[int],
+                             pieces: list[memoryview | None]) -> None:
+        """Read ``records`` into ``staging`` in one backend batch, then point every index
+        that wants the version read at its bytes."""
+        views, cursor = {}, 0
+        for key, record in records.items():
+            views[key] = staging[cursor:cursor + record.size]
             cursor += record.size
         started = time.perf_counter()
         results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [keys[i] for i, _ in records], views)
+            self.backend.batch_read, list(records), list(views.values()))
         self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
-        for (i, record), view, got in zip(records, views, results):
+        got_by_key = dict(zip(records, results))
+        for key, got in got_by_key.items():
             if got >= 0:
-                sizes[i] = got
-                pieces[i] = view[:got]
                 self.metrics.bytes_served.labels(tier=SSD).inc(got)
             elif got == ReadStatus.CORRUPT:
                 self.corrupt_reads += 1
                 self.metrics.checksum_failures.inc()
                 log.warning("node %s: %r failed its checksum on SSD: served as a miss, "
-                            "quarantining", self.name, keys[i])
-                self.report.add("dropped", [[keys[i], SSD, record.checksum]])
+                            "quarantining", self.name, key)
+                self.report.add("dropped", [[key, SSD, records[key].checksum]])
                 self._schedule_quarantine()
                 self.wake_heartbeat()
-
-    def _staging(self, conn: FramedSocket, size: int) -> memoryview:
-        """A per-connection buffer reused across gets: fresh pages are slow to touch."""
-        buf = getattr(conn, "staging", None)
-        if buf is None or len(buf) < size:
-            buf = bytearray(max(size, 1 << 20))
-            if len(buf) <= MAX_STAGING:
-                conn.staging = buf
-        return memoryview(buf)
+        for i in indexes:
+            key = keys[i]
+            got = got_by_key.get(key, ReadStatus.MISSING)
+            if got >= 0 and (wanted is None or wanted[i] == records[key].checksum):
+                sizes[i] = got
+                pieces[i] = views[key][:got]
 
 
 async def _skip(conn: FramedSocket, size: int) -> None:

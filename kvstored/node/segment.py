@@ -107,7 +107,12 @@ class SegmentUnavailable(Exception):
 
 class SegmentExistsError(FileExistsError):
     """``create`` found the name taken by a live node, or by a file that is not a
-    kvstored segment; the message says which and what to do."""
+    kvstored segment; the message says which and what to do. ``holder`` is the pid of
+    the live node, when known."""
+
+    def __init__(self, message: str, *, holder: int | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def _validate_name(name: str) -> str:
@@ -373,7 +378,7 @@ def _remove_stale(name: str) -> None:
         if _process_alive(header["pid"], header["start_ticks"]):
             raise SegmentExistsError(f"DRAM segment {path} belongs to process "
                                      f"{header['pid']}, which is still running; stop it "
-                                     "or choose another segment name")
+                                     "or choose another segment name", holder=header["pid"])
         # Holding the lock, and the path still names the file we inspected: unlink it.
         try:
             if not os.path.samestat(os.fstat(fd), os.stat(path)):
@@ -426,8 +431,11 @@ def _lock_stale(fd: int, path: str) -> None:
             pass
         header = _read_header(fd)
         if header is None or _process_alive(header["pid"], header["start_ticks"]):
-            raise SegmentExistsError(f"DRAM segment {path} is in use by a running node; "
-                                     "stop it or choose another segment name")
+            holder = header["pid"] if header else None
+            raise SegmentExistsError(
+                f"DRAM segment {path} is in use by a running node"
+                + (f" (process {holder})" if holder else "")
+                + "; stop it or choose another segment name", holder=holder)
         now = time.monotonic()
         deadline = deadline or now + STALE_LOCK_WAIT
         if now >= deadline:

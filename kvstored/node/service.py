@@ -25,15 +25,18 @@ from typing import Any
 import trio
 
 from kvstored.backends import open_backend
-from kvstored.errors import StoreError, UnreachableError
+from kvstored.errors import BadRequestError, StoreError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dataserver import DataServerOps
 from kvstored.node.dram import DramTier
 from kvstored.node.segment import DramSegment, sweep_stale
-from kvstored.rpc import RpcClient, Service, serve
+from kvstored.node.staging import StagingPool
+from kvstored.protocol import NODE_OPS, Role
+from kvstored.rpc import RpcClient, ServerLimits, Service, serve
 from kvstored.sdk import StorageBackend, WriteOutcome
+from kvstored.security import Credentials, make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,10 @@ class Node(DataServerOps):
     def __init__(self, *, data_dir: str | Path, dram: int, ssd: int, backend: str,
                  backend_options: dict[str, Any] | None = None,
                  master: tuple[str, int], listen: tuple[str, int] = ("127.0.0.1", 0),
-                 name: str = "", token: str | None = None, put_timeout: float = 30.0,
-                 metrics: NodeMetrics | None = None, populate: bool = True) -> None:
+                 name: str = "", credentials: Credentials | None = None,
+                 limits: ServerLimits | None = None, max_read_staging: int = 512 << 20,
+                 put_timeout: float = 30.0, metrics: NodeMetrics | None = None,
+                 populate: bool = True) -> None:
         self.data_dir = Path(data_dir)
         self.dram_size = dram
         self.ssd_size = ssd
@@ -76,16 +81,17 @@ class Node(DataServerOps):
         self.master_address = master
         self.listen = listen
         self.name = name
-        self.token = token
+        #: The node token (presented to the master); the client token its data server
+        #: checks arrives with the master's answer to ``register``.
+        self.credentials = credentials or Credentials.open()
         self.put_timeout = put_timeout
         self.populate = populate
         self.metrics = metrics or NodeMetrics()
         self.report = _Report()
-        self.service = Service("node", token=token)
-        for attr in dir(self):
-            if attr.startswith("op_"):
-                self.service.handlers[attr[3:]] = getattr(self, attr)
+        self.service = Service("node", NODE_OPS, credentials=self.credentials, limits=limits)
+        self.service.bind(self)
         self.service.hello_extra = lambda header: self._hello_info()
+        self.staging = StagingPool(max_read_staging)
         self.backend: StorageBackend | None = None
         self.dram: DramTier | None = None
         self.segment: DramSegment | None = None
@@ -105,7 +111,8 @@ class Node(DataServerOps):
     # -- lifecycle ---------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        ssd_dir = self.data_dir / "ssd"
+        ssd_dir = make_private_dir(self.data_dir) / "ssd"
+        make_private_dir(ssd_dir)
         options = {"capacity": self.ssd_size, "on_evict": self._on_ssd_evict,
                    **self.backend_options}
         self.backend = await trio.to_thread.run_sync(
@@ -143,14 +150,15 @@ class Node(DataServerOps):
     def _hello_info(self) -> dict[str, Any]:
         assert self.segment is not None
         return {"node": self.name, "host": host_id(), "segment": self.segment.name,
-                "token": self.segment.token.hex()}
+                "token": self.segment.token.hex(), "max_read_staging": self.staging.budget}
 
     # -- master session ----------------------------------------------------------------
 
     async def _master_loop(self) -> None:
         backoff = 0.1
         while True:
-            client = RpcClient(self.master_address, token=self.token, role="node")
+            client = RpcClient(self.master_address, token=self.credentials.node,
+                               role=Role.NODE)
             try:
                 hello = await client.connect()
                 self.heartbeat_interval = float(hello.get("heartbeat_interval", 0.2))
@@ -172,11 +180,12 @@ class Node(DataServerOps):
         assert self.dram is not None and self.segment is not None and self.address
         self.report.clear()  # a full inventory follows; older reports are moot
         caps = self.backend.capabilities
-        await client.call("register", info={
+        reply = await client.call("register", info={
             "node": self.name, "address": list(self.address), "host": host_id(),
             "segment": self.segment.name, "token": self.segment.token.hex(),
             "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
             "backend": self.backend_name, "shared": caps.shared})
+        self._adopt_client_token(reply.get("client_token"))
         inventory = [[o.key, o.size, o.checksum, DRAM, o.offset] for o in self.dram.committed()]
         inventory += await trio.to_thread.run_sync(
             lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
@@ -192,6 +201,15 @@ class Node(DataServerOps):
                     await self._drop(tier, [[key, ident]], report=False)
         await client.call("register_done", node=self.name)
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
+
+    def _adopt_client_token(self, token: Any) -> None:
+        """Check clients with the token the master gave (it is the cluster's authority)."""
+        if self.credentials.required and not isinstance(token, str):
+            raise BadRequestError(
+                f"the master at {self.master_address[0]}:{self.master_address[1]} accepts "
+                "clients without a token (security.auth = none) but this node requires "
+                "one; set security.auth the same on both")
+        self.credentials.client = token
 
     async def _heartbeats(self, client: RpcClient) -> None:
         while True:

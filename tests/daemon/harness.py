@@ -74,9 +74,11 @@ class Daemon:
 
 
 def kvstore(*args: str, master: str | None = None, input: bytes | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the `kvstore` tool against ``master``; returns the completed process."""
-    env = {**os.environ, "COLUMNS": "200"}
+            timeout: float = 120, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run the `kvstore` tool against ``master`` (with ``env`` added to the environment);
+    returns the completed process."""
+    env = {**os.environ, "COLUMNS": "200", **(env or {})}
     if master is not None:
         env["KVSTORE_MASTER"] = master
     return subprocess.run([str(BIN / "kvstore"), *args], input=input, capture_output=True,

@@ -147,11 +147,11 @@ def test_offline_tools_refuse_a_directory_a_live_node_holds(tmp_path, offline_mo
         kvstore_ok("flush", "--wait", master=daemon.addr)
         before = tree(data / "ssd")
         run = kvstore("recover", "--offline", str(data / "ssd"))
-        assert run.returncode == 2, run
+        assert run.returncode == 8, run  # IN_USE
         line = one_line_error(run)
         assert f"pid {daemon.proc.pid}" in line and "kvstored up" in line, line
         run = offline_mount(data / "ssd")
-        assert run.returncode == 2, run
+        assert run.returncode == 8, run
         assert f"pid {daemon.proc.pid}" in run.stderr.decode()
         assert not os.path.ismount(tmp_path / "mnt")
         assert tree(data / "ssd") == before, "a refused offline tool changed the directory"

@@ -57,14 +57,14 @@ def test_background_mount_reports_errors_to_the_caller(fuse, tmp_path):
 
 def test_unusable_mount_points_and_options_are_clear_errors(cluster, mount, fuse, tmp_path):
     missing = kvstore("mount", str(tmp_path / "nope"), "--master", cluster.addr)
-    assert missing.returncode == 2 and b"mkdir -p" in missing.stderr
+    assert missing.returncode == 3 and b"mkdir -p" in missing.stderr  # NOT_FOUND
     stray = kvstore("mount", str(tmp_path), "--backend", "bucket")
     assert stray.returncode == 2 and b"--offline" in stray.stderr
     unreachable = kvstore("mount", str(tmp_path), "--master", "127.0.0.1:1")
     assert unreachable.returncode == 4 and b"is kvstored running?" in unreachable.stderr
     m = mount("--master", cluster.addr)
     twice = kvstore("mount", str(m.path), "--master", cluster.addr)
-    assert twice.returncode == 2 and b"already mounted" in twice.stderr
+    assert twice.returncode == 8 and b"already mounted" in twice.stderr  # IN_USE
 
 
 def test_a_mount_with_a_token_outlives_a_cluster_restart(fuse, mount, tmp_path):

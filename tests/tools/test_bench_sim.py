@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from kvstored.tools import reader
-from kvstored.tools.core import Replay
+from kvstored.tools.core import PolicySpec, Replay
 
 from kvstored.bench import sim as bench_sim
 
@@ -54,3 +54,17 @@ def test_end_to_end_tiny(tmp_path):
     for trace in report["traces"]:
         assert trace["check"]["identical"] and trace["check"]["pointsCompared"] > 0
         assert trace["tools"]["kvstore"]["peakRssBytes"] > 0
+
+
+def test_stringified_trace_replays_the_same(tmp_path):
+    source = write_mooncake(tmp_path / "t.jsonl", random_requests(4, requests=60),
+                            block_size=512)
+    target = tmp_path / "s.jsonl"
+    bench_sim.stringify_jsonl(source, target)
+    first = json.loads(target.read_text().splitlines()[0])
+    assert all(isinstance(h, str) and len(h) == 16 for h in first["hash_ids"])
+    ints, strings = reader.load([source]), reader.load([target])
+    assert len(strings.id_names) > 0
+    a, b = Replay(ints), Replay(strings)
+    assert np.array_equal(a.node_of_event, b.node_of_event)
+    assert a.run(PolicySpec("lru", 7)).hit_tokens == b.run(PolicySpec("lru", 7)).hit_tokens

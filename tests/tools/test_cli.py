@@ -63,10 +63,12 @@ def test_trace_stats_and_convert(tmp_path, conversation_head):
     png = tmp_path / "gaps.png"
     result = run("trace", "stats", conversation_head, "--plot", png)
     assert result.exit_code == 0, result.output
-    assert "reused after 0-10 min" in result.output and png.exists()
+    assert "reused 0-10 min" in result.output and png.exists()
+    assert "longest gap >30 min" in result.output
     doc = json.loads(run("trace", "stats", conversation_head, "--json").output)
-    assert [b["label"] for b in doc["reuseGaps"]["bins"]] == \
-        ["0-10 min", "10-20 min", "20-30 min", ">30 min"]
+    for key in ("perReuse", "perBlockMaxGap"):
+        assert [b["label"] for b in doc["reuseGaps"][key]["bins"]] == \
+            ["0-10 min", "10-20 min", "20-30 min", ">30 min"]
     binary = tmp_path / "t.kvtrace"
     result = run("trace", "convert", conversation_head, "--to", "binary", "-o", binary)
     assert result.exit_code == 0 and "wrote" in result.output

@@ -24,9 +24,24 @@ def test_published_values():
 
 def test_every_formula_is_covered():
     table = models.load()
-    assert {m.formula for m in table.models.values()} == {"gqa", "mla", "mla_indexer"}
+    assert {m.formula for m in table.models.values()} == set(models.FORMULAS)
     assert set(table.precisions) == {"bf16", "fp8", "fp4"}
     assert all(m.source for m in table.models.values())
+
+
+def test_precision_defaults_and_fixed_formats():
+    table = models.load()
+    # DeepSeek-V4 defaults to FP8 KV with FP4 indexer keys; V4.1 ships in FP4 only.
+    v4 = table.sizing("deepseek-v4-flash", tokens=4096)
+    assert (v4.precision, v4.indexer_precision) == ("fp8", "fp4")
+    assert table.sizing("deepseek-v4.1-flash", "bf16", tokens=4096).precision == "fp4"
+    # the reference's precision ids are accepted as they are
+    assert table.bytes_per_token("glm-5.1", "fp8_int8") == 109_824 // 2
+    # the indexer precision moves only the indexer part
+    mixed = table.sizing("glm-5.1", "bf16", indexer_precision="fp8")
+    assert mixed.kv_bytes_per_token == 89_856 and mixed.indexer_bytes_per_token == 9_984
+    # a draft model adds its layers
+    assert table.bytes_per_token("glm-5.1", draft=True) > 109_824
 
 
 def test_user_table_adds_and_overrides(tmp_path):
@@ -38,7 +53,7 @@ def test_user_table_adds_and_overrides(tmp_path):
     assert table.bytes_per_token("tiny") == 2 * 2 * 1 * 4 * 2
     assert table.bytes_per_token("glm-5.1", "fp32") == 64
     extra.write_text('[models."bad"]\nformula = "gqa"\nlayers = 2\n')
-    with pytest.raises(UsageProblem, match="needs a positive integer kv_heads"):
+    with pytest.raises(UsageProblem, match=r"needs num_key_value_heads \(or kv_heads\)"):
         models.load(extra)
     with pytest.raises(UsageProblem, match="unknown model"):
         models.load().bytes_per_token("gpt-9")
@@ -53,13 +68,21 @@ def test_cache_blocks_and_speedup():
     assert planning.ideal_speedup(1.0) == 1000.0
 
 
-def test_knee():
-    # The published Weka curve (GiB, speedup): steep to 1 TiB, then flattening.
+def test_recommend_budget():
     weka = [(512, 6.34), (1024, 7.91), (2048, 8.67), (4096, 8.99)]
-    assert planning.knee(weka, 1.0)["gib"] == 1024       # 1->2 TiB adds 0.76x per TiB
-    assert planning.knee(weka, 0.5)["gib"] == 2048       # 2->4 TiB adds 0.16x per TiB
-    assert planning.knee(weka, 0.1)["gib"] == 4096       # still gaining at the end
-    assert "try larger budgets" in planning.knee(weka, 0.1)["reason"]
-    assert planning.knee(weka, 10)["gib"] == 512         # never steep enough
-    assert planning.knee([], 1)["gib"] is None
-    assert math.isclose(planning.knee(weka, 1.0)["idealSpeedup"], 7.91)
+    pick = planning.recommend_budget
+    assert pick(weka, 0.05, ceiling_speedup=9.53, fits=False)["gib"] == 2048  # 8.67 >= 8.54
+    assert pick(weka, 0.15, ceiling_speedup=9.53, fits=False)["gib"] == 1024  # 7.91 >= 7.64
+    assert pick(weka, 0.0, ceiling_speedup=9.53, fits=False)["gib"] == 4096
+    assert pick([], 0.05, ceiling_speedup=2, fits=False)["gib"] is None
+    # never "larger budgets" where the trace fits, whatever the slope
+    fitted = pick([(1, 1.2), (2, 1.5), (4, 3.0), (8, 16.9)], 0.05, ceiling_speedup=16.9,
+                  fits=True)
+    assert fitted["gib"] == 8 and "larger budgets" not in fitted["reason"]
+    rising = pick(weka, 0.0, ceiling_speedup=20.0, fits=False)
+    assert "larger budgets" in rising["reason"]
+    # the same curve scaled to another trace size (budgets x 1000) picks the same point
+    scaled = [(g * 1000, s) for g, s in weka]
+    assert pick(scaled, 0.05, ceiling_speedup=9.53, fits=False)["gib"] == 2048 * 1000
+    gains = planning.marginal_gains(weka)
+    assert gains[0] is None and math.isclose(gains[1], (7.91 - 6.34) / 0.5)

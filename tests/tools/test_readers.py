@@ -168,3 +168,21 @@ def test_session_errors(tmp_path):
                                           hash_id_scope="global")) + "\n")
     with pytest.raises(TraceError, match="mixes hash_id_scope"):
         reader.load([path])
+
+
+def test_compiled_interner_keys_as_the_python_rules():
+    from kvstored.tools.ids import IdInterner
+
+    values = ["5", 5, "05", "-0", "-5", "abc", "abc", "ÿ-ünï", str(INT_KEY_LIMIT),
+              INT_KEY_LIMIT, -INT_KEY_LIMIT, str(-INT_KEY_LIMIT - 1), "", "9" * 19,
+              "12a", " 1", "\ud800x", 2**70, "0"]
+    native, python = IdInterner(), IdInterner()
+    python._native = None  # the pure-Python fallback's dict
+    assert native._native is not None
+    got = native.batch(values).tolist()
+    assert got == python.batch(values).tolist()
+    assert got[:2] == [5, 5] and got[2] != 5 and got[3] == 0
+    assert list(native.names) == python.names
+    assert native.names[native.key("abc") - INT_KEY_LIMIT] == "abc"
+    assert [native.key(v) for v in values] == got
+    assert native.batch([1.5, "x"]) is None and native.batch([[1], "x"]) is None

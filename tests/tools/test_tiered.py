@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvstored.tools import events, tiered
+from kvstored.tools import events, simulate, tiered
 from kvstored.tools.core import PolicySpec, Replay
 
+from . import bruteforce_tiered
 from .conftest import random_requests
 
 A, B, C, D = 1, 2, 3, 4
@@ -121,3 +122,108 @@ def test_ttft_model():
     assert out["meanSeconds"] == pytest.approx(2.4)
     assert out["noCacheSeconds"] == pytest.approx(5.0)
     assert out["speedup"] == pytest.approx(5.0 / 2.4)
+
+
+def test_write_through_reaches_the_ssd_when_dram_is_smaller_than_a_request():
+    # DRAM 2, SSD 8, write-through, no promotion. r0 [a b]: DRAM {a,b}, SSD {a,b}.
+    # r1 [a b c d]: a, b hit and are protected, so DRAM can take neither c nor d; the SSD
+    # still takes both. r2 [a b c d]: a, b from DRAM, c, d from the SSD. r1 and r2 are
+    # measured (warm-up: 1 request): 6 hits of 8 tokens, 2 from the SSD.
+    replay = Replay(_trace([[A, B], [A, B, C, D], [A, B, C, D]]), 0.5)
+    r = replay.run(PolicySpec("tiered", 2, 8, True, False))
+    assert (r.hit_tokens, r.ssd_hit_tokens, r.total_tokens) == (6, 2, 8)
+    assert r.ssd_writes == 4
+
+
+def test_offload_writes_what_dram_refuses_to_the_ssd():
+    # As above in offload mode: DRAM refuses c and d, so they go to the SSD at once.
+    replay = Replay(_trace([[A, B], [A, B, C, D], [A, B, C, D]]), 0.5)
+    r = replay.run(PolicySpec("tiered", 2, 8, False, False))
+    assert (r.hit_tokens, r.ssd_hit_tokens) == (6, 2)
+    assert r.ssd_writes == 2
+
+
+def _paths(requests):
+    """Trie nodes of each request, built here independently of the C core."""
+    edges: dict[tuple[int, int], int] = {}
+    parent = {0: 0}
+    paths = []
+    for ids in requests:
+        at, path = 0, []
+        for block in ids:
+            node = edges.get((at, block))
+            if node is None:
+                node = edges[(at, block)] = len(parent)
+                parent[node] = at
+            path.append(node)
+            at = node
+        paths.append(path)
+    return paths, parent
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiered_matches_a_brute_force_model(seed):
+    requests = random_requests(seed, requests=60)
+    replay = Replay(_trace(requests), 0.5)
+    paths, parent = _paths(requests)
+    weights = [[1] * len(p) for p in paths]
+    checked = 0
+    for dram in (0, 1, 2, 3, 6, 12):
+        for ssd in (0, 1, 4, 9, 25):
+            if dram == 0 and ssd == 0:
+                continue
+            for write_through in (True, False):
+                for promote in (True, False):
+                    got = replay.run(PolicySpec("tiered", dram, ssd, write_through, promote))
+                    want = bruteforce_tiered.tiered(paths, weights, parent,
+                                                    replay.warmup_requests, dram, ssd,
+                                                    write_through, promote)
+                    where = (seed, dram, ssd, write_through, promote)
+                    assert (got.hit_tokens, got.ssd_hit_tokens, got.total_tokens,
+                            got.underfilled) == (want.hit_tokens, want.ssd_hit_tokens,
+                                                 want.total_tokens, want.underfilled), where
+                    if not got.underfilled:
+                        assert (got.promotions, got.ssd_writes, got.evictions) == (
+                            want.promotions, want.ssd_writes, want.evictions), where
+                    checked += 1
+    assert checked == 29 * 4
+
+
+def test_sweep_runs_tiered_at_zero_dram_as_lru_on_the_ssd(tmp_path):
+    requests = random_requests(3, requests=120)
+    trace = _trace(requests)
+    ssd = 20
+    result = simulate.simulate([], simulate.SimOptions(
+        blocks=[0, ssd], policies=["lru", "tiered"], ssd_blocks=ssd), trace=trace)
+    zero, at_ssd = result["points"][0], result["points"][1]
+    assert zero["cacheBlocks"] == 0 and zero["results"]["lru"]["hitTokens"] == 0
+    lru_at_ssd = at_ssd["results"]["lru"]["hitTokens"]
+    assert lru_at_ssd > 0
+    assert zero["results"]["tiered"]["hitTokens"] == lru_at_ssd
+    assert zero["results"]["tiered"]["ssdHitTokens"] == lru_at_ssd
+
+
+def test_replay_tiers_library_call_per_request_and_windows():
+    trace = _trace(random_requests(5, requests=150))
+    replay = Replay(trace, 0.5)
+    run = replay.run(PolicySpec("tiered", 4, 20, True, True))
+    assert not run.underfilled
+    got = tiered.replay_tiers(trace, 4, 20, warmup=0.5)
+    assert got.filled
+    assert (got.hit_tokens, got.ssd_hit_tokens, got.total_tokens) == \
+        (run.hit_tokens, run.ssd_hit_tokens, run.total_tokens)
+    assert got.rates()["hit_rate"] == pytest.approx(run.hit_rate)
+    # per request: every request, warm-up included; per window: they add up
+    assert len(got.request_tokens) == trace.requests
+    assert int(got.request_tokens.sum()) == int(trace.tokens.sum())
+    windows = got.windows(600.0)  # requests are 60 s apart: 10 per window
+    assert [w["requests"] for w in windows] == [10] * 15
+    assert sum(w["tokens"] for w in windows) == int(trace.tokens.sum())
+    hits = sum(w["hit_rate"] * w["tokens"] for w in windows)
+    assert hits == pytest.approx(int(got.request_dram_hit_tokens.sum()
+                                     + got.request_ssd_hit_tokens.sum()))
+    # a cache that never fills in the warm-up is replayed to the end all the same
+    big = tiered.replay_tiers(trace, 10_000, 10_000, warmup=0.5)
+    assert not big.filled and big.hit_tokens == replay.ceiling().hit_tokens
+    assert big.ssd_hit_tokens == 0
+    assert tiered.replay_tiers(trace, 0, 0).hit_tokens == 0

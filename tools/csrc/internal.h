@@ -43,7 +43,7 @@ typedef struct {
 /* Called before each request; returns SIM_OK, SIM_ECANCELED, or 1 when the run stops
  * here because the cache did not fill during the warm-up. */
 static inline int frame_begin(replay_frame *f, int64_t r) {
-    if (r >= f->t->warmup_requests && !f->filled) {
+    if (r >= f->t->warmup_requests && !f->filled && !f->p->full_run) {
         f->out->underfilled = 1;
         return 1;
     }

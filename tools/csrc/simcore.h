@@ -53,6 +53,12 @@ typedef struct {
     uint32_t small_capacity;       /* SIM_S3FIFO: target size of the small FIFO */
     volatile int32_t *cancel;      /* optional: a non-zero value stops the run */
     volatile int64_t *progress;    /* optional: requests replayed so far */
+    int32_t full_run;              /* replay every request even when the cache never
+                                      filled during the warm-up (underfilled is still
+                                      reported) */
+    uint64_t *request_hit_tokens;  /* optional, SIM_TIERED, n_req entries: prefix-hit
+                                      tokens of every request, measured or not */
+    uint64_t *request_ssd_hit_tokens; /* optional, SIM_TIERED: the part the SSD served */
 } sim_params;
 
 typedef struct {
@@ -85,13 +91,28 @@ int sim_ceiling(const sim_trace *trace, sim_result *out);
 int sim_run(sim_workspace *ws, const sim_trace *trace, const sim_params *params,
             sim_result *out);
 
-/* Histogram of reuse gaps: each event whose node an earlier request touched adds 1 to the
- * bin of (its request's time - the time of the last request touching the node). Bins are
- * [edges[k], edges[k+1]) for k < n_edges - 1; gaps beyond either end go to the end bins.
- * Returns a sim_status. */
+/* Reuse gaps: event_gap[i] = the time of event i's request minus the time of the last
+ * earlier request touching the same node (0 when time goes backwards), or -1 for a first
+ * use; node_max_gap[n] = the longest gap of node n, or -1 when it was never reused.
+ * event_gap holds one double per event, node_max_gap one per node. Returns a sim_status. */
 int sim_reuse_gaps(const uint32_t *node_of_event, const int64_t *req_off, int64_t n_req,
-                   const double *request_time, int64_t n_nodes, const double *edges,
-                   int64_t n_edges, uint64_t *counts);
+                   const double *request_time, int64_t n_nodes, double *event_gap,
+                   double *node_max_gap);
+
+/* The interner of string block ids (intern.c). sim_intern keys n texts: text i is the
+ * bytes text[ends[i-1] : ends[i]] (from 0 for i = 0). A decimal text
+ * (-?(0|[1-9][0-9]*)) in [-2^62, 2^62) is its integer; any other text is base + its
+ * index among the distinct texts in first-seen order. Returns n, or a negative
+ * sim_status. sim_interner_name copies name `index` into out when cap allows and
+ * returns its length. */
+typedef struct sim_interner sim_interner;
+sim_interner *sim_interner_new(void);
+void sim_interner_free(sim_interner *x);
+int64_t sim_interner_count(const sim_interner *x);
+int64_t sim_interner_bytes(const sim_interner *x);
+int64_t sim_intern(sim_interner *x, const char *text, const int64_t *ends, int64_t n,
+                   int64_t base, int64_t *keys);
+int64_t sim_interner_name(const sim_interner *x, int64_t index, char *out, int64_t cap);
 
 /* Scratch memory reused across runs, so that repeated runs do not pay for fresh pages. */
 sim_workspace *sim_workspace_new(void);

@@ -4,16 +4,18 @@
  *   the block is cached in either tier. DRAM serves it when it holds it, else the SSD.
  *   A hit refreshes the block's recency in every tier that holds it (the store keeps
  *   one recency per object, not per replica).
- * - New blocks go into DRAM under the lru rules (evict a DRAM leaf when full, insert only
- *   under a parent cached in either tier, stop the request otherwise). In write-through
- *   mode they are also written to the SSD at once; in offload-on-evict mode a block is
- *   written to the SSD when DRAM evicts it (if the SSD does not hold it yet).
+ * - Insert: each tier takes the request's new blocks in order under the lru rules (make
+ *   room by evicting a leaf of that tier, insert only under a parent cached in either
+ *   tier) until it refuses one; a refusal by one tier does not stop the other.
+ *   New blocks go into DRAM. In write-through mode every new block is also written to
+ *   the SSD, whatever DRAM did with it, so the SSD sees every block even when DRAM is
+ *   smaller than one request. In offload-on-evict mode a block reaches the SSD when DRAM
+ *   evicts it (if the SSD does not hold it yet), or at once when DRAM refuses it.
  * - With promotion, a prefix hit served by the SSD is copied into DRAM (the SSD keeps
  *   its copy); without, SSD hits stay on the SSD.
  * - The SSD tier evicts its least-recently-touched leaf (no cached child on the SSD) to
- *   make room; when it cannot, the incoming block is simply not written.
- * - With no DRAM, blocks are written straight to the SSD under the lru rules; with no SSD
- *   the policy is exactly `lru`.
+ *   make room; an offloaded block that finds nothing to evict is dropped.
+ * - With no DRAM the policy is lru on the SSD; with no SSD it is exactly `lru`.
  * The cache counts as filled (for the warm-up rule) when DRAM fills, or the SSD when
  * there is no DRAM.
  */
@@ -32,7 +34,7 @@ static inline int cached(const tiers *x, uint32_t node) {
 
 /* Write a block to the SSD tier, evicting an SSD leaf if needed; a full tier of
  * unevictable blocks drops the write. */
-static void ssd_write(tiers *x, uint32_t node) {
+static void ssd_offload(tiers *x, uint32_t node) {
     if (!x->ssd.capacity || plru_slot_of(&x->ssd, node)) return;
     if (x->ssd.used >= x->ssd.capacity && !plru_evict(&x->ssd)) return;
     plru_insert(&x->ssd, node);
@@ -44,7 +46,7 @@ static int dram_put(tiers *x, uint32_t node) {
     if (x->dram.used >= x->dram.capacity) {
         uint32_t victim = plru_evict(&x->dram);
         if (!victim) return 0;
-        if (!x->write_through) ssd_write(x, victim);
+        if (!x->write_through) ssd_offload(x, victim);
     }
     if (x->dram.used < x->dram.capacity && cached(x, x->t->parent[node])) {
         plru_insert(&x->dram, node);
@@ -53,7 +55,8 @@ static int dram_put(tiers *x, uint32_t node) {
     return 0;
 }
 
-/* With no DRAM tier, new blocks go straight to the SSD with the lru rules. */
+/* Put a block on the SSD with the lru rules (make room, then insert only under a parent
+ * cached in either tier); 0 means "the SSD takes no more of this request". */
 static int ssd_put(tiers *x, uint32_t node) {
     if (x->ssd.used >= x->ssd.capacity && !plru_evict(&x->ssd)) return 0;
     if (x->ssd.used < x->ssd.capacity && cached(x, x->t->parent[node])) {
@@ -111,22 +114,36 @@ int run_tiered(sim_workspace *ws, replay_frame *f) {
                 f->out->hit_tokens += t->tokens[i];
                 if (!d) f->out->ssd_hit_tokens += t->tokens[i];
             }
+            if (p->request_hit_tokens) {
+                p->request_hit_tokens[r] += t->tokens[i];
+                if (!d && p->request_ssd_hit_tokens) p->request_ssd_hit_tokens[r] += t->tokens[i];
+            }
             if (d) plru_touch(&x.dram, d);
             if (s) plru_touch(&x.ssd, s);
         }
         protect_path(&x, lo, hi, 1);
-        for (int64_t i = lo; i < hi; i++) {
+        /* Each tier takes the request's blocks in order until it refuses one (lru rules);
+         * a refusal by one tier does not stop the other. */
+        int dram_open = p->capacity > 0, ssd_open = p->ssd_capacity > 0;
+        for (int64_t i = lo; i < hi && (dram_open || ssd_open); i++) {
             uint32_t node = t->node_of_event[i];
-            if (plru_slot_of(&x.dram, node)) continue;
-            if (plru_slot_of(&x.ssd, node)) {
-                if (!p->promote || i >= first_miss || !p->capacity) continue;
-                if (!dram_put(&x, node)) break;
-                promotions++;
-            } else if (!p->capacity) {
-                if (!ssd_put(&x, node)) break;
-            } else {
-                if (!dram_put(&x, node)) break;
-                if (x.write_through) ssd_write(&x, node);
+            int in_dram = plru_slot_of(&x.dram, node) != 0;
+            int in_ssd = plru_slot_of(&x.ssd, node) != 0;
+            if (!in_dram && !in_ssd) {
+                int placed = 0;
+                if (dram_open) {
+                    if (dram_put(&x, node)) placed = 1;
+                    else dram_open = 0;
+                }
+                /* write-through: every new block; offload: one DRAM could not take */
+                if (ssd_open && (x.write_through || !placed)) {
+                    if (ssd_put(&x, node)) placed = 1;
+                    else ssd_open = 0;
+                }
+                if (!placed) break;
+            } else if (!in_dram && dram_open && p->promote && i < first_miss) {
+                if (dram_put(&x, node)) promotions++;
+                else dram_open = 0;
             }
             if (fill->used >= fill->capacity && !measured) f->filled = 1;
         }

@@ -1,0 +1,284 @@
+"""The RPC server and caller in one process, over real loopback sockets: the hello and its
+bounds, roles, request checks, connection limits, and what a failed connect leaves open."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from kvstored.errors import BadRequestError, UnauthorizedError, UnreachableError
+from kvstored.protocol import Int, OpSpec, Role
+from kvstored.rpc import RpcClient, ServerLimits, Service, serve
+from kvstored.security import Credentials
+from kvstored.wire import MAGIC, PREFIX, FrameReader, pack_header
+
+OPS = {
+    "echo": OpSpec("echo", Role.CLIENT, {"n": Int(0, 100)}),
+    "boom": OpSpec("boom", Role.CLIENT, {}),
+    "report": OpSpec("report", Role.NODE, {}),
+}
+
+
+class Handlers:
+    async def op_echo(self, conn, h):
+        return {"n": h["n"], "role": conn.role.value}, ()
+
+    async def op_boom(self, conn, h):
+        return {}.attrs, ()  # a bug: AttributeError
+
+    async def op_report(self, conn, h):
+        return {}, ()
+
+
+def _service(**limits: Any) -> Service:
+    service = Service("test", OPS, credentials=Credentials(True, client="c-token",
+                                                             node="n-token"),
+                      limits=ServerLimits(**limits))
+    service.bind(Handlers())
+    return service
+
+
+def _run(service: Service, scenario: Callable[[tuple[str, int]], Awaitable[None]]) -> None:
+    """Serve ``service`` on a free loopback port while ``scenario(address)`` runs in a
+    worker thread (blocking sockets), then stop."""
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(serve, service, "127.0.0.1", 0)
+            await trio.to_thread.run_sync(scenario, address)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def _hello(address, role="client", token="c-token", **extra) -> tuple[socket.socket,
+                                                                     FrameReader, dict]:
+    sock = socket.create_connection(address, timeout=10)
+    reader = FrameReader(sock)
+    sock.sendall(pack_header({"op": "hello", "version": 1, "role": role, "token": token,
+                              **extra}))
+    return sock, reader, reader.recv_header()
+
+
+def _ask(sock, reader, header) -> dict:
+    sock.sendall(pack_header(header))
+    return reader.recv_header()
+
+
+def test_a_non_ascii_token_is_refused_and_the_server_serves_on():
+    def scenario(address):
+        for token in ("é", "☃" * 100, "\x00"):
+            sock, _, reply = _hello(address, token=token)
+            assert reply["error"]["code"] == "unauthorized", reply
+            sock.close()
+        sock, reader, reply = _hello(address)
+        assert reply["ok"] and reply["role"] == "client"
+        assert _ask(sock, reader, {"op": "echo", "n": 3})["n"] == 3
+        sock.close()
+
+    _run(_service(), scenario)
+
+
+def test_roles_come_from_the_token_and_node_ops_need_the_node_token():
+    def scenario(address):
+        sock, reader, reply = _hello(address)
+        refused = _ask(sock, reader, {"op": "report"})
+        assert refused["error"]["code"] == "unauthorized"
+        assert "node operation" in refused["error"]["message"]
+        assert _ask(sock, reader, {"op": "echo", "n": 1})["ok"]  # still usable
+        sock.close()
+        sock, _, reply = _hello(address, role="node", token="c-token")
+        assert reply["error"]["code"] == "unauthorized" and "node token" in \
+            reply["error"]["message"]
+        sock.close()
+        sock, reader, reply = _hello(address, role="node", token="n-token")
+        assert reply["role"] == "node"
+        assert _ask(sock, reader, {"op": "report"})["ok"]
+        assert _ask(sock, reader, {"op": "echo", "n": 2})["role"] == "node"
+        sock.close()
+
+    _run(_service(), scenario)
+
+
+def test_requests_are_checked_against_their_declaration_before_the_handler():
+    def scenario(address):
+        sock, reader, _ = _hello(address)
+        for bad, words in (({"op": "echo"}, "n is missing"),
+                           ({"op": "echo", "n": -1}, "from 0 to 100, not -1"),
+                           ({"op": "echo", "n": True}, "not a boolean"),
+                           ({"op": "echo", "n": [1]}, "not a list"),
+                           ({"op": "nope"}, "unknown op 'nope'")):
+            reply = _ask(sock, reader, bad)
+            assert reply["error"]["code"] == "bad_request" and words in \
+                reply["error"]["message"], (bad, reply)
+        assert _ask(sock, reader, {"op": "echo", "n": 5, "extra": {"ignored": [1]}})["n"] == 5
+        # A handler's own bug is an internal error for that request only.
+        assert _ask(sock, reader, {"op": "boom"})["error"]["code"] == "internal"
+        assert _ask(sock, reader, {"op": "echo", "n": 6})["n"] == 6
+        # A payload on an op that takes none: answered, then hung up (not read).
+        sock.sendall(pack_header({"op": "echo", "n": 1}, payload_len=1 << 30))
+        reply = reader.recv_header()
+        assert "takes no payload" in reply["error"]["message"]
+        assert sock.recv(1) == b""
+        sock.close()
+
+    _run(_service(), scenario)
+
+
+def test_bind_requires_every_handler_declared_and_every_declared_op_handled():
+    class Extra(Handlers):
+        async def op_secret(self, conn, h):
+            return {}, ()
+
+    with pytest.raises(TypeError, match=r"without a declaration.*'secret'"):
+        Service("test", OPS).bind(Extra())
+    with pytest.raises(TypeError, match=r"without a handler.*'report'"):
+        Service("test", {**OPS, "report": OPS["report"]}).bind(type("Some", (), {
+            "op_echo": Handlers.op_echo, "op_boom": Handlers.op_boom})())
+
+
+def test_before_the_hello_headers_are_small_payloads_absent_and_time_short():
+    def scenario(address):
+        # An 8 MiB header declared up front is refused at the prefix, nothing allocated.
+        sock = socket.create_connection(address, timeout=10)
+        sock.sendall(PREFIX.pack(MAGIC, 8 << 20, 0))
+        reply = FrameReader(sock).recv_header()
+        assert "header length 8388608 exceeds 1024" in reply["error"]["message"]
+        sock.close()
+        sock = socket.create_connection(address, timeout=10)
+        sock.sendall(pack_header({"op": "hello", "version": 1, "token": "c-token"}, 10))
+        assert "payload length 10 exceeds the limit 0" in \
+            FrameReader(sock).recv_header()["error"]["message"]
+        sock.close()
+        # A silent peer is dropped at the deadline.
+        sock = socket.create_connection(address, timeout=10)
+        assert sock.recv(1) == b""
+        sock.close()
+        # After the hello, the usual header limit applies.
+        sock, reader, _ = _hello(address)
+        assert _ask(sock, reader, {"op": "echo", "n": 1, "pad": "x" * 100_000})["ok"]
+        sock.close()
+
+    _run(_service(preauth_header_limit=1024, hello_timeout=0.3), scenario)
+
+
+def test_connection_limits_per_peer_and_in_total():
+    def scenario(address):
+        silent = []
+        for _ in range(2):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(address)
+            silent.append(s)
+        s = socket.socket()
+        s.bind(("127.0.0.2", 0))
+        s.settimeout(10)
+        s.connect(address)
+        reply = FrameReader(s).recv_header()
+        assert "max_unauthenticated_per_peer" in reply["error"]["message"]
+        s.close()
+        held = [_hello(address)[0] for _ in range(2)]  # another address: let in
+        sock, _, reply = _hello(address)
+        assert "security.max_connections" in reply["error"]["message"], reply
+        for s in [*silent, *held, sock]:
+            s.close()
+
+    _run(_service(max_unauthenticated_per_peer=2, max_connections=4), scenario)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("server", ["refuses", "hangs_up", "garbage", "silent"])
+def test_a_failed_connect_leaves_nothing_open(server):
+    """Every way the hello can fail closes the socket (the error keeps its traceback, so a
+    socket the code forgot would still be referenced and open)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def peer() -> None:
+        conn, _ = listener.accept()
+        conn.recv(4096)
+        if server == "refuses":
+            conn.sendall(pack_header({"ok": False, "error": {"code": "unauthorized",
+                                                             "message": "no"}}))
+        elif server == "garbage":
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"x" * 100)
+        elif server == "silent":
+            conn.recv(1)  # until the client gives up
+        conn.close()
+
+    async def main() -> BaseException:
+        client = RpcClient(listener.getsockname(), token="t", connect_timeout=0.5)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, peer)
+            try:
+                await client.connect()
+            except (UnauthorizedError, UnreachableError) as exc:
+                caught = exc
+        assert client.conn is None
+        return caught
+
+    before = _open_fds()
+    error = trio.run(main)
+    listener.close()
+    assert _open_fds() == before - 1, f"{server}: a socket was left open ({error})"
+    assert ("did not answer the hello" in str(error)) == (server == "silent")
+
+
+def test_a_call_cancelled_midway_closes_its_connection():
+    async def slow(conn, h):
+        await trio.sleep(5)
+        return {}, ()
+
+    service = Service("test", {"slow": OpSpec("slow", Role.CLIENT, {})})
+    service.add("slow", slow)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(serve, service, "127.0.0.1", 0)
+            client = RpcClient(address)
+            with trio.move_on_after(0.2):
+                await client.call("slow")
+            assert client.conn is None  # a later call must not read this call's answer
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_peer_that_stops_reading_is_disconnected():
+    big = b"x" * (32 << 20)
+    gone = threading.Event()
+
+    async def flood(conn, h):
+        return {}, [big]
+
+    async def disconnected(conn) -> None:
+        gone.set()
+
+    service = Service("test", {"flood": OpSpec("flood", Role.CLIENT, {})},
+                      limits=ServerLimits(send_stall=0.3))
+    service.add("flood", flood)
+    service.on_disconnect = disconnected
+
+    def scenario(address):
+        sock, _, _ = _hello(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(pack_header({"op": "flood"}))
+        # Read nothing of the answer: the server gives up on this connection.
+        assert gone.wait(20), "the server kept sending to a peer that reads nothing"
+        sock.close()
+
+    _run(service, scenario)
+
+
+def test_bad_request_error_is_the_one_a_spec_raises():
+    with pytest.raises(BadRequestError, match="malformed echo request: n must be"):
+        OPS["echo"].check({"n": "x"})
