@@ -81,7 +81,12 @@ class Checker:
                 found.append((ProblemKind.ORPHAN, "a file of no known bucket", entry.path))
         for entry in listing.unknown:
             found.append((ProblemKind.ORPHAN, "a file kvstored does not write", entry.path))
+        # Left on disk by a read-only open, and already reported by recovery, with what
+        # the next read-write open does about it.
+        reported = {p.path for p in self._recovery_problems}
         for kind, detail, path in found:
+            if path in reported:
+                continue
             action = None
             if repair:
                 try:

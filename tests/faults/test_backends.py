@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import kvstored.native
@@ -194,10 +195,9 @@ def test_offline_tools_name_the_ssd_folder_of_a_data_directory(tmp_path, offline
     assert tree(data) == before
 
 
-def test_offline_recover_of_a_crashed_store_writes_nothing(tmp_path):
-    """A writer killed in the middle of its batches leaves leftovers that a read-write open
-    would remove: `recover --offline` reports them and leaves every byte as it was."""
-    store = tmp_path / "ssd"
+def crash_a_bucket_writer(store: Path) -> None:
+    """Run a bucket writer on ``store`` and kill -9 it in the middle of a bucket write:
+    once its 21st bucket's data file exists (its index comes last)."""
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys
         from kvstored.backends import open_backend
@@ -211,12 +211,38 @@ def test_offline_recover_of_a_crashed_store_writes_nothing(tmp_path):
     try:
         for _ in range(20):
             child.stdout.readline()
+        data_21 = store / "buckets" / f"{21:016x}.data"
+        deadline = time.monotonic() + 30
+        while not data_21.exists() and time.monotonic() < deadline:
+            time.sleep(0.0005)  # polling for the file, with a deadline
     finally:
         child.kill()
         child.wait()
+
+
+def test_offline_recover_of_a_crashed_store_writes_nothing(tmp_path):
+    """A writer killed in the middle of its batches leaves leftovers that a read-write open
+    would remove: `recover --offline` reports each once, as left for that open, exits 0,
+    and leaves every byte as it was."""
+    for attempt in range(10):  # until the kill lands inside a bucket write
+        store = tmp_path / f"ssd{attempt}"
+        crash_a_bucket_writer(store)
+        names = os.listdir(store / "buckets")
+        ids = {n.split(".")[0] for n in names if n.endswith(".idx")}
+        leftovers = [n for n in names if n.endswith(".tmp")
+                     or (n.endswith(".data") and n.split(".")[0] not in ids)]
+        if leftovers:
+            break
+    else:
+        raise AssertionError("ten kills all landed after a bucket write had finished")
     before = tree(store)
-    run = kvstore("recover", "--offline", str(store))
+    run = kvstore("recover", "--offline", str(store), "--json")
     assert run.returncode == 0, run
+    import json
+
+    problems = json.loads(run.stdout)["problems"]
+    assert sorted(Path(p["path"]).name for p in problems) == sorted(leftovers), problems
+    assert all("next read-write open removes it" in p["action"] for p in problems)
     assert tree(store) == before, "recover --offline (read-only) changed the directory"
     assert not (store / "quarantine").exists()
 
