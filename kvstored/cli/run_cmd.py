@@ -75,8 +75,9 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
        node_token_file, verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
 
-    Stop it with Ctrl-C or SIGTERM; DRAM-only objects are lost then, so run
-    `kvstore flush --wait` first to keep everything.
+    Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD
+    (for at most node.shutdown_flush_timeout, 30s by default), so that a restart has
+    them; a second Ctrl-C stops at once.
     """
     from kvstored.server import run_embedded
 
