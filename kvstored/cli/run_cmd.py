@@ -29,6 +29,7 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug d
 def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
     """Run a role until it is signalled; its errors go to the programs' one handler."""
     from kvstored.node.segment import SegmentExistsError
+    from kvstored.sdk.errors import BackendBusyError
 
     async def wrapper() -> None:
         async with trio.open_nursery() as nursery:
@@ -38,11 +39,14 @@ def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
     try:
         trio.run(wrapper)
     except BaseException as exc:
-        held = next((e for e in leaves(exc) if isinstance(e, SegmentExistsError)), None)
+        held = next((e for e in leaves(exc)
+                     if isinstance(e, SegmentExistsError | BackendBusyError)), None)
         if held is None:
             raise
-        # The DRAM segment is named after the data directory: another node runs on it.
-        holder = f" (process {held.holder})" if held.holder else ""
+        # The DRAM segment is named after the data directory, and the SSD tier's lock is
+        # in it: either way another node runs on it.
+        pid = held.pid if isinstance(held, BackendBusyError) else held.holder
+        holder = f" (process {pid})" if pid else ""
         raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
                          f"node{holder}; stop that node, or give this one another --data",
                          ExitCode.IN_USE) from exc
