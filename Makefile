@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py) \
                   $(wildcard tools/csrc/*.c tools/csrc/*.h tools/build_*.py)
 
-.PHONY: setup sysdeps demo test lint clean
+.PHONY: setup sysdeps engines demo test lint clean
 
 setup: sysdeps $(STAMP)
 
@@ -22,11 +22,15 @@ $(STAMP): $(INSTALL_INPUTS)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
+# SGLang, vLLM and LMCache (CPU builds) for tests/integrations; not needed by the demo.
+engines: setup
+	@.ci/engines
+
 demo: setup
 	$(BIN)/python -m kvstored.demo
 
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
-test: setup
+test: setup engines
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc

@@ -17,7 +17,8 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from kvstored.sdk.backend import StorageBackend
-from kvstored.sdk.errors import InvalidRequestError, UnknownBackendError
+from kvstored.sdk.errors import InvalidRequestError, ReadOnlyError, UnknownBackendError
+from kvstored.sdk.types import OpenMode
 
 ENTRY_POINT_GROUP = "kvstored.backends"
 DEFAULT_BACKEND = "bucket"
@@ -76,7 +77,10 @@ def open_backend(name: str, path: str | os.PathLike, **options: Any) -> StorageB
     """Open the backend ``name`` on ``path``.
 
     Unknown names raise :class:`UnknownBackendError`, which lists the known ones;
-    unknown options raise :class:`InvalidRequestError`, which lists the valid ones.
+    unknown options raise :class:`InvalidRequestError`, which lists the valid ones. A
+    ``mode`` the backend does not list in ``open_modes`` raises :class:`ReadOnlyError`
+    before anything is opened; ``mode`` reaches the backend only when it is not
+    read-write, so backends that know no other mode need not accept it.
     """
     cls = backend_class(name)
     valid = backend_options(cls)
@@ -85,6 +89,13 @@ def open_backend(name: str, path: str | os.PathLike, **options: Any) -> StorageB
         raise InvalidRequestError(
             f"unknown option(s) {', '.join(unknown)} for the {name!r} backend; "
             f"valid options: {', '.join(sorted(valid))}", path=path)
+    mode = OpenMode(options.pop("mode", OpenMode.READ_WRITE))
+    if mode not in cls.open_modes:
+        raise ReadOnlyError(
+            f"the {name!r} backend cannot be opened {mode.value} (it supports "
+            f"{', '.join(sorted(m.value for m in cls.open_modes))})", path=path)
+    if mode is not OpenMode.READ_WRITE:
+        options["mode"] = mode
     return cls.open(path, **options)
 
 

@@ -3,8 +3,9 @@
 Layout under the backend directory::
 
     KVSTORED-BACKEND.json          the stamp (backend name, layout version)
+    KVSTORED-LOCK                  flock'd while the store is open (kvstored.sdk.lock)
     objects/ab/cd/<hash>.kvr       one record per object (see backends/record.py)
-    tmp/                           writes in flight; emptied at open
+    tmp/                           writes in flight; emptied at a read-write open
     quarantine/                    records that check(repair=True) moved aside
 
 ``<hash>`` is the hex BLAKE2b-256 of the key's UTF-8 bytes; ``ab`` and ``cd`` are its
@@ -14,7 +15,12 @@ tail padding. docs/format.md has the byte layout.
 
 Writes go to ``tmp/``, are fsync'd, renamed into place, and the shard directory is
 fsync'd before the object becomes visible. Deletes unlink and fsync the directory before
-they return, so a deleted key cannot come back.
+they return, so a deleted key cannot come back. Two writers of one key are kept apart by
+the SDK's :class:`~kvstored.sdk.claims.WriteClaims`; directories are created 0700 and
+files 0600.
+
+Opened read-only, the backend writes nothing: leftovers in ``tmp/`` stay (and ``check``
+reports them), and no folder is created. Every open mode of the SDK is supported.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ from kvstored.backends.record import (
     encode_header,
     value_checksum,
 )
-from kvstored.backends.stamp import claim_directory, fsync_dir
+from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
     CapacityError,
@@ -46,6 +53,8 @@ from kvstored.sdk.errors import (
     InvalidRequestError,
     from_oserror,
 )
+from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, make_private_dirs, write_all
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -54,6 +63,7 @@ from kvstored.sdk.types import (
     EvictionGranularity,
     Location,
     ObjectRecord,
+    OpenMode,
     Problem,
     ProblemKind,
     ReadStatus,
@@ -79,6 +89,19 @@ class _Entry:
     physical: int
 
 
+@dataclass(slots=True)
+class _Staged:
+    """An object written to ``tmp/`` and fsync'd, not yet renamed into place."""
+
+    position: int
+    key: str
+    key_bytes: bytes
+    tmp: str
+    #: The room reserved for it (released when it is indexed, or fails).
+    estimate: int
+    entry: _Entry
+
+
 def object_name(key_bytes: bytes) -> tuple[str, str, str]:
     """(shard, subshard, file name) of a key: the path never contains the key."""
     digest = hashlib.blake2b(key_bytes, digest_size=32).hexdigest()
@@ -94,13 +117,17 @@ class FilePerKeyBackend(StorageBackend):
     """
 
     name = "file-per-key"
+    open_modes = frozenset(OpenMode)
+    #: What this backend keeps in its directory (how a store with a lost stamp is known).
+    layout_markers = ("objects", "tmp")
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
+                 mode: OpenMode = OpenMode.READ_WRITE,
                  policy: str = "fifo", auto_evict: bool = True) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
-                         on_evict=on_evict)
+                         on_evict=on_evict, mode=mode)
         if policy not in ("fifo", "lru"):
             raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         self.policy = policy
@@ -109,6 +136,7 @@ class FilePerKeyBackend(StorageBackend):
         self.objects_dir = self.root / "objects"
         self.tmp_dir = self.root / "tmp"
         self.quarantine_dir = self.root / "quarantine"
+        self.quarantine = Quarantine(self.quarantine_dir)
         #: Reads that failed their checksum since open (exported as a metric).
         self.corrupt_reads = 0
 
@@ -117,26 +145,35 @@ class FilePerKeyBackend(StorageBackend):
         # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
         # key to the end on every read.
         self._order: OrderedDict[str, None] = OrderedDict()
-        # Keys being written, so that two threads writing one key do not race.
-        self._pending: dict[str, threading.Event] = {}
+        self._claims = WriteClaims(self._lock)
         self._physical = 0
         self._logical = 0
         self._reserved = 0
         self._seq = 0
 
+        #: What this open repaired (a rebuilt stamp), for the next check() to report.
+        self.open_problems: list[Problem] = []
+        self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
+                                         markers=self.layout_markers,
+                                         report=self.open_problems)
         try:
-            claim_directory(self.root, self.name, LAYOUT_VERSION)
-            for folder in (self.objects_dir, self.tmp_dir, self.quarantine_dir):
-                folder.mkdir(exist_ok=True)
+            if not self.read_only:
+                for folder in (self.objects_dir, self.tmp_dir):
+                    make_private_dirs(folder)
             self._recover()
-        except OSError as exc:
-            raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+        except BaseException as exc:
+            self._dir_lock.release()
+            if isinstance(exc, OSError) and not isinstance(exc, BackendError):
+                raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+            raise
 
     # -- open-time recovery ------------------------------------------------------------
 
     def _recover(self) -> None:
         dropped = 0
-        for leftover in self.tmp_dir.iterdir():
+        for leftover in self._leftovers():
+            if self.read_only:
+                continue  # reported by check(); the next read-write open removes it
             # A write in flight when the process died: never acknowledged, so dropping
             # it is the correct outcome, not a loss.
             leftover.unlink()
@@ -161,7 +198,16 @@ class FilePerKeyBackend(StorageBackend):
             self._logical += entry.size
             self._seq = max(self._seq, entry.seq)
 
+    def _leftovers(self) -> list[Path]:
+        """Files in ``tmp/``: writes that never finished (or, while open, in flight)."""
+        try:
+            return sorted(self.tmp_dir.iterdir())
+        except FileNotFoundError:
+            return []
+
     def _record_files(self) -> Iterator[Path]:
+        if not self.objects_dir.is_dir():
+            return  # a read-only open of a store that never stored anything
         for shard in sorted(os.scandir(self.objects_dir), key=lambda e: e.name):
             if not shard.is_dir():
                 yield Path(shard.path)
@@ -196,65 +242,47 @@ class FilePerKeyBackend(StorageBackend):
         with self._lock:
             self._index.clear()
             self._order.clear()
+        self._dir_lock.release()
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
                             aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size)
+                            max_value_size=self.max_value_size, read_only_open=True)
 
     # -- writes ------------------------------------------------------------------------
 
     def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
-        self._check_open()
+        self._check_writable()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        staged: list[tuple[int, str, bytes, str, int, int, _Entry]] = []
-        mine: dict[str, threading.Event] = {}
-        try:
-            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-                if key in mine:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                    continue
-                outcome = self._claim(key, memoryview(value).nbytes)
-                if isinstance(outcome, WriteResult):
-                    results[i] = outcome
-                    continue
-                mine[key] = outcome
+
+        def write(positions: list[int]) -> None:
+            staged: list[_Staged] = []
+            for i in positions:
+                key, value = items[i]
                 estimate = self._footprint(memoryview(value).nbytes)
+                with self._lock:
+                    problem = self._reserve_locked(key, estimate)
+                if problem is not None:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, problem)
+                    continue
                 try:
-                    tmp, entry = self._write_tmp(key, key_bytes, value)
+                    tmp, entry = self._write_tmp(key, encoded[i], value)
                 except BackendError as exc:
                     self._unreserve(estimate)
                     results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
                     continue
-                staged.append((i, key, key_bytes, tmp, estimate, entry.physical, entry))
+                staged.append(_Staged(i, key, encoded[i], tmp, estimate, entry))
             self._publish(staged, results)
-        finally:
-            with self._lock:
-                for key, event in mine.items():
-                    del self._pending[key]
-                    event.set()
+
+        for i in self._claims.write_batch([key for key, _ in items],
+                                          stored=self._index.__contains__, write=write):
+            results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
 
     def _footprint(self, size: int) -> int:
         return align_up(VALUE_OFFSET + size)
-
-    def _claim(self, key: str, size: int) -> threading.Event | WriteResult:
-        """Reserve room for ``key`` and mark it pending, or say why not."""
-        need = self._footprint(size)
-        while True:
-            with self._lock:
-                if key in self._index:
-                    return WriteResult(key, WriteOutcome.EXISTS)
-                other = self._pending.get(key)
-                if other is None:
-                    problem = self._reserve_locked(key, need)
-                    if problem is not None:
-                        return WriteResult(key, WriteOutcome.FAILED, problem)
-                    event = self._pending[key] = threading.Event()
-                    return event
-            other.wait()  # another thread is writing this key: see how it ends
 
     def _reserve_locked(self, key: str, need: int) -> CapacityError | None:
         if self.capacity is None:
@@ -289,15 +317,13 @@ class FilePerKeyBackend(StorageBackend):
         header = encode_header(key_bytes, view.nbytes, seq, checksum, write_ns=write_ns)
         tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         PRIVATE_FILE)
         except OSError as exc:
             raise from_oserror(exc, key=key, action="creating the object file") from exc
         try:
-            buffers = [header, view] if view.nbytes else [header]
-            total = VALUE_OFFSET + view.nbytes
-            done = 0
-            while done < total:
-                done += os.pwritev(fd, _tail(buffers, done), done)
+            write_all(fd, header, 0)
+            write_all(fd, view, VALUE_OFFSET)
             os.fsync(fd)
             physical = os.fstat(fd).st_blocks * 512
         except OSError as exc:
@@ -307,49 +333,44 @@ class FilePerKeyBackend(StorageBackend):
         os.close(fd)
         return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
 
-    def _publish(self, staged, results: list) -> None:
+    def _publish(self, staged: list[_Staged], results: list) -> None:
         """Rename staged files into place, fsync their directories, then index them."""
         dirs: set[str] = set()
-        placed = []
-        for i, key, key_bytes, tmp, estimate, _physical, entry in staged:
-            shard, sub, name = object_name(key_bytes)
+        placed: list[_Staged] = []
+        for item in staged:
+            shard, sub, name = object_name(item.key_bytes)
             folder = self.objects_dir / shard / sub
             try:
-                if not folder.is_dir():
-                    folder.mkdir(parents=True, exist_ok=True)
-                    fsync_dir(folder.parent)
-                    fsync_dir(self.objects_dir)
-                entry.path = str(folder / name)
-                os.rename(tmp, entry.path)
+                make_private_dirs(folder)
+                item.entry.path = str(folder / name)
+                os.rename(item.tmp, item.entry.path)
             except OSError as exc:
-                self._unreserve(estimate)
+                self._unreserve(item.estimate)
                 try:
-                    os.unlink(tmp)
+                    os.unlink(item.tmp)
                 except OSError:
                     pass
-                results[i] = WriteResult(key, WriteOutcome.FAILED,
-                                         from_oserror(exc, key=key, action="placing the object"))
+                results[item.position] = WriteResult(
+                    item.key, WriteOutcome.FAILED,
+                    from_oserror(exc, key=item.key, action="placing the object"))
                 continue
             dirs.add(str(folder))
-            placed.append((i, key, estimate, entry))
+            placed.append(item)
         try:
             for folder in dirs:
                 fsync_dir(folder)
         except OSError as exc:
             failure = from_oserror(exc, action="syncing the object directory")
-            for i, key, estimate, entry in placed:
-                os.unlink(entry.path)
-                self._unreserve(estimate)
-                results[i] = WriteResult(key, WriteOutcome.FAILED, failure)
+            for item in placed:
+                os.unlink(item.entry.path)
+                self._unreserve(item.estimate)
+                results[item.position] = WriteResult(item.key, WriteOutcome.FAILED, failure)
             return
         with self._lock:
-            for i, key, estimate, entry in placed:
-                self._reserved -= estimate
-                self._index[key] = entry
-                self._order[key] = None
-                self._physical += entry.physical
-                self._logical += entry.size
-                results[i] = WriteResult(key, WriteOutcome.WRITTEN)
+            for item in placed:
+                self._reserved -= item.estimate
+                self._adopt_locked(item.key, item.entry)
+                results[item.position] = WriteResult(item.key, WriteOutcome.WRITTEN)
 
     # -- reads -------------------------------------------------------------------------
 
@@ -399,10 +420,13 @@ class FilePerKeyBackend(StorageBackend):
         try:
             header = decode_header(head, path=entry.path)
         except CorruptionError:
+            target[:] = bytes(entry.size)  # never leave bytes that failed in the buffer
             return self._corrupt(key, entry, "header")
-        if (header.key != key or header.value_len != entry.size
+        if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
+                or header.value_crc != entry.checksum
                 or got != VALUE_OFFSET + entry.size
-                or value_checksum(target) != header.value_crc):
+                or value_checksum(target) != entry.checksum):
+            target[:] = bytes(entry.size)
             return self._corrupt(key, entry, "value")
         return entry.size
 
@@ -455,7 +479,7 @@ class FilePerKeyBackend(StorageBackend):
     # -- deletes and eviction -------------------------------------------------------------
 
     def batch_delete(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
+        self._check_writable()
         for key in keys:
             encode_key(key)
         with self._lock:
@@ -483,7 +507,7 @@ class FilePerKeyBackend(StorageBackend):
             fsync_dir(folder)
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
-        self._check_open()
+        self._check_writable()
         with self._lock:
             return self._evict_locked(nbytes, on_evict)
 
@@ -506,12 +530,24 @@ class FilePerKeyBackend(StorageBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        self._check_open()
+        if repair:
+            self._check_writable()
+        else:
+            self._check_open()
         report = CheckReport(repaired=repair)
+        report.problems.extend(self.open_problems)
+        if repair:
+            self.open_problems = []
         with self._lock:
             index = dict(self._index)
         seen: set[str] = set()
-        for leftover in sorted(self.tmp_dir.iterdir()):
+        for leftover in self._leftovers():
+            if self.read_only:
+                report.problems.append(Problem(
+                    ProblemKind.TORN_WRITE, "a write that never finished", None,
+                    str(leftover), "left in place (opened read-only); the next read-write "
+                    "open removes it"))
+                continue
             self._problem(report, repair, ProblemKind.TORN_WRITE, "unfinished write", None,
                           leftover)
         for path in self._record_files():
@@ -565,16 +601,8 @@ class FilePerKeyBackend(StorageBackend):
 
     def _problem(self, report: CheckReport, repair: bool, kind: ProblemKind, detail: str,
                  key: str | None, path: Path) -> None:
-        action = self._quarantine(path) if repair else None
+        action = f"quarantined to {self.quarantine.move_aside(path, detail)}" if repair else None
         report.problems.append(Problem(kind, detail, key, str(path), action))
-
-    def _quarantine(self, path: Path) -> str:
-        target = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{path.name}"
-        os.replace(path, target)
-        fsync_dir(self.quarantine_dir)
-        fsync_dir(path.parent)
-        log.warning("%s: quarantined %s to %s", self.name, path, target)
-        return f"quarantined to {target}"
 
 
 def _read_value(path: Path, size: int) -> bytearray:
@@ -585,16 +613,3 @@ def _read_value(path: Path, size: int) -> bytearray:
     if got != size:
         raise CorruptionError(f"value is short ({got} of {size} bytes)", path=path)
     return buf
-
-
-def _tail(buffers: list, skip: int) -> list[memoryview]:
-    """The part of ``buffers`` after the first ``skip`` bytes (to resume a short write)."""
-    out = []
-    for buf in buffers:
-        view = memoryview(buf)
-        if skip >= view.nbytes:
-            skip -= view.nbytes
-            continue
-        out.append(view[skip:])
-        skip = 0
-    return out

@@ -14,13 +14,24 @@ Naming the volume
       ``volume.json`` binding it to the volume's uuid, and ``quarantine/``. Device names
       such as ``/dev/nvme1n1`` change when targets reconnect in another order; a device
       holding a different volume is refused instead of being read as this one.
+    - ``path`` is such a directory and no ``device`` is given: the device it was last
+      bound to (in ``volume.json``) is used, which is how the offline tools open a
+      node's directory.
 
 Safety
-    - Block devices are opened with ``O_EXCL``: the kernel refuses while the device is
-      mounted, part of an md/LVM/device-mapper device, or open by another kvstored.
+    - Block devices are claimed with ``O_EXCL``: the kernel refuses while the device is
+      mounted, part of an md/LVM/device-mapper device, or open by another kvstored. The
+      claim is a descriptor of its own, never the one the io engine uses (an io_uring
+      request may hold that file a moment past ``close``), so ``close`` releases it at
+      once; a regular file is ``flock``'d the same way. A read-only open probes the
+      claim (``O_RDONLY|O_EXCL``), so it never opens a volume a node is writing, then lets
+      it go so that readers can share the device.
     - A device without a superblock is formatted only if its first MiB is blank (all
       zeros) or the ``format`` option is set; a device holding a file system is refused.
-      A device that holds a kvstored volume is never reformatted.
+      A device that holds a kvstored volume is never reformatted: a damaged superblock
+      is refused (repair mode rebuilds it from the checkpoint slots or the records).
+    - A new volume *file* is created formatted, under a temporary name, before it is
+      linked into place.
     - ``direct`` (O_DIRECT) defaults to on for block devices: the page cache would only
       duplicate the node's DRAM tier, and every record write is whole 4 KiB blocks.
     - The device size comes from ``ioctl(BLKGETSIZE64)``; ``capacity`` may use less
@@ -40,14 +51,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvstored.backends.offset import create_volume_file, lock_volume
 from kvstored.backends.offset_core import OffsetLayoutBackend, Volume
-from kvstored.backends.offset_layout import LAYOUT_VERSION, Geometry, MiB
+from kvstored.backends.offset_layout import LAYOUT_VERSION, Geometry, MiB, peek_slot
 from kvstored.backends.offset_recovery import read_exact
 from kvstored.backends.record import ALIGN
-from kvstored.backends.stamp import claim_directory, write_atomically
-from kvstored.native import IoFile
-from kvstored.sdk.errors import InvalidRequestError, from_oserror
+from kvstored.backends.stamp import claim_directory
+from kvstored.sdk.errors import (
+    BackendBusyError,
+    BackendError,
+    CorruptionError,
+    InvalidRequestError,
+    MissingStoreError,
+    from_oserror,
+)
+from kvstored.sdk.files import write_atomically
+from kvstored.sdk.lock import StoreLock, openers_of
+from kvstored.sdk.types import OpenMode
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +93,22 @@ class NvmeofBackend(OffsetLayoutBackend):
     """
 
     name = "nvmeof"
+    #: What this backend keeps in its directory (how a store with a lost stamp is known).
+    layout_markers = (BINDING_NAME,)
 
     def __init__(self, path: str | os.PathLike, *, device: str | None = None,
                  format: bool = False, quarantine_dir: str | None = None,
-                 direct: bool | None = None, **options: Any) -> None:
+                 direct: bool | None = None, mode: OpenMode = OpenMode.READ_WRITE,
+                 **options: Any) -> None:
+        if device is None and os.path.isdir(path):
+            device = _bound_device(Path(path))
         self.device_option = device
         self.format_allowed = format
         self._quarantine_option = quarantine_dir
         target = device if device is not None else os.fspath(path)
         if direct is None and is_block_device(target):
             direct = True
-        super().__init__(path, direct=direct, **options)
+        super().__init__(path, direct=direct, mode=mode, **options)
 
     @property
     def quarantine_dir(self) -> Path:
@@ -100,11 +124,9 @@ class NvmeofBackend(OffsetLayoutBackend):
 
     def _attach(self) -> Volume:
         if self.device_option is not None:
-            try:
-                claim_directory(Path(self.path), self.name, LAYOUT_VERSION)
-            except OSError as exc:
-                raise from_oserror(exc, path=self.path, action="preparing the directory") \
-                    from exc
+            self._holds.append(claim_directory(Path(self.path), self.name, LAYOUT_VERSION,
+                                               mode=self.mode, markers=self.layout_markers,
+                                           report=self.open_problems))
             target = self.device_option
         else:
             target = self.path
@@ -113,7 +135,6 @@ class NvmeofBackend(OffsetLayoutBackend):
                     "this is a directory: point the nvmeof backend at a block device or "
                     "a file, or set its device option (the directory then keeps its "
                     "stamp and quarantine)", path=target)
-        created = False
         try:
             info = os.stat(target)
         except FileNotFoundError:
@@ -121,17 +142,29 @@ class NvmeofBackend(OffsetLayoutBackend):
                 raise InvalidRequestError(
                     "the device does not exist; attach the NVMe-oF namespace first "
                     "(nvme connect …; `nvme list` shows it)", path=target) from None
+            if self.read_only:
+                raise MissingStoreError("no nvmeof volume here: the file does not exist",
+                                        path=target) from None
             try:
-                create_volume_file(Path(target), self.capacity or self.DEFAULT_VOLUME_SIZE)
+                self._create_volume(Path(target), self.capacity or self.DEFAULT_VOLUME_SIZE)
+                info = os.stat(target)
             except OSError as exc:
+                if isinstance(exc, BackendError):
+                    raise
                 raise from_oserror(exc, path=target, action="creating the volume file") \
                     from exc
-            created = True
-            info = os.stat(target)
         block = stat.S_ISBLK(info.st_mode)
         if not block and not stat.S_ISREG(info.st_mode):
             raise InvalidRequestError("not a block device or a regular file", path=target)
-        file = self._open_device(target) if block else self._open_file(target)
+        self._holds.append(self._claim_device(target) if block else
+                           StoreLock.acquire(target, shared=self.read_only, create=False,
+                                             what="nvmeof volume",
+                                             wait=0 if self.read_only else BUSY_NOTICE))
+        flags = os.O_RDONLY if self.read_only else os.O_RDWR
+        try:
+            file = self._engine.open(target, flags)
+        except OSError as exc:
+            raise from_oserror(exc, path=target, action="opening the volume") from exc
         try:
             size = device_size(file.fd) if block else os.fstat(file.fd).st_size
             if block:
@@ -139,41 +172,41 @@ class NvmeofBackend(OffsetLayoutBackend):
         except BaseException:
             file.close()
             raise
-        return Volume(file, size, device=block, owned=created)
+        return Volume(file, size, device=block)
 
-    def _open_file(self, target: str) -> IoFile:
-        try:
-            file = self._engine.open(target, os.O_RDWR)
-        except OSError as exc:
-            raise from_oserror(exc, path=target, action="opening the volume file") from exc
-        lock_volume(file)
-        return file
-
-    def _open_device(self, target: str) -> IoFile:
-        """O_EXCL: no mounted or otherwise claimed device is ever written."""
+    def _claim_device(self, target: str) -> _DeviceClaim:
+        """Claim the device with ``O_EXCL`` on a descriptor of its own: no mounted or
+        otherwise claimed device is ever written, nor read while a node writes it.
+        Read-only, the claim is only probed and let go at once, so that several readers
+        can share the device (in a node's directory its shared lock keeps a node from
+        starting meanwhile)."""
         start = time.monotonic()
-        deadline = start + BUSY_WAIT
+        deadline = start + (0 if self.read_only else BUSY_WAIT)
         noticed = False
+        flags = (os.O_RDONLY if self.read_only else os.O_RDWR) | os.O_EXCL | os.O_CLOEXEC
         while True:
             try:
-                return self._engine.open(target, os.O_RDWR | os.O_EXCL)
+                claim = _DeviceClaim(os.open(target, flags))
+                if self.read_only:
+                    claim.release()
+                return claim
             except OSError as exc:
                 if exc.errno != errno.EBUSY:
                     raise from_oserror(exc, path=target, action="opening the device") from exc
                 if time.monotonic() >= deadline:
-                    raise InvalidRequestError(
+                    who = openers_of(target)
+                    raise BackendBusyError(
                         "the device is in use: mounted, part of an md/LVM/device-mapper "
-                        "device, or open by another kvstored; free it first (lsblk and "
-                        "`fuser -v` show who holds it)", path=target) from None
+                        f"device, or open by {who or 'another kvstored'}; free it first "
+                        "(lsblk and `fuser -v` show who holds it)", path=target,
+                        holder=who) from None
                 if not noticed and time.monotonic() - start >= BUSY_NOTICE:
                     noticed = True
                     log.warning("%s is busy (held exclusively by someone else); waiting up "
                                 "to %.0f s for it to be released", target, BUSY_WAIT)
-                time.sleep(0.05)
+                time.sleep(0.05)  # polled with a deadline: the holder may be exiting
 
     def _may_format(self, volume: Volume, first_block) -> bool:
-        if volume.owned:
-            return True
         head = read_exact(self._engine, self._file, 0, min(volume.size, 1 * MiB)
                           - min(volume.size, 1 * MiB) % ALIGN)
         if head == bytes(len(head)):
@@ -182,6 +215,12 @@ class NvmeofBackend(OffsetLayoutBackend):
             log.warning("%s: formatting it although its first MiB holds data (format=true)",
                         self._file.path)
             return True
+        if peek_slot(head[ALIGN:2 * ALIGN]) is not None:
+            raise CorruptionError(
+                "this is a kvstored volume whose superblock does not check (its checkpoints "
+                "are there), and kvstored never formats over data it cannot read: "
+                f"{self._repair_hint()}; or, if its objects may go, open it with the "
+                "option format=true", path=self._file.path)
         raise InvalidRequestError(
             "it holds data that is not a kvstored volume (a file system, a partition "
             "table, …); if it may be overwritten, wipe it (`wipefs --all`, `blkdiscard`) "
@@ -204,17 +243,43 @@ class NvmeofBackend(OffsetLayoutBackend):
             known = json.loads(binding.read_text())
         except FileNotFoundError:
             known = None
-        except ValueError:
+        except (ValueError, UnicodeDecodeError):
             raise InvalidRequestError(f"{BINDING_NAME} is unreadable; restore it or remove "
                                       "it to adopt the device's volume", path=binding) from None
+        if not isinstance(known, dict | None):
+            raise InvalidRequestError(f"{BINDING_NAME} is unreadable; restore it or remove "
+                                      "it to adopt the device's volume", path=binding)
         if known is not None and known.get("uuid") != mine["uuid"]:
             raise InvalidRequestError(
                 f"{self.device_option} holds volume {mine['uuid']}, but this directory "
                 f"belongs to volume {known.get('uuid')} (last seen at {known.get('device')}). "
                 "Device names change when targets reconnect: point the device option at "
                 "the right one (a /dev/disk/by-id/ name is stable)", path=self.path)
-        if known != mine:
+        if known != mine and not self.read_only:
             write_atomically(binding, json.dumps(mine).encode() + b"\n")
+
+
+def _bound_device(directory: Path) -> str | None:
+    """The device a store directory was last bound to (its ``volume.json``), if any."""
+    try:
+        known = json.loads((directory / BINDING_NAME).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    device = known.get("device") if isinstance(known, dict) else None
+    return device if isinstance(device, str) and device else None
+
+
+class _DeviceClaim:
+    """An ``O_EXCL`` descriptor of a block device: the kernel's claim on it, held until
+    :meth:`release`. Never given to the io engine."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def is_block_device(path: str) -> bool:

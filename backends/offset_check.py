@@ -22,10 +22,7 @@ the space is reused, and nothing points at them.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
 from typing import TYPE_CHECKING
 
 from crc32c import crc32c
@@ -33,7 +30,6 @@ from kvstored.backends.offset_journal import write_sync
 from kvstored.backends.offset_layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
 from kvstored.backends.offset_recovery import Entry, read_exact
 from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up
-from kvstored.backends.stamp import fsync_dir
 from kvstored.native import IoError
 from kvstored.sdk.errors import BackendError, CorruptionError
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
@@ -52,6 +48,9 @@ COPY_CHUNK = 16 << 20
 
 def check_volume(backend: OffsetLayoutBackend, repair: bool) -> CheckReport:
     report = CheckReport(repaired=repair)
+    report.problems.extend(backend.open_problems)  # what this open rebuilt, once
+    if repair:
+        backend.open_problems = []
     _check_superblock(backend, report, repair)
     _check_checkpoint(backend, report, repair)
     with backend._lock:
@@ -153,13 +152,7 @@ def _check_records(backend: OffsetLayoutBackend, chunk: list[tuple[str, Entry]],
 
 def _quarantine(backend: OffsetLayoutBackend, key: str, entry: Entry, reason: str) -> str:
     """Copy the record's whole extent out of the volume, with a note; return the action."""
-    folder = backend.quarantine_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{time.strftime('%Y%m%dT%H%M%S')}-{entry.offset:012x}"
-    target = folder / f"{stem}.kvr"
-    tmp = folder / f".{stem}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
+    def chunks():
         done, total = 0, entry.footprint
         while done < total:
             length = min(COPY_CHUNK, total - done)
@@ -167,20 +160,15 @@ def _quarantine(backend: OffsetLayoutBackend, key: str, entry: Entry, reason: st
             [got] = backend._engine.read([(backend._file, entry.offset + done, buf)])
             if isinstance(got, IoError):
                 raise CorruptionError(f"copying the record out failed: {got}", key=key)
-            os.write(fd, memoryview(buf)[:got])
+            yield memoryview(buf)[:got]
             if got < length:
-                break  # the volume ends early: keep what there is
+                return  # the volume ends early: keep what there is
             done += length
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+
     note = {"key": key, "volume": backend._file.path, "record_offset": entry.offset,
             "record_length": entry.footprint, "value_length": entry.size, "seq": entry.seq,
-            "value_crc32c": entry.crc, "reason": reason,
-            "quarantined": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    target.with_suffix(".json").write_text(json.dumps(note, indent=1) + "\n")
-    fsync_dir(folder)
+            "value_crc32c": entry.crc, "reason": reason}
+    target = backend.quarantine.copy_out(f"{entry.offset:012x}", chunks(), note)
     log.warning("%s: quarantined the record of %r at offset %d (%s) to %s",
                 backend._file.path, key, entry.offset, reason, target)
     return f"copied to {target} and dropped from the index"

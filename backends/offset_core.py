@@ -31,11 +31,26 @@ Checkpoints
 
 Locking
     ``_lock`` guards every in-memory structure (index, order, allocator, counters, the
-    journal position) and is never held across I/O.
+    journal position) and is never held across I/O. Two writers of one key are kept apart
+    by the SDK's :class:`~kvstored.sdk.claims.WriteClaims`. Other processes are kept out
+    by a lock the subclass takes when it attaches the volume, on a descriptor of its own:
+    never the one the io engine uses, whose io_uring requests may hold the file a moment
+    past ``close`` (issue 24).
+
+Creating, formatting, refusing, rebuilding
+    A new volume file is created, sized and formatted under a temporary name and only
+    then renamed into place, so a volume file that exists has always been formatted. A
+    volume whose superblock does not decode is never formatted over: it is refused with
+    what to do, except a device (``nvmeof``) whose first MiB is blank. Opened in repair
+    mode, a damaged superblock is rebuilt from the checkpoint slots (nothing lost) or, when
+    they are gone too, the index is rebuilt by scanning the data area for every record that
+    checks; the damaged metadata is copied to the quarantine first. Opened read-only,
+    nothing is written: no format, no checkpoint after a replay, no regrown file.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -55,13 +70,23 @@ from kvstored.backends.offset_layout import (
     AlignedScratch,
     Geometry,
     GiB,
+    MiB,
     encode_checkpoint,
     entry_size,
     header_crc_of,
     journal_blocks,
+    pack_entry,
+    peek_slot,
     tombstone_bytes,
 )
-from kvstored.backends.offset_recovery import Entry, Recovered, read_exact, recover
+from kvstored.backends.offset_recovery import (
+    Entry,
+    Recovered,
+    find_geometry,
+    read_exact,
+    recover,
+    salvage_records,
+)
 from kvstored.backends.record import (
     HEADER_SIZE,
     VALUE_OFFSET,
@@ -71,13 +96,17 @@ from kvstored.backends.record import (
 )
 from kvstored.native import EngineUnavailableError, IoEngine, IoError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
     CapacityError,
     CorruptionError,
     InvalidRequestError,
+    MissingStoreError,
     from_oserror,
 )
+from kvstored.sdk.files import PRIVATE_FILE, fsync_dir
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -86,6 +115,9 @@ from kvstored.sdk.types import (
     EvictionGranularity,
     Location,
     ObjectRecord,
+    OpenMode,
+    Problem,
+    ProblemKind,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -95,6 +127,7 @@ from kvstored.sdk.types import (
 )
 
 from kvstored.allocator import OffsetAllocator
+from kvstored.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +149,6 @@ class Volume:
     size: int
     #: A block device rather than a regular file.
     device: bool
-    #: True when a missing superblock means an unfinished format of ours (a file this
-    #: backend created or owns), so formatting cannot destroy anyone's data.
-    owned: bool
 
 
 class OffsetLayoutBackend(StorageBackend):
@@ -133,15 +163,17 @@ class OffsetLayoutBackend(StorageBackend):
 
     #: The volume size used when a new volume is created without a capacity.
     DEFAULT_VOLUME_SIZE = 1 * GiB
+    open_modes = frozenset(OpenMode)
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
+                 mode: OpenMode = OpenMode.READ_WRITE,
                  policy: str = "fifo", auto_evict: bool = True,
                  engine: str | None = None, direct: bool | None = None,
                  checkpoint_bytes: int = 1 * GiB, index_bytes: int | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
-                         on_evict=on_evict)
+                         on_evict=on_evict, mode=mode)
         if policy not in ("fifo", "lru"):
             raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if checkpoint_bytes <= 0:
@@ -160,33 +192,42 @@ class OffsetLayoutBackend(StorageBackend):
         self._lock = threading.Lock()
         self._index: dict[str, Entry] = {}
         self._order: OrderedDict[str, None] = OrderedDict()
-        self._pending: dict[str, threading.Event] = {}
+        self._claims = WriteClaims(self._lock)
         self._scratch = AlignedScratch()
         self._logical = 0
         self._records_bytes = 0      # footprints of visible objects
         self._index_used = 0         # checkpoint bytes of visible + placed objects
+        #: Locks and claims the subclass took in _attach, released at close.
+        self._holds: list = []
+        #: What this open found wrong and did (or, read-only, left) about it; the next
+        #: check() reports them.
+        self.open_problems: list[Problem] = []
 
-        volume = self._attach()
+        try:
+            volume = self._attach()
+        except BaseException:
+            self._release_holds()
+            raise
         self._file = volume.file
         self.device = volume.device
         try:
             self._geometry = self._open_geometry(volume)
             self._alloc = OffsetAllocator(self._geometry.data_size, ALIGN)
-            self._load(recover(self._engine, self._file, self._geometry,
-                               valid_end=volume.size))
-        except OSError as exc:
+            self._load(self._recover(volume))
+        except BaseException as exc:
             self._file.close()
-            if isinstance(exc, BackendError):
-                raise
-            raise from_oserror(exc, path=self._file.path, action="opening the volume") from exc
-        except BaseException:
-            self._file.close()
+            self._release_holds()
+            if isinstance(exc, OSError) and not isinstance(exc, BackendError):
+                raise from_oserror(exc, path=self._file.path,
+                                   action="opening the volume") from exc
             raise
 
     # -- subclass hooks ----------------------------------------------------------------
 
     def _attach(self) -> Volume:
-        """Open (creating if need be) the volume. Implemented by each backend."""
+        """Open the volume (creating a new one with :meth:`_create_volume` where there is
+        none and the mode allows), locked against other processes; add what must be
+        released at close to ``self._holds``. Implemented by each backend."""
         raise NotImplementedError
 
     def _volume_size_for_new(self, available: int) -> int:
@@ -194,13 +235,68 @@ class OffsetLayoutBackend(StorageBackend):
         return self.capacity if self.capacity is not None else available
 
     def _may_format(self, volume: Volume, first_block) -> bool:
-        """Whether a volume without a superblock may be formatted (subclasses widen it)."""
-        return volume.owned
+        """Whether a volume without a readable superblock may be formatted in place.
+        Never, here: new volume files are created formatted. ``nvmeof`` allows it for a
+        device (or a file it did not create) whose first MiB is blank, or with consent."""
+        return False
 
     @property
     def quarantine_dir(self) -> Path:
         """Where check(repair=True) copies bad records."""
         raise NotImplementedError
+
+    @property
+    def quarantine(self) -> Quarantine:
+        return Quarantine(self.quarantine_dir)
+
+    def _repair_hint(self) -> str:
+        """What to tell an operator whose volume's metadata cannot be read."""
+        return (f"restore the volume from a backup, run `kvstore recover --offline "
+                f"{self.path} --repair` to rebuild its metadata from the records that "
+                f"still check, or move {self.path} aside to start a new store")
+
+    def _release_holds(self) -> None:
+        while self._holds:
+            self._holds.pop().release()
+
+    # -- creating a volume ----------------------------------------------------------
+
+    def _create_volume(self, target: Path, size: int) -> bool:
+        """Create the volume file ``target`` with ``size`` bytes allocated (not sparse)
+        and formatted, atomically: it is built under a temporary name and linked into
+        place only when complete, so a volume file that exists was formatted, and a
+        crash leaves no volume or a whole one. Returns False if another process created
+        it meanwhile (theirs is kept). CapacityError when the file system cannot hold it.
+        """
+        geometry = Geometry.plan(size, self.index_bytes)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, PRIVATE_FILE)
+        try:
+            os.fchmod(fd, PRIVATE_FILE)
+            _allocate(fd, size, target)
+            file = IoFile(os.dup(fd), str(tmp))
+            try:
+                self._write_format(file, geometry, 0, [])
+            finally:
+                file.close()
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        try:
+            os.link(tmp, target)  # never replaces a volume someone else just made
+            created = True
+        except FileExistsError:
+            created = False
+        finally:
+            os.unlink(tmp)
+        fsync_dir(target.parent)
+        if created:
+            log.info("%s: created and formatted a %s offset volume", target,
+                     format_size(size))
+        return created
 
     # -- open: format or recover ------------------------------------------------------
 
@@ -209,10 +305,8 @@ class OffsetLayoutBackend(StorageBackend):
             else bytes(ALIGN)
         try:
             geometry = Geometry.decode(block, path=self._file.path)
-        except CorruptionError:
-            if block[:len(SUPER_MAGIC)] == SUPER_MAGIC or not self._may_format(volume, block):
-                raise
-            return self._format(volume)
+        except CorruptionError as exc:
+            return self._unreadable_superblock(volume, block, exc)
         if self.capacity is not None and geometry.volume_size != self.capacity - \
                 self.capacity % ALIGN:
             raise InvalidRequestError(
@@ -224,42 +318,153 @@ class OffsetLayoutBackend(StorageBackend):
             self._restore_size(volume, geometry)
         return geometry
 
+    def _unreadable_superblock(self, volume: Volume, block, exc: CorruptionError) -> Geometry:
+        """No superblock that checks: format only a blank device (or with consent), rebuild
+        in repair mode, refuse otherwise."""
+        ours = block[:len(SUPER_MAGIC)] == SUPER_MAGIC
+        if self.mode is OpenMode.REPAIR and (any(block) or self._has_checkpoints(volume)):
+            return self._rebuild_superblock(volume, exc.message)
+        if not ours and self._may_format(volume, block):
+            if self.read_only:
+                raise MissingStoreError(
+                    "no volume here: the device or file is blank (never formatted), and a "
+                    "read-only open does not format it", path=self._file.path)
+            geometry = Geometry.plan(self._volume_size_for_new(volume.size), self.index_bytes)
+            if geometry.volume_size > volume.size:
+                raise InvalidRequestError(
+                    f"capacity {geometry.volume_size} exceeds the {volume.size} bytes of the "
+                    "device; give a capacity up to its size, or none to use all of it",
+                    path=self._file.path)
+            self._write_format(self._file, geometry, 0, [])
+            return geometry
+        raise CorruptionError(
+            f"{exc.message}. kvstored never formats over data it cannot read: "
+            f"{self._repair_hint()}", path=self._file.path) from None
+
+    def _has_checkpoints(self, volume: Volume) -> bool:
+        """Whether checkpoint slot A (always at 4096) holds a checkpoint header."""
+        if volume.size < 2 * ALIGN:
+            return False
+        return peek_slot(read_exact(self._engine, self._file, ALIGN, ALIGN)) is not None
+
     def _restore_size(self, volume: Volume, geometry: Geometry) -> None:
         """A volume shorter than its superblock says: a device is refused, a regular file
         (truncated by accident or by a test) is grown back; records past the cut are lost
-        and recovery drops them."""
+        and recovery drops them. Read-only, the file is left as it is."""
         if volume.device:
             raise InvalidRequestError(
                 f"the device holds {volume.size} bytes but its volume was formatted with "
                 f"{geometry.volume_size}; is this the right device?", path=self._file.path)
-        log.warning("%s: the volume file is %d bytes, its superblock says %d; growing it "
-                    "back (records past the cut are lost)", self._file.path, volume.size,
-                    geometry.volume_size)
-        os.posix_fallocate(self._file.fd, 0, geometry.volume_size)
+        log.warning("%s: the volume file is %d bytes, its superblock says %d; %s (records "
+                    "past the cut are lost)", self._file.path, volume.size,
+                    geometry.volume_size,
+                    "left as it is (read-only)" if self.read_only else "growing it back")
+        if not self.read_only:
+            _allocate(self._file.fd, geometry.volume_size, self._file.path)
 
-    def _format(self, volume: Volume) -> Geometry:
-        size = self._volume_size_for_new(volume.size)
-        if size > volume.size:
-            if volume.device:
-                raise InvalidRequestError(
-                    f"capacity {size} exceeds the {volume.size} bytes of the device; "
-                    "give a capacity up to its size, or none to use all of it",
-                    path=self._file.path)
-            os.posix_fallocate(self._file.fd, 0, size)
-        geometry = Geometry.plan(size, self.index_bytes)
+    def _write_format(self, file: IoFile, geometry: Geometry, seq: int,
+                      entries: list[bytes]) -> None:
+        """Write a volume's metadata: checkpoint slot A (generation 0, holding
+        ``entries`` as of ``seq``), an empty slot B, then the superblock, last: a crash in
+        between leaves no superblock, hence no volume that anyone could take for one."""
         slot_a, slot_b = geometry.slot_offsets
-        first = encode_checkpoint(geometry, 0, 0, [])  # generation g lives in slot g % 2
-        # Metadata first, superblock last: a crash in between leaves no superblock, and
-        # an owned volume without one is simply formatted again.
-        write_sync(self._engine, self._file,
-                   [(self._file, slot_a, first), (self._file, slot_b, bytes(ALIGN))],
+        first = encode_checkpoint(geometry, 0, seq, entries)  # generation g in slot g % 2
+        write_sync(self._engine, file, [(file, slot_a, first), (file, slot_b, bytes(ALIGN))],
                    "formatting the volume")
-        write_sync(self._engine, self._file, [(self._file, 0, geometry.encode())],
+        write_sync(self._engine, file, [(file, 0, geometry.encode())],
                    "writing the superblock")
         log.info("%s: formatted a %d-byte offset volume (index %d bytes per slot, journal "
-                 "%d bytes, data from %d)", self._file.path, geometry.volume_size,
+                 "%d bytes, data from %d)", file.path, geometry.volume_size,
                  geometry.slot_size, geometry.journal_size, geometry.data_offset)
+
+    # -- repair mode: rebuilding lost metadata ----------------------------------------
+
+    def _rebuild_superblock(self, volume: Volume, why: str) -> Geometry:
+        """Repair mode, the superblock does not check: set the volume's first MiB aside,
+        then recognise the volume from its checkpoint slots and write the superblock
+        again, or, if they are lost too, rebuild everything from the records."""
+        size = volume.size if not volume.device else self._volume_size_for_new(volume.size)
+        self._copy_out(0, min(volume.size, 1 * MiB) - min(volume.size, 1 * MiB) % ALIGN,
+                       "head", why)
+        geometry = find_geometry(self._engine, self._file, size - size % ALIGN,
+                                 self.index_bytes)
+        if geometry is None:
+            return self._rebuild_from_records(Geometry.plan(size, self.index_bytes),
+                                              f"the superblock did not check ({why}) and "
+                                              "the checkpoint slots do not identify the "
+                                              "volume")
+        write_sync(self._engine, self._file, [(self._file, 0, geometry.encode())],
+                   "rewriting the superblock")
+        self._note(ProblemKind.CORRUPT_RECORD, f"the superblock did not check ({why})",
+                   f"rebuilt it from the checkpoint slots of volume {geometry.uuid.hex()}; "
+                   "the first MiB was copied to the quarantine first")
         return geometry
+
+    def _rebuild_from_records(self, geometry: Geometry, why: str) -> Geometry:
+        """Scan the volume for every record that checks and write new metadata (for
+        ``geometry``) indexing the newest record of each key."""
+        found = salvage_records(self._file.path, ALIGN, geometry.volume_size,
+                                below=geometry.data_offset)
+        for offset, header in found.shadowed:  # the new metadata goes over them: copy out
+            self._copy_out(offset, record_size(header.value_len), f"{offset:012x}",
+                           f"{why}; the record of {header.key!r} lies where the rebuilt "
+                           "metadata goes")
+        ordered = sorted(found.records.items(), key=lambda item: item[1][1].seq)
+        entries, kept = [], 0
+        budget = geometry.index_capacity
+        for key, (offset, header) in reversed(ordered):  # newest first, if they do not all fit
+            packed = pack_entry(offset, header.value_len, header.seq, header.write_ns,
+                                header.value_crc, key.encode())
+            if len(packed) > budget:
+                break
+            budget -= len(packed)
+            entries.append(packed)
+            kept += 1
+        entries.reverse()
+        seq = max((h.seq for _, h in found.records.values()), default=0)
+        self._write_format(self._file, geometry, seq, entries)
+        lost = len(ordered) - kept
+        self._note(ProblemKind.INDEX_MISMATCH, why,
+                   f"rebuilt the index from {kept} record(s) found by scanning "
+                   f"{format_size(found.scanned_bytes)} of the volume"
+                   + (f" ({lost} older one(s) did not fit the index)" if lost else "")
+                   + "; objects deleted before the damage may reappear")
+        return geometry
+
+    def _recover(self, volume: Volume) -> Recovered:
+        try:
+            return recover(self._engine, self._file, self._geometry, valid_end=volume.size)
+        except CorruptionError as exc:
+            if self.mode is not OpenMode.REPAIR:
+                raise CorruptionError(f"{exc.message}: {self._repair_hint()}",
+                                      path=self._file.path) from None
+            slot_a, _ = self._geometry.slot_offsets
+            self._copy_out(slot_a, 2 * self._geometry.slot_size, "checkpoints", exc.message)
+            self._rebuild_from_records(self._geometry, exc.message)
+            return recover(self._engine, self._file, self._geometry, valid_end=volume.size)
+
+    def _copy_out(self, offset: int, length: int, stem: str, why: str) -> str:
+        """Copy ``length`` bytes of the volume at ``offset`` to the quarantine."""
+        def chunks():
+            done = 0
+            while done < length:
+                piece = min(16 * MiB, length - done)
+                buf = bytearray(piece)
+                [got] = self._engine.read([(self._file, offset + done, buf)])
+                if isinstance(got, IoError):
+                    raise from_oserror(got, path=self._file.path, action="copying out")
+                yield memoryview(buf)[:got]
+                if got < piece:
+                    return
+                done += piece
+
+        return self.quarantine.copy_out(
+            f"{Path(self._file.path).name}-{stem}", chunks(),
+            {"volume": self._file.path, "offset": offset, "length": length, "reason": why})
+
+    def _note(self, kind: ProblemKind, detail: str, action: str) -> None:
+        log.warning("%s: %s: %s", self._file.path, detail, action)
+        self.open_problems.append(Problem(kind, detail, None, self._file.path, action))
 
     def _load(self, found: Recovered) -> None:
         data_offset = self._geometry.data_offset
@@ -277,7 +482,7 @@ class OffsetLayoutBackend(StorageBackend):
         self._journal = JournalGate(self._engine, self._file, self._geometry, self._lock,
                                     self._snapshot_locked, generation=found.generation,
                                     checkpoint_bytes=self.checkpoint_bytes)
-        if found.replayed or found.notes:
+        if (found.replayed or found.notes) and not self.read_only:
             # Restart the journal on a checkpoint of the recovered state, so that new
             # entries never overwrite live ones.
             log.info("%s: replayed %d journal entries; %d objects", self._file.path,
@@ -294,6 +499,7 @@ class OffsetLayoutBackend(StorageBackend):
                       "everything, the next open replays it", self.path, exc)
         finally:
             self._file.close()
+            self._release_holds()
             with self._lock:
                 self._index.clear()
                 self._order.clear()
@@ -302,7 +508,7 @@ class OffsetLayoutBackend(StorageBackend):
     def capabilities(self) -> Capabilities:
         return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
                             aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size)
+                            max_value_size=self.max_value_size, read_only_open=True)
 
     def write_batch_hint(self) -> WriteBatchHint:
         """Any batch size works; a batch costs one journal entry and one fdatasync, and
@@ -326,48 +532,26 @@ class OffsetLayoutBackend(StorageBackend):
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (normally they happen on their own)."""
-        self._check_open()
+        self._check_writable()
         self._journal.checkpoint()
 
     # -- writes ------------------------------------------------------------------------
 
     def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
-        self._check_open()
+        self._check_writable()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        claimed: list[tuple[int, str, bytes, memoryview]] = []
-        mine: dict[str, threading.Event] = {}
-        try:
-            for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-                if key in mine:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                    continue
-                event = self._claim(key)
-                if event is None:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                    continue
-                mine[key] = event
-                claimed.append((i, key, key_bytes, memoryview(value).cast("B")))
+
+        def write(positions: list[int]) -> None:
+            claimed = [(i, items[i][0], encoded[i], memoryview(items[i][1]).cast("B"))
+                       for i in positions]
             for start in range(0, len(claimed), WRITE_CHUNK):
                 self._write_chunk(claimed[start:start + WRITE_CHUNK], results)
-        finally:
-            with self._lock:
-                for key, event in mine.items():
-                    del self._pending[key]
-                    event.set()
-        return results  # type: ignore[return-value]
 
-    def _claim(self, key: str) -> threading.Event | None:
-        """Mark ``key`` as being written by this thread, or return None if it exists."""
-        while True:
-            with self._lock:
-                if key in self._index:
-                    return None
-                other = self._pending.get(key)
-                if other is None:
-                    event = self._pending[key] = threading.Event()
-                    return event
-            other.wait()  # another thread is writing this key: see how it ends
+        for i in self._claims.write_batch([key for key, _ in items],
+                                          stored=self._index.__contains__, write=write):
+            results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
+        return results  # type: ignore[return-value]
 
     def _write_chunk(self, chunk, results: list) -> None:
         placed = []
@@ -559,7 +743,7 @@ class OffsetLayoutBackend(StorageBackend):
             if not evicting:
                 with self._lock:  # the delete did not happen: put the keys back
                     for key, entry in victims:
-                        if key in self._index or key in self._pending:
+                        if key in self._index or self._claims.claimed(key):
                             continue  # written again meanwhile: keep the new one
                         self._index[key] = entry
                         self._order[key] = None
@@ -588,7 +772,7 @@ class OffsetLayoutBackend(StorageBackend):
                 self._journal.leave()
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
-        self._check_open()
+        self._check_writable()
         with self._lock:
             victims = self._choose_victims_locked(max(nbytes, 0)) if nbytes > 0 else []
         if victims:
@@ -596,7 +780,7 @@ class OffsetLayoutBackend(StorageBackend):
         return [key for key, _ in victims]
 
     def batch_delete(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
+        self._check_writable()
         for key in keys:
             encode_key(key)
         removed: list[tuple[str, Entry]] = []
@@ -717,7 +901,10 @@ class OffsetLayoutBackend(StorageBackend):
     def check(self, repair: bool = False) -> CheckReport:
         from kvstored.backends.offset_check import check_volume
 
-        self._check_open()
+        if repair:
+            self._check_writable()
+        else:
+            self._check_open()
         return check_volume(self, repair)
 
 
@@ -737,3 +924,19 @@ def record_problem(key: str, entry: Entry, head, value, got_head: int,
         return "the value fails its checksum"
     return None
 
+
+
+def _allocate(fd: int, size: int, path) -> None:
+    """``posix_fallocate`` the first ``size`` bytes of ``fd``; a full file system is a
+    CapacityError naming the file, the size needed and what is free."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        st = os.fstatvfs(fd)
+        free = st.f_bavail * st.f_frsize
+        raise CapacityError(
+            f"the volume needs {format_size(size)} ({size} bytes) but the file system holding "
+            f"it has {format_size(free)} free; give a smaller capacity (the node's --ssd) or "
+            "free space", path=path) from None

@@ -137,7 +137,8 @@ class Geometry:
         return self.journal_size // ALIGN
 
     @classmethod
-    def plan(cls, volume_size: int, index_bytes: int | None = None) -> Geometry:
+    def plan(cls, volume_size: int, index_bytes: int | None = None, *,
+             uuid: bytes | None = None) -> Geometry:
         """The geometry of a new volume of ``volume_size`` bytes.
 
         Each checkpoint slot gets ``index_bytes`` (default 1/256 of the volume, from
@@ -156,7 +157,7 @@ class Geometry:
                 raise InvalidRequestError(f"index_bytes must be at least 4096, not {index_bytes}")
             slot = align_up(index_bytes + SLOT_HEADER_SIZE)
         journal = min(max(align_up(volume_size // 1024), 64 * KiB), 64 * MiB)
-        geometry = cls(volume_size, slot, journal, os.urandom(16), time.time_ns())
+        geometry = cls(volume_size, slot, journal, uuid or os.urandom(16), time.time_ns())
         if geometry.data_size < 16 * ALIGN:
             raise InvalidRequestError(
                 f"a volume of {volume_size} bytes leaves no room for data after "
@@ -240,6 +241,22 @@ def decode_slot_header(block, geometry: Geometry) -> SlotHeader | None:
     if payload_len > geometry.index_capacity:
         return None
     return SlotHeader(generation, seq, entries, payload_len, payload_crc)
+
+
+def peek_slot(block) -> tuple[bytes, int] | None:
+    """``(volume uuid, generation)`` of the checkpoint header at the start of ``block``,
+    or None: how a volume whose superblock is lost is recognised (the header is checked by
+    its own CRC; the geometry is not needed)."""
+    if len(block) < SLOT_HEADER_SIZE:
+        return None
+    (magic, version, _reserved, uuid, generation, _seq, _entries, _payload_len,
+     _payload_crc) = SLOT_HEADER.unpack_from(block, 0)
+    if magic != SLOT_MAGIC or version != LAYOUT_VERSION:
+        return None
+    (stored,) = struct.unpack_from("<I", block, SLOT_HEADER.size)
+    if stored != crc32c(memoryview(block)[:SLOT_HEADER.size]):
+        return None
+    return bytes(uuid), generation
 
 
 # -- the journal --------------------------------------------------------------------------

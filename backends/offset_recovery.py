@@ -23,16 +23,25 @@ The state at any moment is *the newest valid checkpoint* plus *every live journa
 
 The cost is bounded by the index size plus what was written since the last checkpoint,
 never by the volume size.
+
+When the volume's own metadata is lost (repair mode only; a normal open refuses), two
+more tools rebuild it: :func:`find_geometry` recognises a volume whose superblock is
+damaged from its checkpoint slots (nothing is lost then), and :func:`salvage_records`
+scans the data area record by record, without any index, for every record that checks
+(objects deleted before the damage may reappear then: only the lost index knew).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
 from kvstored.backends.offset_layout import (
     CKPT_ENTRY,
+    JOURNAL_MAGIC,
     SLOT_HEADER_SIZE,
     AlignedScratch,
     Geometry,
@@ -41,15 +50,17 @@ from kvstored.backends.offset_layout import (
     decode_slot_header,
     header_crc_of,
     pack_entry,
+    peek_slot,
 )
 from kvstored.backends.record import (
     ALIGN,
     VALUE_OFFSET,
     align_up,
     decode_header,
+    scan_records,
 )
 from kvstored.native import IoEngine, IoFile
-from kvstored.sdk.errors import BackendIOError, CorruptionError
+from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestError
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
@@ -328,3 +339,74 @@ def _drop_overlaps(entries: dict[str, Entry], notes: list[str]) -> list[tuple[in
         kept_key, kept_end = key, entry.offset + entry.footprint
         kept.append((entry.offset, entry.footprint))
     return kept
+
+
+# -- rebuilding lost metadata (repair mode) ------------------------------------------------
+
+
+def find_geometry(engine: IoEngine, file: IoFile, volume_size: int,
+                  index_bytes: int | None) -> Geometry | None:
+    """The geometry of a volume whose superblock is lost, recognised from its checkpoint
+    slots, or None when they do not identify it.
+
+    The geometry is a function of the volume size and ``index_bytes`` (the default, or the
+    option given); the uuid is in every checkpoint header. A candidate is taken when its
+    slot B holds a valid checkpoint header, or when slot A (always at 4096) does and the
+    candidate's slot B and journal start hold nothing of another volume: enough that the
+    journal and data area are where the candidate says.
+    """
+    candidates = []
+    for option in dict.fromkeys([index_bytes, None]):
+        try:
+            candidates.append(Geometry.plan(volume_size, option))
+        except InvalidRequestError:
+            continue
+    for geometry in candidates:
+        slot_a, slot_b = geometry.slot_offsets
+        try:
+            head_a = read_exact(engine, file, slot_a, ALIGN)
+            head_b = read_exact(engine, file, slot_b, ALIGN)
+            journal = read_exact(engine, file, geometry.journal_offset, ALIGN)
+        except (CorruptionError, BackendIOError):
+            continue
+        found_a, found_b = peek_slot(head_a), peek_slot(head_b)
+        if found_b is not None and (found_a is None or found_a[0] == found_b[0]):
+            return dataclasses.replace(geometry, uuid=found_b[0])
+        if found_a is None or any(head_b):
+            continue
+        uuid = found_a[0]
+        if any(journal) and (journal[:4] != JOURNAL_MAGIC or journal[8:24] != uuid):
+            continue
+        return dataclasses.replace(geometry, uuid=uuid)
+    return None
+
+
+@dataclass
+class Salvaged:
+    """What a scan of the data area found: the newest record of each key."""
+
+    #: key -> (record offset, header), newest seq of each key.
+    records: dict[str, tuple[int, object]] = field(default_factory=dict)
+    #: Records that lie inside ``below`` (the metadata of the geometry being rebuilt).
+    shadowed: list[tuple[int, object]] = field(default_factory=list)
+    scanned_bytes: int = 0
+
+
+def salvage_records(path: str, start: int, end: int, *, below: int = 0) -> Salvaged:
+    """Scan ``path`` (a volume file or device) from ``start`` to ``end`` for every record
+    that checks (:func:`kvstored.backends.record.scan_records`); keep the newest of each
+    key. Records starting before ``below`` are returned apart (the new metadata will
+    overwrite them: the caller copies them out first)."""
+    found = Salvaged(scanned_bytes=max(0, end - start))
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for offset, header in scan_records(lambda n, at: os.pread(fd, n, at), start, end):
+            if offset < below:
+                found.shadowed.append((offset, header))
+                continue
+            known = found.records.get(header.key)
+            if known is None or known[1].seq < header.seq:
+                found.records[header.key] = (offset, header)
+    finally:
+        os.close(fd)
+    return found

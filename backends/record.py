@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from crc32c import crc32c
@@ -128,3 +129,58 @@ def decode_header(block, *, path: str | None = None, offset: int = 0) -> RecordH
     except UnicodeDecodeError:
         raise CorruptionError(f"{where} has a key that is not UTF-8", path=path) from None
     return RecordHeader(key, value_len, seq, write_ns, value_crc, flags)
+
+
+#: Bytes read at a time by :func:`scan_records`.
+SCAN_CHUNK = 8 << 20
+
+
+def scan_records(pread: Callable[[int, int], bytes], start: int, end: int
+                 ) -> Iterator[tuple[int, RecordHeader]]:
+    """Every record between ``start`` and ``end`` whose header *and* value check, as
+    ``(offset, header)``, found without any index: what repair uses when an index, a
+    journal or a superblock is lost.
+
+    Records start on 4 KiB boundaries, so the scan looks for the magic at every 4 KiB
+    step from ``start`` (a multiple of 4096); after a record that checks it jumps past
+    the record's padded extent. Tombstones are skipped. ``pread(length, offset)`` reads
+    the file or volume (shorter at its end). A value that itself contains a record that
+    checks is found only if the record around it does not: objects are opaque bytes.
+    """
+    pos = align_up(start)
+    while pos + HEADER_SIZE <= end:
+        window = pread(min(SCAN_CHUNK, end - pos), pos)
+        if not window:
+            return
+        at = 0
+        resume = None
+        while at + HEADER_SIZE <= len(window):
+            if window[at:at + 4] != MAGIC:
+                at += ALIGN
+                continue
+            head = window[at:at + VALUE_OFFSET]
+            if len(head) < VALUE_OFFSET:
+                head = pread(VALUE_OFFSET, pos + at)
+            try:
+                header = decode_header(head, offset=pos + at)
+            except CorruptionError:
+                at += ALIGN
+                continue
+            value_at = pos + at + VALUE_OFFSET
+            if header.tombstone or value_at + header.value_len > end:
+                at += ALIGN
+                continue
+            inside = at + VALUE_OFFSET + header.value_len <= len(window)
+            value = (window[at + VALUE_OFFSET:at + VALUE_OFFSET + header.value_len] if inside
+                     else pread(header.value_len, value_at))
+            if len(value) != header.value_len or value_checksum(value) != header.value_crc:
+                at += ALIGN
+                continue
+            yield pos + at, header
+            at += record_size(header.value_len)
+            if at > len(window):
+                resume = pos + at
+                break
+        pos = resume if resume is not None else pos + len(window) - len(window) % ALIGN
+        if len(window) % ALIGN and resume is None:
+            return  # the file ends inside this window

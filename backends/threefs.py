@@ -5,7 +5,7 @@ Layout under the directory given (a 3FS mount point, or a folder on it)::
     <cluster>/KVSTORED-BACKEND.json      the stamp (backend "3fs", layout 1)
     <cluster>/<node-id>/journal.kvj      the node's index (backends/threefs_journal.py)
     <cluster>/<node-id>/shard-NNNNNNNN.dat   records (backends/record.py), appended
-    <cluster>/<node-id>/LOCK             flock'd while a process writes as this node
+    <cluster>/<node-id>/KVSTORED-LOCK    flock'd while a process has this node open
     <cluster>/<node-id>/quarantine/      what check(repair=True) moved or copied aside
 
 Each node writes only under its own directory, so no two nodes ever write one file; any
@@ -20,12 +20,16 @@ A batch is written as: records appended to the node's active shard (one engine
 submission), the shard fsync'd, the journal entries appended and fsync'd, and only then
 the objects are visible and acknowledged. Data I/O goes through 3FS's USRBIO where it is
 available (backends/threefs_usrbio.py), else through kvstored's io engine.
+
+Every open mode of the SDK is supported. Read-only, nothing under the path is created or
+changed (the journal's torn tail and the shards' sparse tails are left, the lock is taken
+shared); repair mode sets an unreadable journal aside and starts a new one, whose shards
+``check(repair=True)`` then adopts from their records.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -40,7 +44,7 @@ from kvstored.backends.record import (
     VALUE_OFFSET,
     record_size,
 )
-from kvstored.backends.stamp import STAMP_NAME, claim_directory, fsync_dir
+from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
 from kvstored.backends.threefs_files import (
     HandleCache,
     ReadRequest,
@@ -69,14 +73,19 @@ from kvstored.backends.threefs_view import ClusterView
 from kvstored.backends.threefs_writer import Placed, write_records
 from kvstored.native import IoError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
     BackendIOError,
     CapacityError,
     CorruptionError,
     InvalidRequestError,
+    MissingStoreError,
     from_oserror,
 )
+from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.lock import LOCK_NAME, StoreLock
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -85,6 +94,7 @@ from kvstored.sdk.types import (
     EvictionGranularity,
     Location,
     ObjectRecord,
+    OpenMode,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -146,17 +156,22 @@ class ThreeFsBackend(StorageBackend):
     """
 
     name = "3fs"
+    open_modes = frozenset(OpenMode)
+    #: What a cluster directory holds besides its stamp: node directories, which have no
+    #: fixed name, so a cluster directory with a lost stamp is not recognised by name.
+    layout_markers: tuple[str, ...] = ()
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
+                 mode: OpenMode = OpenMode.READ_WRITE,
                  engine: str | None = None, direct: bool | None = None,
                  cluster: str = "default", node_id: str | None = None,
                  shard_bytes: int = DEFAULT_SHARD_BYTES, policy: str = "fifo",
                  auto_evict: bool = True, usrbio: str = "auto",
                  shared_reads: bool = True) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
-                         on_evict=on_evict)
+                         on_evict=on_evict, mode=mode)
         if policy not in ("fifo", "lru"):
             raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if shard_bytes < MIN_SHARD_BYTES:
@@ -172,6 +187,7 @@ class ThreeFsBackend(StorageBackend):
         self.cluster_dir = self.root / self.cluster
         self.node_dir = self.cluster_dir / self.node_id
         self.quarantine_dir = self.node_dir / "quarantine"
+        self.quarantine = Quarantine(self.quarantine_dir)
         #: Reads of this node's records that failed their checks (a metric).
         self.corrupt_reads = 0
 
@@ -192,18 +208,19 @@ class ThreeFsBackend(StorageBackend):
         self._index = NodeIndex()
         self._shards: dict[int, _Shard] = {}
         self._active: _Shard | None = None
-        #: Keys being written, and the event a second writer of the key waits on.
-        self._pending: dict[str, threading.Event | None] = {}
+        self._claims = WriteClaims(self._lock)
         self._seq = 0
         self._next_shard = 1
         self._data_bytes = 0
         self._pending_journal = 0
         self._unpublished = 0
-        self._lock_fd = -1
+        self._node_lock: StoreLock | None = None
         self._stuck: JournalStuckError | None = None
         self.journal: JournalWriter | None = None
         #: Problems recovery found at open, for check() to report and repair.
         self.open_problems: list = []
+        #: What this open already did about damage (repair mode), for check() to report.
+        self.open_reports: list = []
         self.journal_damage: list[tuple[int, int]] = []
         try:
             self._claim()
@@ -212,7 +229,7 @@ class ThreeFsBackend(StorageBackend):
             self._io_threads.shutdown()
             if self.journal is not None:
                 self.journal.close()
-            self._release_lock_file()
+            self._release_node_lock()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
                 raise from_oserror(exc, path=self.node_dir,
                                    action="opening the backend") from exc
@@ -225,35 +242,39 @@ class ThreeFsBackend(StorageBackend):
     # -- open ---------------------------------------------------------------------------
 
     def _claim(self) -> None:
-        if (self.root / STAMP_NAME).exists():
-            # Another backend's directory: claim_directory refuses it, naming the owner.
-            claim_directory(self.root, self.name, LAYOUT_VERSION)
-        self.root.mkdir(parents=True, exist_ok=True)
-        _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION)
-        if not self.node_dir.is_dir():
-            self.node_dir.mkdir(exist_ok=True)
-            fsync_dir(self.cluster_dir)
-        self.quarantine_dir.mkdir(exist_ok=True)
-        self._lock_fd = os.open(self.node_dir / "LOCK", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                0o600)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        stamp = read_stamp(self.root)
+        if stamp is not None and stamp.backend != self.name:
             raise InvalidRequestError(
-                f"node {self.node_id!r} of cluster {self.cluster!r} is already open in "
-                "another process or backend instance; a node id has one writer at a time",
-                path=self.node_dir) from None
-        except OSError as exc:
+                f"{self.root} belongs to the {stamp.backend!r} backend; open it with "
+                f"--backend {stamp.backend}", path=self.root)
+        if self.read_only:
+            claim_directory(self.cluster_dir, self.name, LAYOUT_VERSION, mode=self.mode,
+                            lock=False, markers=_cluster_markers(self.cluster_dir))
+            if not self.node_dir.is_dir():
+                raise MissingStoreError(
+                    f"cluster {self.cluster!r} has no node {self.node_id!r} (looked for "
+                    f"{self.node_dir / JOURNAL_NAME})", path=self.node_dir)
+        else:
+            make_private_dirs(self.root)
+            _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION, self.mode,
+                          self.open_reports)
+            if make_private_dirs(self.node_dir):
+                fsync_dir(self.cluster_dir)
+        try:
+            self._node_lock = StoreLock.acquire(
+                self.node_dir / LOCK_NAME, shared=self.read_only,
+                what=f"3fs node {self.node_id!r} of cluster {self.cluster!r}")
+        except BackendIOError as exc:
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
             log.warning("3fs: %s does not support file locks (%s); nothing stops two "
                         "processes from opening node %s: keep node ids unique",
-                        self.node_dir, exc.strerror, self.node_id)
+                        self.node_dir, os.strerror(exc.errno), self.node_id)
 
-    def _release_lock_file(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = -1
+    def _release_node_lock(self) -> None:
+        if self._node_lock is not None:
+            self._node_lock.release()
+            self._node_lock = None
 
     def _close(self) -> None:
         with self._lock:
@@ -266,7 +287,7 @@ class ThreeFsBackend(StorageBackend):
         self.files.close_all()
         if self.journal is not None:
             self.journal.close()
-        self._release_lock_file()
+        self._release_node_lock()
 
     # -- capabilities -----------------------------------------------------------------
 
@@ -274,7 +295,7 @@ class ThreeFsBackend(StorageBackend):
     def capabilities(self) -> Capabilities:
         return Capabilities(shared=True, eviction=EvictionGranularity.BUCKET,
                             aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size)
+                            max_value_size=self.max_value_size, read_only_open=True)
 
     def write_batch_hint(self) -> WriteBatchHint:
         # Each batch costs two fsyncs (shard, journal), in series by design; on a shared
@@ -286,46 +307,18 @@ class ThreeFsBackend(StorageBackend):
     # -- writes -------------------------------------------------------------------------
 
     def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
-        self._check_open()
+        self._check_writable()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        todo, seen = [], set()
-        for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-            if key in seen:
-                results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                continue
-            seen.add(key)
-            todo.append((i, key, key_bytes, memoryview(value).cast("B")))
-        while todo:
-            # Claim every free key at once; keys another batch is writing are waited
-            # for only after this round's claims are released, so that two batches
-            # naming the same keys in opposite orders cannot wait for each other.
-            work, contested = [], []
-            with self._lock:
-                for item in todo:
-                    key = item[1]
-                    if key in self._index.objects:
-                        results[item[0]] = WriteResult(key, WriteOutcome.EXISTS)
-                    elif key in self._pending:
-                        event = self._pending[key]
-                        if event is None:
-                            event = self._pending[key] = threading.Event()
-                        contested.append((item, event))
-                    else:
-                        self._pending[key] = None
-                        work.append(item)
-            try:
-                if work:
-                    self._write(work, results)
-            finally:
-                with self._lock:
-                    for item in work:
-                        event = self._pending.pop(item[1])
-                        if event is not None:
-                            event.set()
-            for _item, event in contested:
-                event.wait()  # then look again: written (EXISTS), or failed (try it)
-            todo = [item for item, _ in contested]
+
+        def write(positions: list[int]) -> None:
+            self._write([(i, items[i][0], encoded[i], memoryview(items[i][1]).cast("B"))
+                         for i in positions], results)
+
+        for i in self._claims.write_batch([key for key, _ in items],
+                                          stored=self._index.objects.__contains__,
+                                          write=write):
+            results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
 
     def _write(self, work: list, results: list) -> None:
@@ -717,7 +710,7 @@ class ThreeFsBackend(StorageBackend):
     # -- deletes and eviction -----------------------------------------------------------
 
     def batch_delete(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
+        self._check_writable()
         for key in keys:
             encode_key(key)
         answers = []
@@ -752,7 +745,7 @@ class ThreeFsBackend(StorageBackend):
         return answers
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
-        self._check_open()
+        self._check_writable()
         with self._lock:
             try:
                 victims = self._evict_locked(nbytes, on_evict)
@@ -815,7 +808,10 @@ class ThreeFsBackend(StorageBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        self._check_open()
+        if repair:
+            self._check_writable()
+        else:
+            self._check_open()
         return threefs_check.check(self, repair)
 
 
@@ -824,8 +820,20 @@ def _location(node_dir: Path, slot: Slot) -> Location:
                     slot.size, slot.offset, record_size(slot.size))
 
 
-def _claim_shared(cluster_dir: Path, backend: str, layout: int) -> None:
-    """:func:`claim_directory` for a directory that several nodes may create at once.
+def _cluster_markers(cluster_dir: Path) -> tuple[str, ...]:
+    """The node directories of ``cluster_dir`` that hold a journal: what shows that a
+    cluster directory whose stamp is lost belongs to 3fs."""
+    try:
+        return tuple(sorted(child.name for child in cluster_dir.iterdir()
+                            if (child / JOURNAL_NAME).is_file()))
+    except OSError:
+        return ()
+
+
+def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
+                  report: list) -> None:
+    """:func:`claim_directory` for a directory that several nodes may create at once
+    (so without a lock: each node locks its own directory).
 
     Two nodes starting together can find each other's half-made stamp (its temporary
     file makes the directory "not empty") or lose the rename of the shared temporary
@@ -835,17 +843,19 @@ def _claim_shared(cluster_dir: Path, backend: str, layout: int) -> None:
     deadline = time.monotonic() + 5
     while True:
         try:
-            claim_directory(cluster_dir, backend, layout)
+            claim_directory(cluster_dir, backend, layout, mode=mode, lock=False, report=report,
+                            markers=_cluster_markers(cluster_dir))
             return
         except FileNotFoundError:
             pass  # the other node renamed the shared temporary file first
         except InvalidRequestError:
             if (cluster_dir / STAMP_NAME).exists():
-                claim_directory(cluster_dir, backend, layout)  # the real verdict
-                return
+                claim_directory(cluster_dir, backend, layout, mode=mode, lock=False,
+                                report=report)
+                return  # the real verdict
             if time.monotonic() > deadline:
                 raise
-        time.sleep(0.02)
+        time.sleep(0.02)  # polled with a deadline: the other node is mid-rename
 
 
 __all__ = ["JOURNAL_NAME", "SharedObject", "ThreeFsBackend"]

@@ -4,6 +4,11 @@ Recovery trusts the journal and checks it against the files: it never guesses. W
 cannot reconcile is left out of the index and remembered as a finding, for ``check`` to
 report and ``check(repair=True)`` to fix, keeping the evidence (records are copied to
 ``quarantine/``, files moved there, never simply deleted).
+
+Opened read-only, recovery draws the same conclusions and changes nothing: no journal is
+created, a torn tail stays (parsing stops before it), shards keep their sparse tails. In
+repair mode an unreadable journal is moved to ``quarantine/`` and a new one started: every
+shard file is then an orphan, whose records ``check(repair=True)`` adopts.
 """
 
 from __future__ import annotations
@@ -17,11 +22,9 @@ from typing import TYPE_CHECKING
 from kvstored.backends.record import (
     VALUE_OFFSET,
     align_up,
-    decode_header,
     record_size,
-    value_checksum,
+    scan_records,
 )
-from kvstored.backends.stamp import fsync_dir
 from kvstored.backends.threefs_index import NodeIndex, Slot, shard_number, shard_path
 from kvstored.backends.threefs_journal import (
     JOURNAL_NAME,
@@ -35,7 +38,7 @@ from kvstored.backends.threefs_journal import (
     remove_stale_tmp,
 )
 from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.types import CheckReport, Problem, ProblemKind, ReadStatus
+from kvstored.sdk.types import CheckReport, OpenMode, Problem, ProblemKind, ReadStatus
 
 if TYPE_CHECKING:
     from kvstored.backends.threefs import ThreeFsBackend
@@ -66,34 +69,54 @@ def recover(b: ThreeFsBackend) -> None:
     """Load the node's journal, reconcile it with the shard files, and set up ``b``."""
     from kvstored.backends.threefs import _Shard
 
-    if remove_stale_tmp(b.node_dir):
+    read_only = b.read_only
+    if not read_only and remove_stale_tmp(b.node_dir):
         log.info("3fs: removed an unfinished journal rewrite in %s", b.node_dir)
     files = {}
     for item in os.scandir(b.node_dir):
         number = shard_number(item.name)
         if number is not None and item.is_file():
-            files[number] = _cut_trailing_hole(item.path, item.stat().st_size)
+            files[number] = _cut_trailing_hole(item.path, item.stat().st_size,
+                                               read_only=read_only)
     path = b.node_dir / JOURNAL_NAME
     index = NodeIndex()
-    if not path.exists():
-        # The generation starts from the clock so that it never repeats one a reader
-        # remembers from an earlier journal of the same node.
-        header = Header(time.time_ns(), 0, max(files, default=0))
-        b.journal = JournalWriter.create(path, header)
-    else:
+    header: Header | None = None
+    if path.exists():
         try:
             header, base, data = read_file(path)
         except JournalFormatError as exc:
-            raise CorruptionError(
-                f"the journal of node {b.node_id} is unreadable ({exc}). kvstored does not "
-                f"guess: move {path} aside and open again, then check(repair=True) adopts "
-                "the records of the shards (objects deleted since may come back)",
-                path=path) from None
+            if b.mode is not OpenMode.REPAIR:
+                raise CorruptionError(
+                    f"the journal of node {b.node_id} is unreadable ({exc}). kvstored does "
+                    "not guess: restore it, or run `kvstore recover --offline "
+                    f"{b.root} --backend 3fs --repair`, which sets it aside and adopts the "
+                    "records of the shards (objects deleted since may come back)",
+                    path=path) from None
+            moved = b.quarantine.move_aside(path, f"the journal is unreadable ({exc})")
+            b.open_reports.append(Problem(
+                ProblemKind.CORRUPT_RECORD, f"the journal was unreadable ({exc})", None,
+                str(path), f"moved to {moved}; a new journal was started, and "
+                "check(repair=True) adopts the records of the shards"))
+    if header is None:
+        # The generation starts from the clock so that it never repeats one a reader
+        # remembers from an earlier journal of the same node.
+        header = Header(time.time_ns(), 0, max(files, default=0))
+        b.journal = (JournalWriter.empty(path, header) if read_only
+                     else JournalWriter.create(path, header))
+    else:
         parsed = parse(data, base)
-        b.journal = JournalWriter(path, header, base + len(data))
-        if parsed.end < base + len(data):
-            log.info("3fs: cutting the torn tail (%d bytes) off %s: an append a crash "
-                     "interrupted, never acknowledged", base + len(data) - parsed.end, path)
+        b.journal = JournalWriter(path, header, base + len(data), read_only=read_only)
+        if parsed.end < base + len(data) and not read_only:
+            # An append a crash interrupted (never acknowledged), or the last entries
+            # damaged in place: either way they cannot be read. Keep the bytes before
+            # cutting them, so that nothing unreadable is ever simply destroyed.
+            tail = data[parsed.end - base:]
+            kept = b.quarantine.copy_out("journal-tail", tail, {
+                "journal": str(path), "offset": parsed.end, "length": len(tail),
+                "reason": "the journal's last bytes do not parse (a torn append)"},
+                suffix=".kvj")
+            log.info("3fs: cutting the torn tail (%d bytes, copied to %s) off %s: an "
+                     "append a crash interrupted, never acknowledged", len(tail), kept, path)
             b.journal.truncate(parsed.end)
         for start, stop in parsed.damaged:
             log.warning("3fs: %s bytes %d..%d are damaged; the entries there are lost "
@@ -108,7 +131,8 @@ def recover(b: ThreeFsBackend) -> None:
         if number in index.shards:
             continue
         if number in index.dropped:
-            os.unlink(name)  # an eviction that a crash interrupted after journaling it
+            if not read_only:
+                os.unlink(name)  # an eviction that a crash interrupted after journaling it
             continue
         findings.append(Finding(ProblemKind.ORPHAN, "shard file the journal does not name",
                                 None, name, "orphan", shard=number))
@@ -144,15 +168,17 @@ def recover(b: ThreeFsBackend) -> None:
     b._seq = max(b.journal.header.seq_floor, index.max_seq)
     b._next_shard = max(b.journal.header.shard_floor, index.max_shard,
                         max(files, default=0)) + 1
-    b._maybe_compact_locked()
+    if not read_only:
+        b._maybe_compact_locked()
 
 
-def _cut_trailing_hole(path: str, size: int) -> int:
+def _cut_trailing_hole(path: str, size: int, *, read_only: bool = False) -> int:
     """The shard that was being written when the process died was sized ahead of its
     data (a sparse tail): cut the tail back to the end of the last data, and return the
     size. Only a hole is removed, never data; a file system that cannot report holes
-    keeps the file as it is (its size then overstates the shard until it is dropped)."""
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    keeps the file as it is (its size then overstates the shard until it is dropped).
+    Read-only, the size without the tail is returned and the file is left as it is."""
+    fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
     try:
         end = 0
         pos = 0
@@ -164,7 +190,7 @@ def _cut_trailing_hole(path: str, size: int) -> int:
             pos = os.lseek(fd, start, os.SEEK_HOLE)
             end = pos
         end = min(align_up(end), size)
-        if end < size:
+        if end < size and not read_only:
             os.ftruncate(fd, end)
             log.info("3fs: cut the sparse tail of %s (%d -> %d bytes)", path, size, end)
         return end
@@ -180,6 +206,9 @@ def _cut_trailing_hole(path: str, size: int) -> int:
 
 def check(b: ThreeFsBackend, repair: bool) -> CheckReport:
     report = CheckReport(repaired=repair)
+    report.problems.extend(b.open_reports)
+    if repair:
+        b.open_reports = []
     with b._lock:
         findings = list(b.open_problems)
         damage = list(b.journal_damage)
@@ -218,9 +247,9 @@ def check(b: ThreeFsBackend, repair: bool) -> CheckReport:
 
 
 def _repair_journal(b: ThreeFsBackend) -> str:
-    target = b.quarantine_dir / f"{_stamp()}-{JOURNAL_NAME}"
     with b._lock:
-        _copy_range(str(b.journal.path), 0, None, target, b)
+        target = _copy_range(str(b.journal.path), 0, None, "journal", b,
+                             "the journal has damaged bytes", suffix=".kvj")
         b._compact_locked()
         b.journal_damage = []
     return f"copied to {target}; journal rewritten from the entries that survived"
@@ -230,10 +259,11 @@ def _repair_finding(b: ThreeFsBackend, finding: Finding) -> str:
     if finding.fix == "forget":
         copied = ""
         if finding.slot is not None and os.path.exists(finding.path):
-            target = b.quarantine_dir / (f"{_stamp()}-shard{finding.slot.shard}-"
-                                         f"at{finding.slot.offset}.kvr")
-            if _copy_range(finding.path, finding.slot.offset, record_size(finding.slot.size),
-                           target, b):
+            target = _copy_range(finding.path, finding.slot.offset,
+                                 record_size(finding.slot.size),
+                                 f"shard{finding.slot.shard}-at{finding.slot.offset}", b,
+                                 finding.detail, key=finding.key)
+            if target:
                 copied = f"what remains copied to {target}; "
         with b._lock:
             b._seq += 1
@@ -259,12 +289,9 @@ def _repair_orphan(b: ThreeFsBackend, finding: Finding) -> str:
         size = os.stat(finding.path).st_size
         fresh = [(key, slot) for key, slot in found if key not in b._index.objects]
         if not fresh:
-            target = b.quarantine_dir / f"{_stamp()}-{os.path.basename(finding.path)}"
-            os.replace(finding.path, target)
-            fsync_dir(b.quarantine_dir)
-            fsync_dir(b.node_dir)
+            target = b.quarantine.move_aside(finding.path, "a shard file the journal does "
+                                             "not name, with no valid record to adopt")
             b._data_bytes -= align_up(size)
-            log.warning("3fs: quarantined %s to %s", finding.path, target)
             return f"moved to {target} (no valid record to adopt)"
         b._seq += 1
         entries = [Entry(Kind.SHARD_OPEN, shard=finding.shard, seq=b._seq)]
@@ -282,34 +309,21 @@ def _repair_orphan(b: ThreeFsBackend, finding: Finding) -> str:
 
 
 def _valid_records(path: str) -> list[tuple[str, Slot]]:
-    """Every record in a shard file whose header and value check, by walking it at 4 KiB
-    steps (records start on 4 KiB boundaries)."""
-    out = []
+    """Every record in a shard file whose header and value check, found without the
+    journal (:func:`kvstored.backends.record.scan_records`)."""
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        pos = 0
-        while pos + VALUE_OFFSET <= size:
-            head = os.pread(f.fileno(), VALUE_OFFSET, pos)
-            try:
-                header = decode_header(head, path=path, offset=pos)
-            except CorruptionError:
-                pos += VALUE_OFFSET
-                continue
-            value = os.pread(f.fileno(), header.value_len, pos + VALUE_OFFSET)
-            if (header.tombstone or len(value) != header.value_len
-                    or value_checksum(value) != header.value_crc):
-                pos += VALUE_OFFSET
-                continue
-            out.append((header.key, Slot(0, pos, header.value_len, header.value_crc,
-                                         header.seq, header.write_ns)))
-            pos += record_size(header.value_len)
-    return out
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        return [(header.key, Slot(0, offset, header.value_len, header.value_crc, header.seq,
+                                  header.write_ns))
+                for offset, header in scan_records(lambda n, at: os.pread(fd, n, at), 0, size)]
 
 
 def _quarantine_record(b: ThreeFsBackend, key: str, slot: Slot) -> str:
     path = str(shard_path(b.node_dir, slot.shard))
-    target = b.quarantine_dir / f"{_stamp()}-shard{slot.shard}-at{slot.offset}.kvr"
-    _copy_range(path, slot.offset, record_size(slot.size), target, b)
+    target = _copy_range(path, slot.offset, record_size(slot.size),
+                         f"shard{slot.shard}-at{slot.offset}", b, "the record fails its checks",
+                         key=key)
     with b._lock:
         if b._index.objects.get(key) is not slot:
             return f"copied to {target}; the key was removed meanwhile"
@@ -322,21 +336,16 @@ def _quarantine_record(b: ThreeFsBackend, key: str, slot: Slot) -> str:
     return f"copied to {target}; dropped from the index"
 
 
-def _copy_range(source: str, offset: int, length: int | None, target, b) -> bool:
-    """Copy ``length`` bytes (None: to the end) of ``source`` at ``offset`` to ``target``,
-    durably. False when there was nothing to copy."""
+def _copy_range(source: str, offset: int, length: int | None, stem: str,
+                b: ThreeFsBackend, reason: str, *, key: str | None = None,
+                suffix: str = ".kvr") -> str | None:
+    """Copy ``length`` bytes (None: to the end) of ``source`` at ``offset`` into the
+    quarantine as ``stem``, durably; its path, or None when there was nothing to copy."""
     with open(source, "rb") as f:
         f.seek(offset)
         data = f.read() if length is None else f.read(length)
     if not data:
-        return False
-    with open(target, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    fsync_dir(b.quarantine_dir)
-    return True
-
-
-def _stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 10**9:09d}"
+        return None
+    return b.quarantine.copy_out(stem, data, {"key": key, "source": source, "offset": offset,
+                                              "length": len(data), "reason": reason},
+                                 suffix=suffix)

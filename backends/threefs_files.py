@@ -19,6 +19,7 @@ from kvstored.backends.record import VALUE_OFFSET, decode_header, record_size
 from kvstored.backends.threefs_index import Slot
 from kvstored.native import IoEngine, IoError, IoFile
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.files import PRIVATE_FILE
 from kvstored.sdk.types import ReadStatus
 
 #: Values up to this size are read together with their header in one request, into
@@ -56,7 +57,7 @@ class HandleCache:
                 held[1] += 1
                 self._files.move_to_end(path)
                 return held[0]
-        file = self.engine.open(path, flags, direct=self.direct)
+        file = self.engine.open(path, flags, PRIVATE_FILE, direct=self.direct)
         with self._lock:
             held = self._files.get(path)
             if held is not None and not held[2]:  # another thread opened it meanwhile

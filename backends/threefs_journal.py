@@ -45,6 +45,7 @@ reports the range, so one bad sector does not hide the rest of the index.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import struct
 import threading
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
-from kvstored.backends.stamp import fsync_dir, write_atomically
+from kvstored.sdk.files import fsync_dir, write_atomically
 
 JOURNAL_NAME = "journal.kvj"
 JOURNAL_VERSION = 1
@@ -225,17 +226,32 @@ class JournalWriter:
     with another's.
     """
 
-    def __init__(self, path: Path, header: Header, size: int) -> None:
+    def __init__(self, path: Path, header: Header, size: int, *,
+                 read_only: bool = False) -> None:
         self.path = path
         self.header = header
+        self.read_only = read_only
         self._lock = threading.Lock()
         self._size = size
-        self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self._fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, path: Path, header: Header) -> JournalWriter:
-        write_atomically(path, header.encode())
+        write_atomically(path, header.encode(), tmp=_tmp_of(path))
         return cls(path, header, HEADER_SIZE)
+
+    @classmethod
+    def empty(cls, path: Path, header: Header) -> JournalWriter:
+        """A read-only stand-in for a journal that does not exist (a node that never
+        wrote): it holds nothing, takes no space and refuses to be written."""
+        journal = cls.__new__(cls)
+        journal.path, journal.header, journal.read_only = path, header, True
+        journal._lock, journal._size, journal._fd = threading.Lock(), 0, -1
+        return journal
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise OSError(errno.EROFS, f"the journal {self.path} was opened read-only")
 
     @property
     def size(self) -> int:
@@ -246,6 +262,7 @@ class JournalWriter:
         was (so a torn entry never hides later ones) and the OSError propagates."""
         if not entries:
             return
+        self._check_writable()
         data = b"".join(e.encode() for e in entries)
         with self._lock:
             start = self._size
@@ -267,6 +284,7 @@ class JournalWriter:
 
     def truncate(self, size: int) -> None:
         """Cut a torn tail off (at open, before anything is appended)."""
+        self._check_writable()
         with self._lock:
             os.ftruncate(self._fd, size)
             os.fsync(self._fd)
@@ -278,9 +296,10 @@ class JournalWriter:
         Readers that have the old file open keep reading the old contents; the new
         generation in the header tells them to start over.
         """
+        self._check_writable()
         data = header.encode() + b"".join(e.encode() for e in entries)
         with self._lock:
-            write_atomically(self.path, data)
+            write_atomically(self.path, data, tmp=_tmp_of(self.path))
             fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             os.close(self._fd)
             self._fd = fd
@@ -305,9 +324,14 @@ class JournalStuckError(OSError):
         self.filename = str(path)
 
 
+def _tmp_of(path: Path) -> Path:
+    """The one temporary name of a journal rewrite (only its node writes it)."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def remove_stale_tmp(node_dir: Path) -> bool:
     """Remove a compaction's temporary file left by a crash (the old journal is intact)."""
-    tmp = node_dir / f".{JOURNAL_NAME}.tmp"
+    tmp = _tmp_of(node_dir / JOURNAL_NAME)
     try:
         tmp.unlink()
     except FileNotFoundError:

@@ -21,20 +21,22 @@ import trio
 from kvstored.client.common import (
     MISSING,
     TRANSPORTS,
+    BatchRead,
+    NodeHealth,
     ObjectInfo,
+    ReadStats,
     Segments,
     check_keys,
     client_host,
     client_token,
+    no_room_error,
     parse_address,
-    plan_reads,
     prepare_values,
     split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
-    NoSpaceError,
     StoreError,
     UnauthorizedError,
     UnreachableError,
@@ -57,6 +59,9 @@ class AsyncClient:
         self.master = RpcClient(parse_address(master), token=self.token.token)
         self.timeout = timeout
         self.segments = Segments(transport)
+        #: What reads ran into: checksum failures, nodes that could not serve.
+        self.stats = ReadStats()
+        self._health = NodeHealth()
         self._nodes: dict[str, dict[str, Any]] = {}
         self._node_clients: dict[str, RpcClient] = {}
 
@@ -77,21 +82,28 @@ class AsyncClient:
 
     async def _node_request(self, node: str, header: dict[str, Any], payload=(),
                             into: list[memoryview] | None = None) -> dict[str, Any]:
-        """One request to a node; response payload items are received into ``into``."""
+        """One request to a node, within the client's timeout; response payload items
+        are received into ``into`` (an item larger than its view fails the request)."""
         client = self._node(node)
         async with client._lock:
-            conn = await client._ready()
             try:
-                await conn.send_frame(header, payload)
-                reply = await conn.recv_header()
-                if reply.get("ok") and into is not None:
-                    for view, size in zip(into, reply["sizes"]):
-                        if size >= 0:
-                            await conn.recv_payload_into(view[:size])
-                await conn.discard_payload()
-            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError) as exc:
+                with trio.fail_after(self.timeout):
+                    conn = await client._ready()
+                    await conn.send_frame(header, payload)
+                    reply = await conn.recv_header()
+                    if reply.get("ok") and into is not None:
+                        for view, size in zip(into, reply["sizes"]):
+                            if size > len(view):
+                                raise FrameError(f"an item of {size} bytes for a "
+                                                 f"{len(view)}-byte buffer")
+                            if size >= 0:
+                                await conn.recv_payload_into(view[:size])
+                    await conn.discard_payload()
+            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError,
+                    trio.TooSlowError) as exc:
                 client.close()
-                raise UnreachableError(f"{header['op']} on node {node} failed: {exc}") from None
+                raise UnreachableError(f"{header['op']} on node {node} failed: "
+                                       f"{exc or 'timed out'}") from None
         if not reply.get("ok"):
             raise from_wire(reply.get("error") or {})
         return reply
@@ -118,9 +130,12 @@ class AsyncClient:
                 else:
                     by_node.setdefault(target, []).append(i)
             retry: list[int] = []
+            why = None
             for node, idx in by_node.items():
                 try:
-                    outcome = await self._put_on_node(node, keys, views, sizes, checksums, idx)
+                    outcome, no_space = await self._put_on_node(node, keys, views, sizes,
+                                                                checksums, idx)
+                    why = no_space or why
                 except StoreError:
                     await self._call("put_abort", keys=[keys[i] for i in idx])
                     raise
@@ -135,21 +150,23 @@ class AsyncClient:
             if retry:
                 await self._call("put_abort", keys=[keys[i] for i in retry])
                 if trio.current_time() > deadline:
-                    raise NoSpaceError(f"no DRAM room for {len(retry)} object(s)",
-                                       key=keys[retry[0]])
+                    raise no_room_error(len(retry), NO_SPACE_RETRY_SECONDS, why,
+                                        keys[retry[0]])
                 await trio.sleep(0.05)
             todo = retry
         return [bool(r) for r in results]
 
-    async def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+    async def _put_on_node(self, node, keys, views, sizes, checksums, idx
+                           ) -> tuple[list[str], str | None]:
         batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
                  "checksums": [checksums[i] for i in idx]}
         mapping = self.segments.mapping(node, self._nodes[node])
         if mapping is None:
             reply = await self._node_request(node, {"op": "put", **batch},
                                              [views[i] for i in idx])
-            return reply["results"]
-        offsets = (await self._node_request(node, {"op": "alloc", **batch}))["offsets"]
+            return reply["results"], reply.get("no_space")
+        allocated = await self._node_request(node, {"op": "alloc", **batch})
+        offsets = allocated["offsets"]
         status, sealed = {}, []
         for i, offset in zip(idx, offsets):
             if offset is None:
@@ -161,7 +178,7 @@ class AsyncClient:
             reply = await self._node_request(node, {"op": "seal",
                                                     "keys": [keys[i] for i in sealed]})
             status.update(zip(sealed, reply["results"]))
-        return [status[i] for i in idx]
+        return [status[i] for i in idx], allocated.get("no_space")
 
     # -- reads -------------------------------------------------------------------------
 
@@ -183,32 +200,50 @@ class AsyncClient:
         return await self._read(keys, list(buffers))
 
     async def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
+        """The blocking client's read, as coroutines (see BatchRead): replicas are tried in
+        turn, and a node that cannot serve makes a clean miss, never an error."""
         check_keys(keys)
         started = trio.current_time()
         reply = await self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
-        if not buffers:
-            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
-        bufs = [memoryview(b).cast("B") for b in buffers]
-        plan = plan_reads(reply, bufs, keys, self.segments)
-        results = list(plan.sizes)
-        for i, node, offset, size in plan.shm:
-            bufs[i][:size] = self.segments.mapping(node, self._nodes[node]).view(offset, size)
-        if plan.shm and trio.current_time() - started > 0.8 * reply["lease_ttl"]:
-            for i, node, _, _ in plan.shm:
-                plan.tcp.setdefault(node, []).append(i)
-        for node, every in plan.tcp.items():
-            # A node stages at most max_read_staging bytes of SSD reads for one request.
-            limit = (await self._node(node).hello()).get("max_read_staging")
-            for part in split_by_bytes([max(plan.sizes[i], 0) for i in every], limit):
-                idx = [every[j] for j in part]
-                reply = await self._node_request(
-                    node, {"op": "get", "keys": [keys[i] for i in idx],
-                           "checksums": [plan.checksums[i] for i in idx]},
-                    into=[bufs[i] for i in idx])
-                for i, size in zip(idx, reply["sizes"]):
-                    results[i] = size if size >= 0 else MISSING
-        return results
+        read = BatchRead(keys, reply, buffers, self.segments, self._health, self.stats)
+        while read.pending:
+            read.copy_from_segments(started, trio.current_time)
+            await self._report_corrupt(read)
+            for node, idx in read.tcp_requests().items():
+                await self._get_from_node(read, node, idx)
+            await self._report_corrupt(read)
+        return read.results
+
+    async def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> None:
+        """Fetch ``idx`` from ``node``; what it cannot deliver is failed in ``read``."""
+        try:
+            with trio.fail_after(self.timeout):
+                hello = await self._node(node).hello()
+        except (StoreError, trio.TooSlowError):
+            read.failed(node, idx)
+            return
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        parts = split_by_bytes([max(read.sizes[i], 0) for i in idx],
+                               hello.get("max_read_staging"))
+        for n, part in enumerate(parts):
+            chunk = [idx[j] for j in part]
+            try:
+                got = await self._node_request(node, read.node_get(chunk),
+                                               into=[read.buffers[i] for i in chunk])
+            except StoreError:
+                read.failed(node, [idx[j] for later in parts[n:] for j in later])
+                return
+            for i, size in zip(chunk, got["sizes"]):
+                read.received(i, size)
+
+    async def _report_corrupt(self, read: BatchRead) -> None:
+        for node, (keys, checksums) in read.take_corrupt().items():
+            try:
+                await self._node_request(node, {"op": "report_corrupt", "keys": keys,
+                                                "checksums": checksums})
+            except StoreError:
+                pass  # best effort: the read itself already moved on
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -7,11 +7,12 @@ present (CI sets ``fuse,uring``): tests fail instead of skipping without them.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 from collections.abc import Mapping
 
-KNOWN = ("fuse", "uring", "rdma")
+KNOWN = ("fuse", "uring", "rdma", "engines")
 
 
 def required_capabilities(environ: Mapping[str, str]) -> set[str]:
@@ -59,3 +60,13 @@ def probe_rdma() -> tuple[bool, str]:
     except ImportError:
         return False, "RDMA devices exist but pyverbs is not installed (rdma-core)"
     return True, "RDMA available"
+
+
+def probe_engine(name: str) -> tuple[bool, str]:
+    """An inference engine (sglang, vllm, lmcache) whose storage path the integration
+    tests drive is installed; ``.ci/engines`` installs all three on a CPU machine."""
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False, f"{name} is not installed; run .ci/engines"
+    return True, f"{name} {version} installed"

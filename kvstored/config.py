@@ -113,6 +113,10 @@ _SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 class Duration(Kind):
     label = "duration"
 
+    def __init__(self, allow_zero: bool = False):
+        #: 0 is a meaningful value (it turns something off), not a typo.
+        self.allow_zero = allow_zero
+
     def parse(self, raw: Any, origin: Origin) -> float:
         _reject_bool(raw, "a duration")
         hint = "write seconds (e.g. 5 or 0.2) or a unit: 500ms, 5s, 2m, 1h"
@@ -122,8 +126,9 @@ class Duration(Kind):
             seconds = float(match.group(1)) * _SECONDS[match.group(2)]
         else:
             raise ValueError(f"{raw!r} is not a duration; {hint}")
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise ValueError(f"{raw!r} must be a positive, finite duration; {hint}")
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not self.allow_zero):
+            what = "0 or a positive" if self.allow_zero else "a positive"
+            raise ValueError(f"{raw!r} must be {what}, finite duration; {hint}")
         return seconds
 
     def show(self, value: float) -> str:
@@ -381,6 +386,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Node name shown in status and metrics; empty = derived from hostname and listen."),
     Setting("node.metrics", Address(allow_empty=True), "",
             "Prometheus endpoint of the node; empty = off."),
+    Setting("node.shutdown_flush_timeout", Duration(allow_zero=True), "30s",
+            "On SIGTERM/SIGINT, how long the node may spend writing DRAM-only objects to SSD "
+            "before it stops; 0 = drop them."),
     Setting("policy.offload", Choice("eager", "watermark"), "eager",
             "eager: every new object goes to SSD in the background; watermark: only above "
             "offload_watermark."),

@@ -8,11 +8,13 @@ Counters end in ``_total``, byte figures in ``_bytes``, durations in ``_seconds`
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from kvstored.errors import ListenError
+from kvstored.protocol import OffloadFailure
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,7 @@ class MasterMetrics:
             registry=r)
         self.quarantined = Gauge("kvstored_cluster_quarantined_records",
                                  "Records the nodes quarantined.", registry=r)
+        self.background_errors = background_errors(r)
         # Export every label value from the start, so dashboards see zeros, not gaps.
         for tier in ("dram", "ssd"):
             self.evictions.labels(tier=tier)
@@ -66,8 +69,9 @@ class NodeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self.checksum_failures = Counter(
-            "kvstored_checksum_failures", "SSD reads that failed their checksum (served as "
-            "misses).", registry=r)
+            "kvstored_checksum_failures", "Reads that failed their checksum (served as "
+            "misses), by tier: SSD records, and DRAM copies a client found bad.", ["tier"],
+            registry=r)
         self.quarantined = Counter("kvstored_quarantined_records",
                                    "Records moved to quarantine.", registry=r)
         self.io_seconds = Histogram("kvstored_io_seconds", "SSD batch latency, by operation.",
@@ -80,10 +84,39 @@ class NodeMetrics:
                                registry=r)
         self.ssd_used = Gauge("kvstored_node_ssd_used_bytes", "SSD bytes in use (physical).",
                               registry=r)
+        self.offload_failures = Counter(
+            "kvstored_offload_failures", "Objects whose offload attempt failed, by reason "
+            "(no_space is retried with backoff).", ["reason"], registry=r)
+        self.offload_waiting = Gauge(
+            "kvstored_offload_waiting_objects", "Objects whose offload failed and waits for "
+            "a retry.", registry=r)
+        self.shutdown_flushed = Counter(
+            "kvstored_shutdown_flushed", "DRAM-only objects written to SSD while shutting "
+            "down.", registry=r)
+        self.background_errors = background_errors(r)
         for op in ("offload", "load"):
             self.io_seconds.labels(op=op)
         for tier in ("dram", "ssd"):
             self.bytes_served.labels(tier=tier)
+            self.checksum_failures.labels(tier=tier)
+        for reason in OffloadFailure:
+            self.offload_failures.labels(reason=reason.value)
+
+
+_BACKGROUND_ERRORS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = \
+    weakref.WeakKeyDictionary()
+
+
+def background_errors(registry: CollectorRegistry) -> Counter:
+    """``kvstored_background_errors_total{task}``: failures of background tasks that the
+    supervisor survived. One counter per registry, shared by the master and the node of an
+    embedded store (their task names differ)."""
+    counter = _BACKGROUND_ERRORS.get(registry)
+    if counter is None:
+        counter = _BACKGROUND_ERRORS[registry] = Counter(
+            "kvstored_background_errors", "Background task failures the daemon survived, "
+            "by task.", ["task"], registry=registry)
+    return counter
 
 
 class _TalliedCounter:

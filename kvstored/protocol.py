@@ -9,6 +9,10 @@ Extra fields are ignored (an older server talking to a newer peer). What a field
 (a key that does not exist, a node that is not registered) is still the handler's
 business.
 
+It also holds the typed messages master and node share beyond request shapes: what a
+node reports about an offload that did not land (:class:`OffloadFailure`,
+:class:`OffloadFailed`).
+
 This module is not the wire format (that is :mod:`kvstored.wire`) and not the server
 loop (:mod:`kvstored.rpc`); it does no I/O.
 """
@@ -290,6 +294,50 @@ class AnyValue(Shape):
         return True
 
 
+# -- typed reports ------------------------------------------------------------------------
+
+class OffloadFailure(enum.Enum):
+    """Why an object did not reach the node's SSD tier."""
+
+    #: The SSD (its capacity, or the file system under it) is full. Retried with backoff.
+    NO_SPACE = "no_space"
+    #: Larger than the backend's ``max_value_size``: it can never be offloaded.
+    TOO_LARGE = "too_large"
+    #: The backend or the operating system refused. Retried with backoff.
+    IO_ERROR = "io_error"
+    #: The object left DRAM (removed or evicted) before it was written.
+    GONE = "gone"
+    #: Its DRAM copy failed its checksum (a same-host writer changed it after its seal);
+    #: the copy was dropped, never written.
+    CORRUPT = "corrupt"
+
+    @property
+    def retried(self) -> bool:
+        """The node tries again by itself (the condition may clear)."""
+        return self in (OffloadFailure.NO_SPACE, OffloadFailure.IO_ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadFailed:
+    """One object's failed offload attempt, as the node reports it in a heartbeat."""
+
+    key: str
+    reason: OffloadFailure
+    message: str
+
+    @property
+    def retrying(self) -> bool:
+        return self.reason.retried
+
+    def to_wire(self) -> list[Any]:
+        return [self.key, self.reason.value, self.message]
+
+    @classmethod
+    def from_wire(cls, item: list[Any]) -> OffloadFailed:
+        key, reason, message = item
+        return cls(str(key), OffloadFailure(reason), str(message))
+
+
 # -- ops ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -335,7 +383,8 @@ def _ops(*specs: OpSpec) -> dict[str, OpSpec]:
 MASTER_OPS = _ops(
     OpSpec("register", Role.NODE, {"info": Record(
         node=NodeName, address=Tuple(Str(), Port), host=Str(), segment=Str(), token=Str(),
-        dram_capacity=Size, ssd_capacity=Size, backend=Opt(Str()), shared=Opt(Bool()))}),
+        dram_capacity=Size, ssd_capacity=Size, backend=Opt(Str()), shared=Opt(Bool()),
+        max_value_size=Opt(Size))}),
     OpSpec("register_objects", Role.NODE, {
         "node": NodeName,
         "objects": List(Tuple(Key, Size, Checksum, Tier, Int(-1, 2**63 - 1)))}),
@@ -345,15 +394,21 @@ MASTER_OPS = _ops(
     OpSpec("heartbeat", Role.NODE, {
         "node": NodeName,
         "stats": Opt(Record(dram_used=Opt(Size), ssd_used=Opt(Size), ssd_objects=Opt(Size),
-                            corrupt_reads=Opt(Size), quarantined=Opt(Size))),
+                            corrupt_reads=Opt(Size), quarantined=Opt(Size),
+                            offload_problem=Opt(Str()))),
         "done": Opt(Record(
             offloaded=Opt(List(Tuple(Key, Checksum))),
-            offload_failed=Opt(List(Tuple(Key, Str()))),
+            offload_failed=Opt(List(Tuple(Key, OneOf(*(r.value for r in OffloadFailure)),
+                                          Str()))),
             dropped=Opt(List(Tuple(Key, Tier, Opt(Int(-1, 2**63 - 1))))),
             ssd_evicted=Opt(Keys),
             promoted=Opt(List(Tuple(Key, Size, Checksum))),
             recovered=Opt(List(Record(id=Int(), problems=Opt(List(AnyValue())))))))}),
     OpSpec("ssd_evicted", Role.NODE, {"node": NodeName, "keys": Keys}),
+    # A node shutting down: first no more puts there, then (once it has written its
+    # DRAM-only objects to SSD) gone, its replicas dropped at once.
+    OpSpec("leaving", Role.NODE, {"node": NodeName}),
+    OpSpec("unregister", Role.NODE, {"node": NodeName}),
     OpSpec("put_target", Role.CLIENT, {"keys": Keys, "sizes": List(Size), "host": Opt(Str())},
            same_length=("keys", "sizes")),
     OpSpec("put_abort", Role.CLIENT, {"keys": Keys}),
@@ -387,6 +442,10 @@ NODE_OPS = _ops(
     OpSpec("get", Role.CLIENT, {"keys": Keys, "checksums": Opt(List(Opt(Checksum)))},
            same_length=("keys", "checksums")),
     OpSpec("locate", Role.CLIENT, {"keys": Keys}),
+    # A client read bytes of a DRAM copy here that failed the object's checksum; the
+    # node checks its own copy (so a client cannot make it drop a good one).
+    OpSpec("report_corrupt", Role.CLIENT, {"keys": Keys, "checksums": List(Checksum)},
+           same_length=("keys", "checksums")),
 )
 
 

@@ -1,8 +1,10 @@
 """Running the roles: the master, a node, or both in one process (``kvstored up``).
 
-Each runs in one trio nursery until SIGINT or SIGTERM, then shuts down cleanly: the
-node closes its backend (everything acknowledged is already durable) and unlinks its
-DRAM segment.
+Each runs in one trio nursery until SIGINT or SIGTERM, then shuts down cleanly. A node
+first *leaves* (:meth:`kvstored.node.service.Node.leave`): it stops taking puts, writes
+its DRAM-only objects to SSD within ``node.shutdown_flush_timeout`` and unregisters, so
+the master drops its replicas at once; then it closes its backend and unlinks its DRAM
+segment. A second signal stops at once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import resource
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -123,15 +126,32 @@ def build_node(cfg: Config, master: tuple[str, int] | None = None,
                 listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
                 credentials=node_credentials(cfg), limits=server_limits(cfg),
                 max_read_staging=cfg["security.max_read_staging"],
-                put_timeout=cfg["master.put_timeout"], metrics=NodeMetrics(registry), **extra)
+                put_timeout=cfg["master.put_timeout"],
+                shutdown_flush_timeout=cfg["node.shutdown_flush_timeout"],
+                metrics=NodeMetrics(registry), **extra)
 
 
-async def _until_signalled(cancel_scope: trio.CancelScope) -> None:
+async def _until_signalled(stop: trio.CancelScope,
+                           leave: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Wait for SIGINT or SIGTERM, run ``leave`` (a node's orderly exit), then cancel
+    ``stop``. A second signal while ``leave`` runs cancels at once."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             log.info("received %s: shutting down", signal.Signals(signum).name)
-            cancel_scope.cancel()
-            return
+            break
+        if leave is not None:
+            async with trio.open_nursery() as nursery:
+                async def impatient() -> None:
+                    async for signum in signals:
+                        log.warning("received %s again: stopping now",
+                                    signal.Signals(signum).name)
+                        stop.cancel()
+                        return
+
+                nursery.start_soon(impatient)
+                await leave()
+                nursery.cancel_scope.cancel()
+        stop.cancel()
 
 
 async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -154,7 +174,7 @@ async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None
     if cfg["node.metrics"]:
         serve_metrics(split_address(cfg["node.metrics"]), registry)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_until_signalled, nursery.cancel_scope)
+        nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
         bound = await nursery.start(node.run)
         task_status.started(bound)
 
@@ -169,10 +189,10 @@ async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     if metrics:
         serve_metrics(split_address(metrics), registry)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_until_signalled, nursery.cancel_scope)
         bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
         nursery.start_soon(master.run_housekeeping)
         node = build_node(cfg, master=bound, registry=registry)
+        nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
         node_address = await nursery.start(node.run)
         await node.registered.wait()
         task_status.started({"master": bound, "node": node_address, "node_name": node.name})

@@ -6,6 +6,15 @@
  * until the whole batch is done; cffi releases the GIL around every call into this file,
  * so other Python threads run while it waits.
  *
+ * A sync (FSYNC/FDATASYNC) always runs on an io-wq worker, which may drop its last
+ * reference to the request, and so to the file, a moment after the completion reached us;
+ * with DEFER_TASKRUN that final put even waits for this thread's next io_uring_enter.
+ * A caller that closes the file right after the sync (as a backend's close() does after
+ * its last checkpoint) would then return while the kernel still holds the file open. So
+ * each sync is followed by a NOP linked to it (a fence): the kernel starts the NOP only
+ * once the sync's request is freed, and posts its completion after that free, so when
+ * kv_ring_run has seen every fence, no sync of the batch still holds its file.
+ *
  * A vectored request (nvec > 0) goes as READV/WRITEV. Its pieces are copied into an iovec
  * array the ring owns for the length of the batch, so the kernel's view of them stays
  * valid until the request completes whatever the caller's array does; after a short
@@ -164,12 +173,40 @@ static int is_transfer(const struct kv_req *q)
     return q->op == KV_OP_READ || q->op == KV_OP_WRITE;
 }
 
-/* Queues what is left of `q`. The caller has made sure a submission entry is free. */
-static void queue(struct kv_ring *r, struct kv_req *q)
+static int is_sync(const struct kv_req *q)
+{
+    return q->op == KV_OP_FSYNC || q->op == KV_OP_FDATASYNC;
+}
+
+/* The user data of a fence's completion: it names no request. */
+static char fence_marker;
+
+/* Submission entries queue() takes for `q`: a sync and its fence, or one. A ring of depth
+   1 has no room for fences: its syncs go alone. */
+static unsigned entries_for(const struct kv_ring *r, const struct kv_req *q)
+{
+    return is_sync(q) && r->depth >= 2 ? 2 : 1;
+}
+
+/* Queues what is left of `q`, and a fence after a sync when the queue has room for it.
+   The caller has made sure a submission entry is free. Returns the completions to
+   expect (2 with a fence). */
+static unsigned queue(struct kv_ring *r, struct kv_req *q)
 {
     struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-    if (q->op == KV_OP_FSYNC || q->op == KV_OP_FDATASYNC) {
+    if (is_sync(q)) {
         io_uring_prep_fsync(sqe, q->fd, q->op == KV_OP_FDATASYNC ? IORING_FSYNC_DATASYNC : 0);
+        io_uring_sqe_set_data(sqe, q);
+        r->stats.sqes++;
+        if (r->depth < 2 || io_uring_sq_space_left(&r->ring) < 1)
+            return 1; /* no room for the fence: depth 1, or a resubmit in a full queue */
+        io_uring_sqe_set_flags(sqe, IOSQE_IO_LINK);
+        struct io_uring_sqe *fence = io_uring_get_sqe(&r->ring);
+        io_uring_prep_nop(fence);
+        io_uring_sqe_set_data(fence, &fence_marker);
+        r->stats.sqes++;
+        r->stats.fences++;
+        return 2;
     } else if (q->nvec) {
         /* More than KV_IOV_MAX pieces left go round again like a short transfer; the
            kernel itself moves at most about 2 GiB per call, and says so the same way. */
@@ -202,6 +239,7 @@ static void queue(struct kv_ring *r, struct kv_req *q)
     }
     io_uring_sqe_set_data(sqe, q);
     r->stats.sqes++;
+    return 1;
 }
 
 /* Moves a vectored request's iovec past `n` more bytes done. */
@@ -309,8 +347,9 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
     size_t next = 0;
     unsigned inflight = 0;
     for (;;) {
-        /* Top the queue up to its depth: the whole batch goes in as fast as it drains. */
-        while (next < n && inflight < r->depth) {
+        /* Top the queue up to its depth: the whole batch goes in as fast as it drains.
+           A sync needs room for its fence too (a ring of depth 1 never has it). */
+        while (next < n && inflight + entries_for(r, &reqs[next]) <= r->depth) {
             struct kv_req *q = &reqs[next++];
             if (q->result != INT64_MIN)
                 continue; /* failed before it could start */
@@ -318,8 +357,7 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
                 q->result = 0;
                 continue;
             }
-            queue(r, q);
-            inflight++;
+            inflight += queue(r, q);
         }
         if (inflight == 0) {
             if (r->iov_cap > KV_KEEP_IOV) {
@@ -337,11 +375,15 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
         io_uring_for_each_cqe(&r->ring, head, cqe) {
             struct kv_req *q = io_uring_cqe_get_data(cqe);
             seen++;
+            if ((void *)q == (void *)&fence_marker) {
+                inflight--; /* the sync before it has let go of its file */
+                continue;
+            }
             if (complete(q, cqe->res)) {
                 inflight--;
             } else {
                 /* Its own entry was just consumed, so a free one exists. */
-                queue(r, q);
+                inflight += queue(r, q) - 1;
                 r->stats.resubmits++;
             }
         }

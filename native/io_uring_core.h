@@ -48,6 +48,7 @@ struct kv_stats {
     uint64_t fixed_sqes; /* of which used READ_FIXED / WRITE_FIXED */
     uint64_t resubmits;  /* short transfers completed by asking for the rest */
     uint64_t vec_sqes;   /* of all sqes, those that used READV / WRITEV */
+    uint64_t fences;     /* NOPs linked after a sync, so it has let go of its file */
 };
 
 struct kv_ring;

@@ -140,12 +140,14 @@ class UringEngine(IoEngine):
 
     def ring_stats(self) -> dict[str, int]:
         """Counters of the calling thread's ring (creating it if needed): ``sqes``
-        queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among them, ``resubmits``
+        queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among them, ``fences``
+        (NOPs linked after syncs, see io_uring_core.c), ``resubmits``
         of short transfers."""
         stats = ffi.new("struct kv_stats *")
         lib.kv_ring_stats(self._ring().handle, stats)
         return {"sqes": stats.sqes, "fixed_sqes": stats.fixed_sqes,
-                "resubmits": stats.resubmits, "vec_sqes": stats.vec_sqes}
+                "resubmits": stats.resubmits, "vec_sqes": stats.vec_sqes,
+                "fences": stats.fences}
 
     # -- batches -----------------------------------------------------------------------
 

@@ -1,12 +1,18 @@
 """The storage-backend SDK: the stable interface between kvstored and an SSD backend.
 
 Start with :class:`StorageBackend` (the contract), the value types below, and the error
-taxonomy in :mod:`kvstored.sdk.errors`. Prove a backend with the conformance kit,
-:mod:`kvstored.sdk.testing`. ``docs/sdk.md`` is the tutorial.
+taxonomy in :mod:`kvstored.sdk.errors`. The mechanisms every backend needs and is easy to
+get wrong are here too, ready to use: :class:`WriteClaims` (two writers of one key,
+without deadlock), :class:`StoreLock` (one process per store), :class:`Quarantine`
+(evidence set aside, never deleted) and :mod:`kvstored.sdk.files` (private, durable
+files). Prove a backend with the conformance kit, :mod:`kvstored.sdk.testing`.
+``docs/sdk.md`` is the tutorial.
 """
 
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
+    BackendBusyError,
     BackendClosedError,
     BackendError,
     BackendIOError,
@@ -14,9 +20,13 @@ from kvstored.sdk.errors import (
     CorruptionError,
     InvalidKeyError,
     InvalidRequestError,
+    MissingStoreError,
+    ReadOnlyError,
     UnknownBackendError,
     ValueTooLargeError,
 )
+from kvstored.sdk.lock import StoreLock
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     MAX_KEY_BYTES,
@@ -26,6 +36,7 @@ from kvstored.sdk.types import (
     EvictionGranularity,
     Location,
     ObjectRecord,
+    OpenMode,
     Problem,
     ProblemKind,
     ReadStatus,
@@ -39,6 +50,7 @@ from kvstored.sdk.types import (
 __all__ = [
     "DEFAULT_MAX_VALUE_SIZE",
     "MAX_KEY_BYTES",
+    "BackendBusyError",
     "BackendClosedError",
     "BackendError",
     "BackendIOError",
@@ -52,15 +64,21 @@ __all__ = [
     "InvalidKeyError",
     "InvalidRequestError",
     "Location",
+    "MissingStoreError",
     "ObjectRecord",
+    "OpenMode",
     "Problem",
     "ProblemKind",
+    "Quarantine",
+    "ReadOnlyError",
     "ReadStatus",
     "StorageBackend",
+    "StoreLock",
     "UnknownBackendError",
     "Usage",
     "ValueTooLargeError",
     "WriteBatchHint",
+    "WriteClaims",
     "WriteOutcome",
     "WriteResult",
     "encode_key",

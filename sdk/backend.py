@@ -36,6 +36,25 @@ Capacity and eviction
     :class:`~kvstored.sdk.CapacityError`. Eviction never removes an object while a read
     of it is in progress or a :meth:`~StorageBackend.pin` holds it.
 
+Opening, and who else may
+    A backend is opened in one of three modes (:class:`~kvstored.sdk.OpenMode`, the
+    common ``mode`` option): read-write (the default), read-only (writes nothing: the
+    offline tools use it to look at a stopped node's directory) and repair (rebuild
+    damaged metadata from the records instead of refusing). A backend lists the modes it
+    supports in :attr:`StorageBackend.open_modes`. One store has one writer: a read-write
+    open takes an exclusive lock (:class:`kvstored.sdk.lock.StoreLock`) that a second
+    open, read-write or read-only, is refused with
+    :class:`~kvstored.sdk.BackendBusyError`.
+
+Never destroy what cannot be read
+    No open, in any mode, creates, formats or truncates a store over existing data it
+    cannot parse: a damaged stamp, superblock or index is refused with an error naming
+    the file and what to do, or (in repair mode) set aside into the quarantine first.
+
+Privacy
+    Stored values are users' data: everything a backend creates is private to its user,
+    directories 0700 and files 0600 (:mod:`kvstored.sdk.files`).
+
 Errors
     Programming errors (a bad key, an oversized value, a closed backend) raise
     :class:`~kvstored.sdk.InvalidRequestError` at once, before any item is done. Per-item
@@ -58,7 +77,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import ClassVar, Self
 
-from kvstored.sdk.errors import BackendClosedError, InvalidRequestError, ValueTooLargeError
+from kvstored.sdk.errors import (
+    BackendClosedError,
+    InvalidRequestError,
+    ReadOnlyError,
+    ValueTooLargeError,
+)
 from kvstored.sdk.pins import ReadPins
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
@@ -67,6 +91,7 @@ from kvstored.sdk.types import (
     CheckReport,
     Location,
     ObjectRecord,
+    OpenMode,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -93,14 +118,23 @@ class StorageBackend(abc.ABC):
     ``on_evict``
         An :data:`EvictionCallback` for evictions the backend does on its own (when a
         write needs room); :meth:`evict` takes its own callback.
+    ``mode``
+        An :class:`~kvstored.sdk.OpenMode` (default read-write). A backend that supports
+        more than read-write says so in :attr:`open_modes`; the registry
+        (:func:`kvstored.backends.open_backend`) refuses a mode it does not list, and
+        passes ``mode`` only when it is not the default, so a backend that knows only
+        read-write needs no ``mode`` parameter.
     """
 
     #: The registry name, such as ``"bucket"``.
     name: ClassVar[str] = ""
+    #: The open modes this backend implements.
+    open_modes: ClassVar[frozenset[OpenMode]] = frozenset({OpenMode.READ_WRITE})
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
-                 on_evict: EvictionCallback | None = None) -> None:
+                 on_evict: EvictionCallback | None = None,
+                 mode: OpenMode = OpenMode.READ_WRITE) -> None:
         if capacity is not None and capacity <= 0:
             raise InvalidRequestError(f"capacity must be positive, not {capacity}", path=path)
         if max_value_size < 0:
@@ -109,6 +143,13 @@ class StorageBackend(abc.ABC):
         self.capacity = capacity
         self.max_value_size = max_value_size
         self.on_evict = on_evict
+        mode = OpenMode(mode)
+        if mode not in self.open_modes:
+            raise ReadOnlyError(
+                f"the {self.name or type(self).__name__} backend cannot be opened "
+                f"{mode.value}; it supports {', '.join(sorted(m.value for m in self.open_modes))}",
+                path=path)
+        self.mode = mode
         self._pins = ReadPins()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -117,18 +158,28 @@ class StorageBackend(abc.ABC):
 
     @classmethod
     def open(cls, path: str | os.PathLike, **options) -> Self:
-        """Open (creating it if needed) the backend at ``path``.
+        """Open (creating it if needed, read-write) the backend at ``path``.
 
         Blocks while recovery runs: an interrupted write is rolled back, and objects
         whose records do not check are left out (and reported by :meth:`check`).
+        Read-only, nothing is rolled back or created: what recovery would tidy is
+        left in place and reported by :meth:`check`.
+
+        Raises:
+            BackendBusyError: another process has the store open.
+            MissingStoreError: read-only, and there is no store at ``path``.
+            CorruptionError: the store's own metadata cannot be read (the message says
+                what to do; repair mode rebuilds it).
+            CapacityError: a store that preallocates its space does not fit.
         """
         return cls(path, **options)
 
     def close(self) -> None:
-        """Release files and memory. Idempotent: a second call does nothing.
+        """Release files, locks and memory. Idempotent: a second call does nothing.
 
-        Everything acknowledged stays durable. Any other call afterwards raises
-        :class:`~kvstored.sdk.BackendClosedError`.
+        Everything acknowledged stays durable. On return the store's lock is released,
+        so that another process (or this one) can open it at once. Any other call
+        afterwards raises :class:`~kvstored.sdk.BackendClosedError`.
         """
         with self._close_lock:
             if self._closed:
@@ -148,6 +199,19 @@ class StorageBackend(abc.ABC):
         if self._closed:
             raise BackendClosedError(f"the {self.name or type(self).__name__} backend is closed",
                                      path=self.path)
+
+    @property
+    def read_only(self) -> bool:
+        return self.mode is OpenMode.READ_ONLY
+
+    def _check_writable(self) -> None:
+        """Raise unless the backend is open and may change the store: every changing
+        call (writes, deletes, evictions, repairs) starts with it."""
+        self._check_open()
+        if self.mode is OpenMode.READ_ONLY:
+            raise ReadOnlyError(f"the {self.name or type(self).__name__} backend was opened "
+                                "read-only; open it read-write to change the store",
+                                path=self.path)
 
     def __enter__(self) -> Self:
         return self
@@ -237,6 +301,9 @@ class StorageBackend(abc.ABC):
         With ``repair=True`` fix what was found: bad records are moved to a
         quarantine folder (never simply deleted, so the evidence survives) and dropped
         from the index. A second ``check()`` after a repair finds nothing.
+
+        On a backend opened read-only, ``check()`` reads and changes nothing, and
+        ``repair=True`` raises :class:`~kvstored.sdk.ReadOnlyError`.
         """
 
     # -- optional, with defaults -------------------------------------------------------

@@ -6,10 +6,14 @@
     ├── InvalidRequestError           the caller's fault: fix the call, retrying won't help
     │   ├── InvalidKeyError           empty, not UTF-8, or longer than MAX_KEY_BYTES
     │   ├── ValueTooLargeError        larger than the backend's max_value_size
-    │   └── BackendClosedError        the backend was used after close()
+    │   ├── BackendClosedError        the backend was used after close()
+    │   └── ReadOnlyError             a change asked of a backend opened read-only, or a
+    │                                 read-only open of a backend that cannot do one
     ├── CapacityError                 no room: the capacity cap or the file system is full
     ├── CorruptionError               stored bytes failed their checksum or are malformed
     ├── BackendIOError                the operating system refused (carries errno)
+    ├── BackendBusyError              another process holds the store (names the holder)
+    ├── MissingStoreError             a read-only open found no store at the path
     └── UnknownBackendError           no backend is registered under that name
 
 Every instance carries the object it concerns (``key``, possibly ``None``) and the file or
@@ -58,6 +62,11 @@ class BackendClosedError(InvalidRequestError):
     """The backend was used after :meth:`StorageBackend.close`."""
 
 
+class ReadOnlyError(InvalidRequestError):
+    """The backend was opened read-only and was asked to change something, or a read-only
+    open was asked of a backend that cannot open without writing."""
+
+
 class CapacityError(BackendError):
     """No room for the object: the configured capacity, or the file system, is full.
 
@@ -84,6 +93,22 @@ class BackendIOError(BackendError, OSError):
 
     def __str__(self) -> str:  # OSError would render its own (errno, strerror) form
         return self._render()
+
+
+class BackendBusyError(BackendError):
+    """Another process holds the store (a running node, or a tool). ``holder`` says who
+    (``pid N (command line)``) and ``pid`` is its process id, when that can be told."""
+
+    def __init__(self, message: str, *, path: str | os.PathLike | None = None,
+                 holder: str | None = None, pid: int | None = None):
+        self.holder = holder
+        self.pid = pid
+        super().__init__(message, path=path)
+
+
+class MissingStoreError(BackendError, LookupError):
+    """A read-only open found no store where it looked; ``path`` is what it looked for
+    (a stamp file, a volume). Read-only opens never create one."""
 
 
 class UnknownBackendError(BackendError, LookupError):

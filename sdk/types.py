@@ -131,6 +131,23 @@ class Usage:
     capacity_bytes: int | None
 
 
+class OpenMode(enum.Enum):
+    """How a backend is opened (the common ``mode`` option)."""
+
+    #: The normal open: recovery may tidy the store (roll back an unfinished write,
+    #: set aside what does not check); a new store is created where there is none.
+    READ_WRITE = "read-write"
+    #: Write nothing at all: no recovery writes, no new file or directory, no stamp.
+    #: What recovery would tidy is left in place and reported by ``check()``. Refuses a
+    #: store that a read-write open holds, and a path that holds no store
+    #: (MissingStoreError). Changing calls raise ReadOnlyError.
+    READ_ONLY = "read-only"
+    #: Read-write, and where the store's own metadata is damaged beyond what a normal
+    #: open accepts (an unreadable stamp, superblock or journal), set the damaged part
+    #: aside and rebuild it from the records that still check, instead of refusing.
+    REPAIR = "repair"
+
+
 class EvictionGranularity(enum.Enum):
     #: Each object can be evicted on its own.
     OBJECT = "object"
@@ -153,6 +170,8 @@ class Capabilities:
     persistent: bool
     #: The largest value this instance accepts.
     max_value_size: int
+    #: The backend can be opened with ``mode=OpenMode.READ_ONLY`` (it writes nothing then).
+    read_only_open: bool = False
 
 
 @dataclass(frozen=True, slots=True)

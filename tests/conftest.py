@@ -14,12 +14,14 @@ from kvstored.capabilities import required_capabilities
 
 
 def require(capability: str, available: bool, reason: str) -> None:
-    """Skip when ``capability`` is absent, unless KVSTORED_REQUIRE names it: then fail."""
+    """Skip when ``capability`` is absent, unless KVSTORED_REQUIRE names it: then fail.
+    Works at a module's top level too (a test module that imports an engine)."""
     if available:
         return
     if capability in required_capabilities(os.environ):
-        pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}")
-    pytest.skip(f"{capability} unavailable: {reason}")
+        pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}",
+                    pytrace=False)
+    pytest.skip(f"{capability} unavailable: {reason}", allow_module_level=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

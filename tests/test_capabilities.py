@@ -37,3 +37,11 @@ def test_rdma_probe_detects_absence_here(tmp_path, monkeypatch):
     assert isinstance(available, bool) and reason
     if not available:
         assert "RDMA" in reason or "rdma" in reason
+
+
+def test_engine_probe_names_the_install_script_when_absent():
+    from kvstored.capabilities import probe_engine
+
+    available, reason = probe_engine("no-such-engine")
+    assert not available and ".ci/engines" in reason
+    assert required_capabilities({"KVSTORED_REQUIRE": "fuse,engines"}) == {"fuse", "engines"}

@@ -163,6 +163,8 @@ def test_an_unknown_override_key_is_an_error():
     ("master.lease_ttl", 0.2, 0.2),
     ("master.lease_ttl", 3, 3.0),
     ("master.lease_ttl", "1.5", 1.5),
+    ("node.shutdown_flush_timeout", "0", 0.0),  # 0 turns the shutdown flush off
+    ("node.shutdown_flush_timeout", "2m", 120.0),
     ("policy.dram_high_watermark", 1, 1.0),
     ("policy.dram_high_watermark", "0.95", 0.95),
     ("policy.promote_reads", "3", 3),
@@ -189,6 +191,7 @@ def test_values_parse_to_their_type(key, raw, expected):
     ("master.lease_ttl", "0", "positive"),
     ("master.lease_ttl", -1, "positive"),
     ("master.lease_ttl", float("inf"), "finite"),
+    ("node.shutdown_flush_timeout", -1, "0 or a positive"),
     ("policy.dram_high_watermark", 1.5, "a number from 0 to 1"),
     ("policy.dram_high_watermark", "most", "a number from 0 to 1"),
     ("policy.promote_reads", 0, ">= 1"),

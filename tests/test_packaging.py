@@ -118,6 +118,14 @@ def _clean_env(venv: Path) -> dict[str, str]:
     return env
 
 
+#: The engine adapters import their engine (which the wheel does not depend on) when
+#: the engine loads them; without it installed, only that import may fail.
+ENGINE_PACKAGES = {
+    "kvstored.integrations.sglang": ("sglang", "torch"),
+    "kvstored.integrations.lmcache": ("lmcache", "torch"),
+    "kvstored.integrations.vllm": ("vllm", "torch"),
+}
+
 PROBE = r"""
 import importlib, json, pkgutil, sys
 import kvstored
@@ -128,8 +136,10 @@ for info in pkgutil.walk_packages(kvstored.__path__, "kvstored.",
         continue  # running it is not importing it
     try:
         importlib.import_module(info.name)
+    except ModuleNotFoundError as exc:
+        failed[info.name] = f"ModuleNotFoundError: {exc}", exc.name
     except BaseException as exc:
-        failed[info.name] = f"{type(exc).__name__}: {exc}"
+        failed[info.name] = f"{type(exc).__name__}: {exc}", None
 from importlib.resources import files
 print(json.dumps({
     "modules": {n: getattr(m, "__file__", None) for n, m in sys.modules.items()
@@ -152,7 +162,9 @@ def test_wheel_in_a_fresh_venv_has_every_package_and_runs(wheel_venv, tmp_path):
 
     probe = json.loads(_run(wheel_venv / "bin" / "python", "-c", PROBE, cwd=tmp_path,
                             env=env).stdout)
-    assert not probe["failed"], probe["failed"]
+    failed = {name: why for name, (why, missing) in probe["failed"].items()
+              if (missing or "").partition(".")[0] not in ENGINE_PACKAGES.get(name, ())}
+    assert not failed, failed
     assert not [f for f in probe["finders"] if "editable" in f.lower()], probe["finders"]
     outside = {n: f for n, f in probe["modules"].items()
                if f is not None and not Path(f).is_relative_to(site_dir)}

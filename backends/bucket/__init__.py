@@ -9,7 +9,8 @@ Modules, one concept each:
 - :mod:`.state`: buckets and record slots in memory;
 - :mod:`.records`: record I/O through the io engine (aligned writes, verified batched reads);
 - :mod:`.recovery`: what happens at open;
-- :mod:`.check`: check and repair; :mod:`.quarantine`: where bad bytes go.
+- :mod:`.check`: check and repair (bad bytes go to the SDK's
+  :class:`~kvstored.sdk.quarantine.Quarantine`).
 
 docs/format.md ("bucket") has the byte layouts, versioning and crash behaviour.
 """

@@ -18,7 +18,13 @@ How the pieces fit (the byte layouts are in docs/format.md):
 
 Locks, always taken in this order: ``_space_lock`` (reservations and evictions, so that
 room is never promised twice), a bucket's ``meta_lock`` (its files), ``_lock`` (the
-in-memory maps and counters; held only briefly, never across I/O).
+in-memory maps and counters; held only briefly, never across I/O). Two writers of one
+key are kept apart by the SDK's :class:`~kvstored.sdk.claims.WriteClaims` under
+``_lock``; the store's directory lock (:mod:`kvstored.sdk.lock`) keeps other processes
+out.
+
+Every open mode of the SDK is supported: read-only, recovery draws its conclusions in
+memory and writes nothing (recovery.py); repair rebuilds a lost or damaged stamp.
 """
 
 from __future__ import annotations
@@ -45,10 +51,13 @@ from kvstored.backends.bucket.recovery import recover
 from kvstored.backends.bucket.state import Bucket, Slot, chunked
 from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
 from kvstored.backends.record import align_up, record_size
-from kvstored.backends.stamp import claim_directory, fsync_dir
+from kvstored.backends.stamp import claim_directory
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
-from kvstored.sdk.errors import CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.claims import WriteClaims
+from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -57,6 +66,7 @@ from kvstored.sdk.types import (
     EvictionGranularity,
     Location,
     ObjectRecord,
+    OpenMode,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -99,16 +109,20 @@ class BucketBackend(StorageBackend):
     """
 
     name = "bucket"
+    open_modes = frozenset(OpenMode)
+    #: What this backend keeps in its directory (how a store with a lost stamp is known).
+    layout_markers = (BUCKETS_DIR,)
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
+                 mode: OpenMode = OpenMode.READ_WRITE,
                  policy: str = "fifo", bucket_bytes: int = 256 * MiB, bucket_keys: int = 500,
                  bucket_age: float = 5.0, high_watermark: float = 0.90,
                  low_watermark: float = 0.80, engine: str | None = None,
                  direct: bool | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
-                         on_evict=on_evict)
+                         on_evict=on_evict, mode=mode)
         if policy not in ("fifo", "lru"):
             raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if bucket_bytes < 1 or bucket_keys < 1 or not bucket_age > 0:
@@ -132,6 +146,7 @@ class BucketBackend(StorageBackend):
         self.root = Path(self.path)
         self.buckets_dir = str(self.root / BUCKETS_DIR)
         self.quarantine_dir = str(self.root / QUARANTINE_DIR)
+        self.quarantine = Quarantine(self.quarantine_dir)
         #: Reads that failed their checks since open (exported as a metric).
         self.corrupt_reads = 0
 
@@ -141,21 +156,26 @@ class BucketBackend(StorageBackend):
         # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
         # bucket to the end when it is read.
         self._buckets: OrderedDict[int, Bucket] = OrderedDict()
-        self._pending: dict[str, threading.Event] = {}
+        self._claims = WriteClaims(self._lock)
         # Buckets being written (not yet visible) and being removed (no longer
         # visible): their files are busy, not orphans.
         self._writing: set[int] = set()
         self._removing: set[int] = set()
         self._handles = ReadHandles(self.engine)
         self._physical = self._logical = self._reserved = 0
+        stamp_report: list = []
+        self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
+                                         markers=self.layout_markers, report=stamp_report)
         try:
-            claim_directory(self.root, self.name, LAYOUT_VERSION)
-            for folder in (self.buckets_dir, self.quarantine_dir):
-                os.makedirs(folder, exist_ok=True)
-            self._block = max(4096, os.statvfs(self.buckets_dir).f_bsize)
-            found = recover(self.buckets_dir, self.quarantine_dir)
-        except OSError as exc:
-            raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+            if not self.read_only:
+                make_private_dirs(self.buckets_dir)
+            self._block = max(4096, os.statvfs(self.root).f_bsize)
+            found = recover(self.buckets_dir, self.quarantine, read_only=self.read_only)
+        except BaseException as exc:
+            self._dir_lock.release()
+            if isinstance(exc, OSError) and not isinstance(exc, BackendError):
+                raise from_oserror(exc, path=self.root, action="opening the backend") from exc
+            raise
         self._buckets.update(found.buckets)
         self._keys = found.keys
         self._next_bucket = found.next_bucket_id
@@ -163,7 +183,7 @@ class BucketBackend(StorageBackend):
         for bucket in self._buckets.values():
             self._physical += bucket.physical
             self._logical += bucket.logical
-        self._checker = Checker(self, found.problems)
+        self._checker = Checker(self, stamp_report + found.problems, found.unindexed)
 
     # -- lifecycle and capabilities ----------------------------------------------------
 
@@ -172,12 +192,13 @@ class BucketBackend(StorageBackend):
             self._handles.close_all_locked()
             self._keys = {}
             self._buckets.clear()
+        self._dir_lock.release()
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(shared=False, eviction=EvictionGranularity.BUCKET,
                             aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size)
+                            max_value_size=self.max_value_size, read_only_open=True)
 
     def write_batch_hint(self) -> WriteBatchHint:
         return WriteBatchHint(max_bytes=self.bucket_bytes, max_keys=self.bucket_keys,
@@ -186,55 +207,19 @@ class BucketBackend(StorageBackend):
     # -- writes ------------------------------------------------------------------------
 
     def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
-        self._check_open()
+        self._check_writable()
         encoded = self._check_value_sizes(items)
         results: list[WriteResult | None] = [None] * len(items)
-        todo: list[Claimed] = []
-        seen: set[str] = set()
-        for i, ((key, value), key_bytes) in enumerate(zip(items, encoded)):
-            if key in seen:
-                results[i] = WriteResult(key, WriteOutcome.EXISTS)
-            else:
-                seen.add(key)
-                todo.append((i, key, key_bytes, memoryview(value).cast("B")))
-        while todo:
-            claimed, waiting = self._claim(todo, results)
-            try:
-                if claimed:
-                    self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes),
-                                        results)
-            finally:
-                with self._lock:
-                    for _, key, _, _ in claimed:
-                        event = self._pending.pop(key)
-                if claimed:
-                    event.set()
-            # Keys another thread was writing: wait for it only now, holding no claim of
-            # our own (two batches naming the same keys in opposite orders would
-            # deadlock otherwise), then see whether it stored them.
-            for _, event in waiting:
-                event.wait()
-            todo = [item for item, _ in waiting]
-        return results  # type: ignore[return-value]
 
-    def _claim(self, todo: list[Claimed], results: list
-               ) -> tuple[list[Claimed], list[tuple[Claimed, threading.Event]]]:
-        """Mark the keys of ``todo`` as being written by this call. Returns those
-        claimed, and those another call is writing (with its event); keys already
-        stored get EXISTS in ``results``."""
-        claimed, waiting = [], []
-        mine = threading.Event()  # one for the whole call: set when its writes end
-        with self._lock:
-            for item in todo:
-                i, key = item[0], item[1]
-                if key in self._keys:
-                    results[i] = WriteResult(key, WriteOutcome.EXISTS)
-                elif key in self._pending:
-                    waiting.append((item, self._pending[key]))
-                else:
-                    self._pending[key] = mine
-                    claimed.append(item)
-        return claimed, waiting
+        def write(positions: list[int]) -> None:
+            claimed: list[Claimed] = [(i, items[i][0], encoded[i],
+                                       memoryview(items[i][1]).cast("B")) for i in positions]
+            self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes), results)
+
+        for i in self._claims.write_batch([key for key, _ in items],
+                                          stored=self._keys.__contains__, write=write):
+            results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
+        return results  # type: ignore[return-value]
 
     def _write_buckets(self, groups: list[list[Claimed]], results: list) -> None:
         """Reserve room for each group, write them all as buckets (writer.py), and
@@ -322,7 +307,7 @@ class BucketBackend(StorageBackend):
         return None
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
-        self._check_open()
+        self._check_writable()
         with self._space_lock:
             return self._evict_held(nbytes, on_evict)
 
@@ -532,7 +517,7 @@ class BucketBackend(StorageBackend):
     # -- deletes -----------------------------------------------------------------------
 
     def batch_delete(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
+        self._check_writable()
         for key in keys:
             encode_key(key)
         touched: dict[int, Bucket] = {}
@@ -581,7 +566,10 @@ class BucketBackend(StorageBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        self._check_open()
+        if repair:
+            self._check_writable()
+        else:
+            self._check_open()
         return self._checker.run(repair)
 
 

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from kvstored.backends.bucket.index import FLAG_QUARANTINED, FLAGS_GONE, read_index
 from kvstored.backends.bucket.layout import list_buckets
-from kvstored.backends.bucket.quarantine import copy_out, move_aside
 from kvstored.backends.bucket.state import Bucket, Slot, chunked
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
@@ -43,9 +41,12 @@ CHECK_CHUNK_BYTES = 32 * 1024 * 1024
 class Checker:
     """Runs the checks above against one open backend."""
 
-    def __init__(self, backend: BucketBackend, recovery_problems: list[Problem]) -> None:
+    def __init__(self, backend: BucketBackend, recovery_problems: list[Problem],
+                 unindexed: set[int] = frozenset()) -> None:
         self.backend = backend
         self._recovery_problems = list(recovery_problems)
+        #: Buckets whose index file recovery found damaged and, read-only, left as it is.
+        self._unindexed = set(unindexed)
         self._lock = threading.Lock()
 
     def run(self, repair: bool) -> CheckReport:
@@ -80,11 +81,16 @@ class Checker:
                 found.append((ProblemKind.ORPHAN, "a file of no known bucket", entry.path))
         for entry in listing.unknown:
             found.append((ProblemKind.ORPHAN, "a file kvstored does not write", entry.path))
+        # Left on disk by a read-only open, and already reported by recovery, with what
+        # the next read-write open does about it.
+        reported = {p.path for p in self._recovery_problems}
         for kind, detail, path in found:
+            if path in reported:
+                continue
             action = None
             if repair:
                 try:
-                    action = f"moved to {move_aside(path, backend.quarantine_dir, detail)}"
+                    action = f"moved to {backend.quarantine.move_aside(path, detail)}"
                 except FileNotFoundError:
                     continue  # its owner removed it meanwhile: nothing was wrong
             report.problems.append(Problem(kind, detail, path=path, action=action))
@@ -93,6 +99,8 @@ class Checker:
 
     def _check_index(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
         backend = self.backend
+        if bucket.id in self._unindexed:
+            return  # reported by recovery, with what it found in the data file
         with bucket.meta_lock:
             if bucket.files_gone:
                 return
@@ -148,10 +156,8 @@ class Checker:
             note = {"key": slot.key, "bucket": f"{bucket.id:016x}",
                     "data_file": bucket.data_path, "record_offset": slot.offset,
                     "record_length": slot.length, "value_len": slot.size, "seq": slot.seq,
-                    "value_crc": slot.crc, "bytes_copied": len(raw), "reason": reason,
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            where = copy_out(backend.quarantine_dir, f"{bucket.id:016x}-{slot.offset:x}",
-                             raw, note)
+                    "value_crc": slot.crc, "reason": reason}
+            where = backend.quarantine.copy_out(f"{bucket.id:016x}-{slot.offset:x}", raw, note)
             actions[id(slot)] = f"quarantined to {where}, dropped from the index"
             dropped.append(slot)
         with backend._lock:

@@ -43,8 +43,8 @@ from typing import NamedTuple
 import numpy as np
 from crc32c import crc32c
 from kvstored.backends.record import ALIGN, VALUE_OFFSET
-from kvstored.backends.stamp import fsync_dir
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.files import fsync_dir, write_atomically
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 MAGIC = b"KVSI"
@@ -240,36 +240,16 @@ def read_index(path: str, *, rows: bool = False) -> tuple[IndexHeader, list]:
 
 def write_indexes(directory: str, files: Sequence[tuple[str, str, bytes]]) -> None:
     """Make each ``(temporary name, final name, bytes)`` durable under ``directory``:
-    every temporary file is written and fsync'd, then renamed over its final name, then
-    the directory is fsync'd once for all of them.
+    each is written to its temporary name, fsync'd and renamed over its final name
+    (:func:`kvstored.sdk.files.write_atomically`), then the directory is fsync'd once for
+    all of them.
 
     A crash leaves each final name with its old content or its new one, never a mix;
-    leftover temporary files are removed at the next open. Raises OSError, after
-    removing the temporary files it made.
+    leftover temporary files are removed at the next open. Raises OSError.
     """
     if not files:
         return
-    made: list[str] = []
-    try:
-        for tmp_name, _, data in files:
-            tmp = os.path.join(directory, tmp_name)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            made.append(tmp)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        for tmp_name, final_name, _ in files:
-            os.replace(os.path.join(directory, tmp_name), os.path.join(directory, final_name))
-            made.remove(os.path.join(directory, tmp_name))
-    except OSError:
-        for tmp in made:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        raise
+    for tmp_name, final_name, data in files:
+        write_atomically(os.path.join(directory, final_name), data, sync_dir=False,
+                         tmp=os.path.join(directory, tmp_name))
     fsync_dir(directory)

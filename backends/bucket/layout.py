@@ -3,6 +3,7 @@
 ::
 
     KVSTORED-BACKEND.json            the stamp: {"backend": "bucket", "layout": 1}
+    KVSTORED-LOCK                    flock'd while the store is open (kvstored.sdk.lock)
     buckets/<id>.data                a bucket's records, back to back
     buckets/<id>.idx                 its index (backends/bucket/index.py)
     buckets/.<id>.idx.tmp            an index being written

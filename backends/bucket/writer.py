@@ -32,6 +32,7 @@ from kvstored.backends.bucket.records import NewRecord, write_records
 from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.record import record_size, value_checksum
 from kvstored.native import IoEngine, IoFile
+from kvstored.sdk.files import PRIVATE_FILE
 
 #: A claimed item of a batch: (its position in the batch, key, key bytes, value).
 Claimed = tuple[int, str, bytes, memoryview]
@@ -100,7 +101,8 @@ def _write_data(engine: IoEngine,
     try:
         for bucket, records in planned:
             try:
-                file = engine.open(bucket.data_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                file = engine.open(bucket.data_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                   PRIVATE_FILE)
             except OSError as exc:
                 failures[bucket.id] = exc
                 continue

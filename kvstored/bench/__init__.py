@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "backend": "kvstored.bench.backend:backend_command",
     "sim": "kvstored.bench.sim:sim",
     "fuse": "kvstored.bench.fuse:fuse_command",
+    "mixed": "kvstored.bench.mixed:mixed_command",
 }
 
 

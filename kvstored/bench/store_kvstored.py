@@ -58,7 +58,8 @@ class KvstoredDaemon:
     """``kvstored up`` as a child process; its output goes to ``data``/../kvstored.log
     (appended across restarts) and its last lines into error messages."""
 
-    def __init__(self, data: Path, dram: int, ssd: int, backend: str) -> None:
+    def __init__(self, data: Path, dram: int, ssd: int, backend: str,
+                 offload: str = "watermark") -> None:
         data.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = data.parent / "kvstored.log"
         self.lines: list[str] = []
@@ -67,9 +68,11 @@ class KvstoredDaemon:
         self.proc = subprocess.Popen(
             [_tool("kvstored"), "up", "--listen", "127.0.0.1:0", "--data", str(data),
              "--dram", str(dram), "--ssd", str(ssd), "--backend", backend,
-             "--offload", "watermark"],
+             "--offload", offload],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            # A benchmark's objects are disposable: stopping need not write them to SSD.
+            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                 "KVSTORED_NODE_SHUTDOWN_FLUSH_TIMEOUT": "0"})
         threading.Thread(target=self._read, daemon=True).start()
         self._ready.wait(120)
         if self.address is None:

@@ -36,10 +36,12 @@ from kvstored.errors import (
     UnreachableError,
 )
 from kvstored.sdk.errors import (
+    BackendBusyError,
     BackendError,
     CapacityError,
     CorruptionError,
     InvalidRequestError,
+    MissingStoreError,
     UnknownBackendError,
 )
 from kvstored.tools.errors import (
@@ -79,6 +81,8 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (UnauthorizedError, ExitCode.USAGE),
     (StoreError, ExitCode.FAILURE),
     # The backend SDK's (kvstored.sdk.errors): a node starting, the offline tools.
+    (BackendBusyError, ExitCode.IN_USE),
+    (MissingStoreError, ExitCode.NOT_FOUND),
     (UnknownBackendError, ExitCode.USAGE),
     (InvalidRequestError, ExitCode.USAGE),
     (CapacityError, ExitCode.NO_SPACE),

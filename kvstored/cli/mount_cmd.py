@@ -14,14 +14,15 @@ from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.params import ExistingDirectory
 from kvstored.cli.program import state
-from kvstored.cli.store_cmds import _stamped_backend
 
 
 @click.command()
 @click.argument("mountpoint",
                 type=ExistingDirectory(missing_hint="create it first (mkdir -p {path})"))
-@click.option("--offline", "offline_dir", type=ExistingDirectory(),
-              help="Show this backend directory (a node's <data>/ssd), without a daemon.")
+@click.option("--offline", "offline_dir",
+              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
+              help="Show this backend directory (a stopped node's <data>/ssd), without a "
+                   "daemon; it is opened read-only and nothing in it is changed.")
 @click.option("--backend", default=None,
               help="With --offline: the directory's backend (default: read from its stamp).")
 @click.option("--foreground/--background", default=True, show_default=True,
@@ -40,7 +41,7 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
       MOUNTPOINT/keys/<name>                     every object; reading gives its bytes
       MOUNTPOINT/nodes/<node>/<dram|ssd>/<name>  objects by node and tier
       MOUNTPOINT/stats/cluster.json, stats/nodes/<node>.json
-    Offline (--offline DIR, e.g. a stopped node's <data>/ssd):
+    Offline (--offline DIR, a stopped node's <data>/ssd, opened read-only):
       MOUNTPOINT/keys/<name>, MOUNTPOINT/stats/backend.json
     \b
     Names encode keys reversibly (docs/fuse.md); `getfattr -d` shows an object's key,
@@ -65,11 +66,13 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     from kvstored.fuse.mount import mount as run_mount
 
     if offline_dir:
-        from kvstored.backends import DEFAULT_BACKEND
+        from kvstored.backends.offline import identify
         from kvstored.fuse.offline import OfflineSource
 
-        name = backend or _stamped_backend(offline_dir) or DEFAULT_BACKEND
         directory = os.path.abspath(offline_dir)
+        # Fail before mounting (or forking) when the directory holds no store; errors
+        # opening it (a running node holds it...) reach kvstored.cli.errors as they are.
+        name = identify(directory, backend)
 
         def open_source():
             return OfflineSource.open(directory, name)

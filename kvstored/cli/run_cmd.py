@@ -29,6 +29,7 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug d
 def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
     """Run a role until it is signalled; its errors go to the programs' one handler."""
     from kvstored.node.segment import SegmentExistsError
+    from kvstored.sdk.errors import BackendBusyError
 
     async def wrapper() -> None:
         async with trio.open_nursery() as nursery:
@@ -38,11 +39,14 @@ def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
     try:
         trio.run(wrapper)
     except BaseException as exc:
-        held = next((e for e in leaves(exc) if isinstance(e, SegmentExistsError)), None)
+        held = next((e for e in leaves(exc)
+                     if isinstance(e, SegmentExistsError | BackendBusyError)), None)
         if held is None:
             raise
-        # The DRAM segment is named after the data directory: another node runs on it.
-        holder = f" (process {held.holder})" if held.holder else ""
+        # The DRAM segment is named after the data directory, and the SSD tier's lock is
+        # in it: either way another node runs on it.
+        pid = held.pid if isinstance(held, BackendBusyError) else held.holder
+        holder = f" (process {pid})" if pid else ""
         raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
                          f"node{holder}; stop that node, or give this one another --data",
                          ExitCode.IN_USE) from exc
@@ -71,8 +75,9 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
        node_token_file, verbose) -> None:
     """Run the embedded single-host store: the master and one node, in the foreground.
 
-    Stop it with Ctrl-C or SIGTERM; DRAM-only objects are lost then, so run
-    `kvstore flush --wait` first to keep everything.
+    Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD
+    (for at most node.shutdown_flush_timeout, 30s by default), so that a restart has
+    them; a second Ctrl-C stops at once.
     """
     from kvstored.server import run_embedded
 

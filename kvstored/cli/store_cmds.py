@@ -242,8 +242,10 @@ def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> Non
 @click.command()
 @click.option("--node", help="Only this node (exit 3 if no live node has that name).")
 @click.option("--repair", is_flag=True, help="Quarantine what is bad and fix the index.")
-@click.option("--offline", "offline_dir", type=ExistingDirectory(),
-              help="Check a backend directory directly, without a daemon.")
+@click.option("--offline", "offline_dir",
+              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
+              help="Check a stopped node's SSD directory (<data>/ssd) without a daemon; "
+                   "read-only unless --repair.")
 @click.option("--backend", default=None,
               help="With --offline: the directory's backend (default: read from its stamp).")
 @wait_timeout_option
@@ -253,7 +255,9 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
     """Rescan the SSD tier, verify every record, re-register, and quarantine.
 
     Exits 0 when nothing is wrong (or everything found was repaired), 5 when problems
-    remain, 1 when a node did not report back in time.
+    remain, 1 when a node did not report back in time. With --offline DIR nothing is
+    written unless --repair is given; a directory that holds no store exits 3, a damaged
+    stamp or volume 5, one a running node holds 8.
     """
     if offline_dir:
         _recover_offline(offline_dir, backend, repair, as_json)
@@ -284,32 +288,25 @@ def _fail_on_problems(problems: list[dict[str, Any]]) -> None:
 
 
 def _recover_offline(directory: str, backend: str | None, repair: bool, as_json: bool) -> None:
-    from kvstored.backends import DEFAULT_BACKEND, open_backend
+    """Check (read-only) or repair a backend directory without a daemon."""
+    from kvstored.backends.offline import identify, open_offline
 
-    name = backend or _stamped_backend(directory) or DEFAULT_BACKEND
-    # A backend error (the directory belongs to another backend, a damaged stamp...) is
+    # A backend error (no store there, a damaged stamp, a running node holding it...) is
     # mapped to its exit code by kvstored.cli.errors.
-    with open_backend(name, directory) as store:
+    name = identify(directory, backend, repair=repair)
+    with open_offline(directory, name, repair=repair) as store:
         report = store.check(repair=repair)
         records = sum(1 for _ in store.scan(verify=True))
     problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
                  "action": p.action} for p in report.problems]
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,
+                     "mode": "repair" if repair else "read-only",
                      "records_checked": report.records_checked, "problems": problems})
     else:
         _print_problems(f"{directory} ({name})", problems, report.records_checked)
         click.echo(f"{records} objects read back and verified")
     _fail_on_problems(problems)
-
-
-def _stamped_backend(directory: str) -> str | None:
-    from kvstored.backends.stamp import STAMP_NAME
-
-    try:
-        return json.loads((Path(directory) / STAMP_NAME).read_text())["backend"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _print_problems(name: str, problems: list[dict[str, Any]], checked: int) -> None:

@@ -1,17 +1,21 @@
-"""What the blocking and the trio clients share: request checks, result types, read
-planning, and the same-host segment mappings."""
+"""What the blocking and the trio clients share: request checks, result types, the
+same-host segment mappings, and the read core (:class:`BatchRead`), which decides
+without doing any I/O where each object of a batch read comes from and what a reply
+means, so that both clients behave alike."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from crc32c import crc32c
 
 from kvstored.config import ConfigError
-from kvstored.errors import BadRequestError
+from kvstored.errors import BadRequestError, NoSpaceError
 from kvstored.hostid import host_id
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
@@ -74,16 +78,6 @@ def parse_address(text: str) -> tuple[str, int]:
         raise BadRequestError(f"bad address {text!r}: {exc}") from None
 
 
-@dataclass(slots=True)
-class ReadPlan:
-    """How to serve a batch read: copies from mapped segments, and per-node TCP gets."""
-
-    shm: list[tuple[int, str, int, int]]  # (index, node, offset, size)
-    tcp: dict[str, list[int]]             # node -> indexes
-    sizes: list[int]                      # from the lookup; MISSING where absent
-    checksums: list[int | None]           # which version the lookup found
-
-
 class Segments:
     """Same-host segment mappings, attached on first use; nodes that cannot be mapped
     are remembered so the client does not retry on every read."""
@@ -130,30 +124,240 @@ class Segments:
             self.forget(node)
 
 
-def plan_reads(reply: dict[str, Any], buffers: list[memoryview], keys: list[str],
-               segments: Segments) -> ReadPlan:
-    plan = ReadPlan([], {}, [], [])
-    nodes = reply["nodes"]
-    for i, found in enumerate(reply["objects"]):
-        if found is None:
-            plan.sizes.append(MISSING)
-            plan.checksums.append(None)
-            continue
-        size, checksum, replicas = found
-        if len(buffers[i]) < size:
-            raise BadRequestError(f"the buffer holds {len(buffers[i])} bytes but the object "
-                                  f"is {size}; pass a buffer of at least {size}", key=keys[i])
-        plan.sizes.append(size)
-        plan.checksums.append(checksum)
-        node, tier, offset = replicas[0]
-        if tier == "dram" and segments.mapping(node, nodes[node]) is not None:
-            plan.shm.append((i, node, offset, size))
-        else:
-            plan.tcp.setdefault(node, []).append(i)
-    if segments.transport == "shm" and plan.tcp:
-        raise BadRequestError("transport='shm' but some objects are not in a DRAM segment on "
-                              "this host; use transport='auto'")
-    return plan
+@dataclass(slots=True)
+class ReadStats:
+    """What a client's reads ran into; ``Client.stats`` (thread-safe counts)."""
+
+    #: Copies that failed the object's CRC-32C (served from another replica, or missed).
+    checksum_failures: int = 0
+    #: Reads that a node could not serve (unreachable, or it failed the request) and that
+    #: fell back to another replica or missed.
+    node_failures: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, *, checksum_failures: int = 0, node_failures: int = 0) -> None:
+        with self._lock:
+            self.checksum_failures += checksum_failures
+            self.node_failures += node_failures
+
+
+class NodeHealth:
+    """Nodes that just failed a request; reads skip them for ``holdoff`` seconds instead
+    of paying a connection attempt per batch (the master drops a node that left at once,
+    and a dead one after ``master.node_ttl``)."""
+
+    def __init__(self, holdoff: float = 1.0) -> None:
+        self.holdoff = holdoff
+        self._down: dict[str, float] = {}
+
+    def down(self, node: str) -> None:
+        self._down[node] = time.monotonic() + self.holdoff
+
+    def is_down(self, node: str) -> bool:
+        until = self._down.get(node)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            self._down.pop(node, None)
+            return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One way to read an object: copy it out of ``node``'s mapped segment at
+    ``shm_offset``, or (``shm_offset`` None) ask ``node`` for it over TCP."""
+
+    node: str
+    shm_offset: int | None = None
+
+
+class BatchRead:
+    """One batch read, as a state machine without I/O.
+
+    For each object found by the lookup, its replicas become :class:`Route` s tried in
+    order: the mapped segment of a DRAM replica on this host, then a TCP get from each
+    node holding a replica (DRAM copies first). A route that fails moves the object to
+    the next: the node cannot be reached or fails the request, the node no longer has
+    it, or the bytes fail the object's CRC-32C (which every copy handed to the caller is
+    checked against). An object with no route left is a clean miss: a read never raises
+    because a node is down. Bad copies are collected in :attr:`corrupt` so that the
+    client can tell their nodes.
+
+    The caller loops while :attr:`pending`: it copies :meth:`shm_copies` and calls
+    :meth:`copied`, fetches :meth:`tcp_requests` and calls :meth:`received` per item or
+    :meth:`failed` for what a node could not deliver, then sends :meth:`take_corrupt`.
+    """
+
+    def __init__(self, keys: list[str], reply: dict[str, Any], buffers: list[Any],
+                 segments: Segments, health: NodeHealth, stats: ReadStats) -> None:
+        """``buffers`` are the caller's, one per key; an empty list is filled with new
+        bytearrays of the objects' sizes."""
+        if not buffers:
+            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
+        buffers = [memoryview(b).cast("B") for b in buffers]
+        self.keys = keys
+        self.buffers = buffers
+        self.segments = segments
+        self.health = health
+        self.stats = stats
+        self.nodes: dict[str, dict[str, Any]] = reply["nodes"]
+        self.lease_ttl = float(reply.get("lease_ttl", 0.0))
+        self.results = [MISSING] * len(keys)
+        self.sizes: list[int] = []
+        self.checksums: list[int | None] = []
+        self._routes: list[list[Route]] = []
+        self._cursor: list[int] = []
+        self._open: set[int] = set()
+        self.corrupt: dict[str, list[tuple[str, int]]] = {}
+        for i, found in enumerate(reply["objects"]):
+            if found is None:
+                self.sizes.append(MISSING)
+                self.checksums.append(None)
+                self._routes.append([])
+                self._cursor.append(0)
+                continue
+            size, checksum, replicas = found
+            if len(buffers[i]) < size:
+                raise BadRequestError(f"the buffer holds {len(buffers[i])} bytes but the "
+                                      f"object is {size}; pass a buffer of at least {size}",
+                                      key=keys[i])
+            self.sizes.append(size)
+            self.checksums.append(checksum)
+            self._routes.append(self._plan(replicas))
+            self._cursor.append(0)
+            if not self._routes[i]:
+                raise BadRequestError("transport='shm' but the object is not in a DRAM "
+                                      "segment on this host; use transport='auto'",
+                                      key=keys[i])
+            self._open.add(i)
+
+    def _plan(self, replicas: list[list[Any]]) -> list[Route]:
+        routes: list[Route] = []
+        for node, tier, offset in replicas:
+            if tier == "dram" and self.segments.mapping(node, self.nodes[node]) is not None:
+                routes.append(Route(node, offset))
+        if self.segments.transport != "shm":
+            for node in dict.fromkeys(r[0] for r in replicas):
+                routes.append(Route(node))
+        return routes
+
+    # -- what to do next ---------------------------------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._open)
+
+    def _route(self, i: int) -> Route | None:
+        routes, cursor = self._routes[i], self._cursor[i]
+        while cursor < len(routes):
+            route = routes[cursor]
+            if route.shm_offset is not None or not self.health.is_down(route.node):
+                self._cursor[i] = cursor
+                return route
+            cursor += 1  # that node just failed: do not wait on it again
+        self._cursor[i] = cursor
+        self._open.discard(i)
+        return None
+
+    def copy_from_segments(self, started: float, clock: Callable[[], float]) -> None:
+        """Copy what this host's mapped segments hold into the buffers and check it. If
+        that took so long (``clock() - started``) that the lookup's lease may have run
+        out under the copies, they are read again over TCP instead of trusted."""
+        copies = self.shm_copies()
+        for i, node, offset, size in copies:
+            self.buffers[i][:size] = self.segments.mapping(node, self.nodes[node]).view(
+                offset, size)
+        if copies and clock() - started > 0.8 * self.lease_ttl:
+            self.lease_ran_out([c[0] for c in copies])
+            return
+        for copy in copies:
+            self.copied(copy[0])
+
+    def shm_copies(self) -> list[tuple[int, str, int, int]]:
+        """``(index, node, offset, size)`` of each object to copy out of a mapping now."""
+        out = []
+        for i in sorted(self._open):
+            route = self._route(i)
+            if route is not None and route.shm_offset is not None:
+                out.append((i, route.node, route.shm_offset, self.sizes[i]))
+        return out
+
+    def tcp_requests(self) -> dict[str, list[int]]:
+        """Per node, the indexes to ask it for now."""
+        out: dict[str, list[int]] = {}
+        for i in sorted(self._open):
+            route = self._route(i)
+            if route is not None and route.shm_offset is None:
+                out.setdefault(route.node, []).append(i)
+        return out
+
+    def node_get(self, indexes: list[int]) -> dict[str, Any]:
+        """The ``get`` request header for ``indexes`` (the checksums pick the version)."""
+        return {"op": "get", "keys": [self.keys[i] for i in indexes],
+                "checksums": [self.checksums[i] for i in indexes]}
+
+    # -- what happened -----------------------------------------------------------------
+
+    def _advance(self, i: int) -> None:
+        self._cursor[i] += 1
+        if self._cursor[i] >= len(self._routes[i]):
+            self._open.discard(i)
+
+    def _verify(self, i: int, size: int) -> bool:
+        if size == self.sizes[i] and crc32c(self.buffers[i][:size]) == self.checksums[i]:
+            self.results[i] = size
+            self._open.discard(i)
+            return True
+        route = self._routes[i][self._cursor[i]]
+        self.corrupt.setdefault(route.node, []).append((self.keys[i], self.checksums[i]))
+        self.stats.count(checksum_failures=1)
+        log.warning("%r from node %s (%s) failed its checksum: not used", self.keys[i],
+                    route.node, "shared memory" if route.shm_offset is not None else "TCP")
+        self._advance(i)
+        return False
+
+    def copied(self, i: int) -> bool:
+        """The object was copied out of its mapping into its buffer: check it."""
+        return self._verify(i, self.sizes[i])
+
+    def lease_ran_out(self, indexes: list[int]) -> None:
+        """Copies that took so long that their lease may have expired under them: read
+        them again, over TCP from the same node, before checking anything."""
+        for i in indexes:
+            self._advance(i)
+
+    def received(self, i: int, size: int) -> bool:
+        """The node answered for object ``i``: ``size`` bytes are in its buffer, or
+        ``size`` < 0 when the node no longer has it."""
+        if size < 0:
+            self._advance(i)
+            return False
+        return self._verify(i, size)
+
+    def failed(self, node: str, indexes: list[int]) -> None:
+        """``node`` could not deliver ``indexes`` (unreachable, timed out, or it failed
+        the request): they move to their next replica."""
+        self.health.down(node)
+        self.stats.count(node_failures=len(indexes))
+        for i in indexes:
+            if i in self._open:
+                self._advance(i)
+
+    def take_corrupt(self) -> dict[str, tuple[list[str], list[int]]]:
+        """Per node, the keys and checksums of copies that failed, to report there."""
+        out = {node: ([k for k, _ in items], [c for _, c in items])
+               for node, items in self.corrupt.items()}
+        self.corrupt = {}
+        return out
+
+
+def no_room_error(count: int, waited: float, reason: str | None, key: str) -> NoSpaceError:
+    """The error of a put that found no DRAM room for ``waited`` seconds, with the node's
+    own account of why (its DRAM is full and, say, its SSD too)."""
+    why = reason or ("the cluster is full of objects that cannot be evicted yet")
+    return NoSpaceError(f"no DRAM room for {count} object(s) after {waited:.0f}s: {why}",
+                        key=key)
 
 
 def client_token(token: str | None, token_file: str | None) -> ClientToken:

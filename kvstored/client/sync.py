@@ -15,22 +15,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstored.client.common import (
-    MISSING,
     TRANSPORTS,
+    BatchRead,
+    NodeHealth,
     ObjectInfo,
+    ReadStats,
     Segments,
     check_keys,
     client_host,
     client_token,
+    no_room_error,
     parse_address,
-    plan_reads,
     prepare_values,
     split_by_bytes,
 )
 from kvstored.errors import (
     BadRequestError,
     CorruptDataError,
-    NoSpaceError,
     StoreError,
     UnauthorizedError,
     UnreachableError,
@@ -116,6 +117,9 @@ class Client:
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self.segments = Segments(transport)
+        #: What reads ran into: checksum failures, nodes that could not serve.
+        self.stats = ReadStats()
+        self._health = NodeHealth()
         self._local = threading.local()
         self._all: list[_Connection] = []
         self._all_lock = threading.Lock()
@@ -161,18 +165,19 @@ class Client:
         todo = list(range(len(keys)))
         deadline = time.monotonic() + NO_SPACE_RETRY_SECONDS
         while todo:
-            retry = self._put_round(keys, views, sizes, checksums, todo, results)
+            retry, why = self._put_round(keys, views, sizes, checksums, todo, results)
             if not retry:
                 break
             if time.monotonic() > deadline:
-                raise NoSpaceError(f"no DRAM room for {len(retry)} object(s) after "
-                                   f"{NO_SPACE_RETRY_SECONDS:.0f}s; the cluster is full of "
-                                   "objects that cannot be evicted yet", key=keys[retry[0]])
+                raise no_room_error(len(retry), NO_SPACE_RETRY_SECONDS, why, keys[retry[0]])
             time.sleep(0.05)
             todo = retry
         return [bool(r) for r in results]
 
-    def _put_round(self, keys, views, sizes, checksums, todo, results) -> list[int]:
+    def _put_round(self, keys, views, sizes, checksums, todo, results
+                   ) -> tuple[list[int], str | None]:
+        """One placement and one request per node; the indexes to try again (no room
+        yet) and the node's reason for that."""
         reply = self._call("put_target", keys=[keys[i] for i in todo],
                            sizes=[sizes[i] for i in todo], host=client_host())
         self._nodes.update(reply["nodes"])
@@ -183,9 +188,11 @@ class Client:
             else:
                 by_node.setdefault(target, []).append(i)
         retry: list[int] = []
+        why = None
         for node, idx in by_node.items():
             try:
-                outcome = self._put_on_node(node, keys, views, sizes, checksums, idx)
+                outcome, no_space = self._put_on_node(node, keys, views, sizes, checksums, idx)
+                why = no_space or why
             except StoreError:
                 self._call("put_abort", keys=[keys[i] for i in idx])
                 raise
@@ -206,16 +213,20 @@ class Client:
                     raise StoreError(f"unexpected put result {status!r}", key=keys[i])
             if abort:
                 self._call("put_abort", keys=abort)
-        return retry
+        return retry, why
 
-    def _put_on_node(self, node, keys, views, sizes, checksums, idx) -> list[str]:
+    def _put_on_node(self, node, keys, views, sizes, checksums, idx
+                     ) -> tuple[list[str], str | None]:
+        """Per index the node's status, and why it had no room (if it said)."""
         conn = self._node_conn(node)
         mapping = self.segments.mapping(node, self._nodes[node])
         batch = {"keys": [keys[i] for i in idx], "sizes": [sizes[i] for i in idx],
                  "checksums": [checksums[i] for i in idx]}
         if mapping is None:
-            return conn.request({"op": "put", **batch}, [views[i] for i in idx])["results"]
-        offsets = conn.request({"op": "alloc", **batch})["offsets"]
+            reply = conn.request({"op": "put", **batch}, [views[i] for i in idx])
+            return reply["results"], reply.get("no_space")
+        allocated = conn.request({"op": "alloc", **batch})
+        offsets = allocated["offsets"]
         sealed = []
         status = {}
         for i, offset in zip(idx, offsets):
@@ -227,7 +238,7 @@ class Client:
         if sealed:
             outcome = conn.request({"op": "seal", "keys": [keys[i] for i in sealed]})["results"]
             status.update(zip(sealed, outcome))
-        return [status[i] for i in idx]
+        return [status[i] for i in idx], allocated.get("no_space")
 
     # -- reads -------------------------------------------------------------------------
 
@@ -255,51 +266,70 @@ class Client:
 
     def _read(self, keys: list[str], buffers: list[Any]) -> list[int]:
         """Look ``keys`` up (one master round trip), then copy each from a mapped segment
-        or fetch it from its node. An empty ``buffers`` is filled with new bytearrays."""
+        or fetch it from its node, falling back to other replicas (see BatchRead). An
+        empty ``buffers`` is filled with new bytearrays."""
         check_keys(keys)
         started = time.monotonic()
         reply = self._call("lookup", keys=keys)
         self._nodes.update(reply["nodes"])
-        if not buffers:
-            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
-        bufs = [memoryview(b).cast("B") for b in buffers]
-        plan = plan_reads(reply, bufs, keys, self.segments)
-        results = list(plan.sizes)
-        for i, node, offset, size in plan.shm:
-            mapping = self.segments.mapping(node, self._nodes[node])
-            bufs[i][:size] = mapping.view(offset, size)
-        if plan.shm and time.monotonic() - started > 0.8 * reply["lease_ttl"]:
-            # The lease may have run out while copying: read those again over TCP.
-            for i, node, _, _ in plan.shm:
-                plan.tcp.setdefault(node, []).append(i)
-        for node, idx in plan.tcp.items():
-            self._get_from_node(node, [keys[i] for i in idx], [bufs[i] for i in idx],
-                                [plan.checksums[i] for i in idx], idx, results)
-        return results
+        read = BatchRead(keys, reply, buffers, self.segments, self._health, self.stats)
+        while read.pending:
+            read.copy_from_segments(started, time.monotonic)
+            self._report_corrupt(read)
+            for node, idx in read.tcp_requests().items():
+                self._get_from_node(read, node, idx)
+            self._report_corrupt(read)
+        return read.results
 
-    def _get_from_node(self, node, keys, bufs, checksums, idx, results) -> None:
-        conn = self._node_conn(node)
-        # A node stages at most max_read_staging bytes of SSD reads for one request.
-        limit = conn.hello.get("max_read_staging")
-        for part in split_by_bytes([max(results[i], 0) for i in idx], limit):
-            self._get_part(node, conn, [keys[j] for j in part], [bufs[j] for j in part],
-                           [checksums[j] for j in part], [idx[j] for j in part], results)
-
-    def _get_part(self, node, conn, keys, bufs, checksums, idx, results) -> None:
-        reply = conn.request({"op": "get", "keys": keys, "checksums": checksums})
+    def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> None:
+        """Fetch ``idx`` from ``node`` into their buffers; whatever it cannot deliver is
+        handed back to ``read`` as failed (never raised: a read falls back or misses)."""
         try:
-            for i, buf, size in zip(idx, bufs, reply["sizes"]):
-                if size < 0:
-                    results[i] = MISSING
-                    continue
-                if size > len(buf):
-                    conn.reader.discard_payload()
-                    raise BadRequestError(f"object grew to {size} bytes", key=keys[0])
-                conn.reader.recv_payload_into(buf[:size])
-                results[i] = size
-        except (OSError, ConnectionClosed, FrameError) as exc:
-            conn.close()
-            raise UnreachableError(f"get from node {node} failed: {exc}") from None
+            conn = self._node_conn(node)
+        except StoreError:
+            read.failed(node, idx)
+            return
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        parts = split_by_bytes([max(read.sizes[i], 0) for i in idx],
+                               conn.hello.get("max_read_staging"))
+        for n, part in enumerate(parts):
+            if not self._get_part(read, node, conn, [idx[j] for j in part]):
+                read.failed(node, [idx[j] for later in parts[n + 1:] for j in later])
+                return
+
+    def _get_part(self, read: BatchRead, node: str, conn: _Connection, idx: list[int]
+                  ) -> bool:
+        """One node get; False (its undelivered items failed) if the node could not
+        serve it, and the connection is then closed."""
+        try:
+            reply = conn.request(read.node_get(idx))
+        except StoreError:
+            read.failed(node, idx)
+            return False
+        for n, (i, size) in enumerate(zip(idx, reply["sizes"])):
+            if 0 <= size <= len(read.buffers[i]):
+                try:
+                    conn.reader.recv_payload_into(read.buffers[i][:size])
+                except (OSError, ConnectionClosed, FrameError):
+                    conn.close()
+                    read.failed(node, idx[n:])
+                    return False
+            elif size > len(read.buffers[i]):  # not the version asked for: never served
+                conn.close()
+                read.failed(node, idx[n:])
+                return False
+            read.received(i, size)
+        return True
+
+    def _report_corrupt(self, read: BatchRead) -> None:
+        """Tell nodes which of their copies failed the checksum here; each checks its
+        own copy and drops it if bad (best effort: a read never fails over this)."""
+        for node, (keys, checksums) in read.take_corrupt().items():
+            try:
+                self._node_conn(node).request({"op": "report_corrupt", "keys": keys,
+                                               "checksums": checksums})
+            except StoreError:
+                pass
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """The offline source: a backend directory opened without a daemon.
 
 For the morning after a crash: the node is down and the question is what its SSD tier
-holds. The backend is opened the way a node opens it at start, which runs the backend's
-own recovery (an interrupted write is rolled back; a broken bucket is moved to the
-quarantine folder, never deleted). The mount itself writes nothing. Every read is
-checked against the record's CRC-32C; a value that fails reads as EIO.
+holds. The backend is opened read-only (:func:`kvstored.backends.offline.open_offline`):
+its recovery runs in memory and writes nothing, what it would tidy is left in place, and
+a directory that a running node holds is refused. Neither the open nor the mount writes
+anything. Every read is checked against the record's CRC-32C; a value that fails reads as
+EIO.
 """
 
 from __future__ import annotations
@@ -35,11 +36,13 @@ class OfflineSource(Source):
         self.backend = backend
 
     @classmethod
-    def open(cls, directory: str, backend: str) -> OfflineSource:
-        """Open ``directory`` with the backend ``backend`` (its recovery runs now)."""
-        from kvstored.backends import open_backend
+    def open(cls, directory: str, backend: str | None = None) -> OfflineSource:
+        """Open ``directory`` read-only with ``backend`` (default: the one its stamp
+        names). Raises the backend's errors: MissingStoreError, CorruptionError,
+        BackendBusyError (a running node holds it)."""
+        from kvstored.backends.offline import open_offline
 
-        return cls(open_backend(backend, directory))
+        return cls(open_offline(directory, backend))
 
     # -- objects -----------------------------------------------------------------------
 

@@ -48,7 +48,8 @@ class AdminOps:
             keys = [m.key for m in self.table.on_node(node.node_id, DRAM)
                     if m.replica(node.node_id, SSD) is None]
             waiter.pending.update((node.node_id, k) for k in keys)
-            self._queue_offload(node, keys, urgent=True)
+            # Named again even if queued: objects waiting for a retry go now.
+            self._queue_offload(node, keys, urgent=True, again=True)
         queued = len(waiter.pending)
         if not h.get("wait") or not waiter.pending:
             return {"queued": queued, "done": not waiter.pending, "failed": []}, ()
@@ -58,7 +59,10 @@ class AdminOps:
                 await waiter.event.wait()
         finally:
             self.flushes.remove(waiter)
-        return {"queued": queued, "done": not waiter.pending, "failed": waiter.failed,
+        # Only what still fails: an attempt that failed and was then retried and
+        # written is not reported.
+        return {"queued": queued, "done": not waiter.pending,
+                "failed": [[k, reason] for k, reason in waiter.failed.items()],
                 "remaining": len(waiter.pending)}, ()
 
     async def op_evict(self, conn: FramedSocket, h: dict[str, Any]):

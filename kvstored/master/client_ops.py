@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvstored.errors import BadRequestError, NotFoundError, UnreachableError
+from kvstored.errors import BadRequestError, NoSpaceError, NotFoundError, UnreachableError
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import count_ssd_read
 from kvstored.master.table import DRAM, SSD
 from kvstored.master.waits import Deferred
 from kvstored.rpc import FramedSocket
+from kvstored.units import format_size
 
 MAX_BATCH = 65536
 
@@ -31,24 +32,52 @@ class ClientOps:
         return [n for n in self.nodes.values() if n.alive and n.registered]
 
     async def op_put_target(self, conn: FramedSocket, h: dict[str, Any]):
-        keys, sizes = self._keys(h), h["sizes"]
+        keys, sizes = self._keys(h), [int(s) for s in h["sizes"]]
         host = h.get("host")
-        nodes = self._live_nodes()
+        live = self._live_nodes()
+        nodes = [n for n in live if not n.leaving]
         if not nodes:
-            raise UnreachableError("no storage node is registered; start one with "
-                                   "`kvstored node` (or use `kvstored up`)")
+            raise UnreachableError(
+                "every storage node is shutting down; retry once one is back" if live else
+                "no storage node is registered; start one with `kvstored node` (or use "
+                "`kvstored up`)")
+        # Every object is checked before any is reserved: a batch is refused whole.
+        candidates = [self._nodes_for(nodes, key, size) for key, size in zip(keys, sizes)]
         now = time.monotonic()
         targets: list[str | None] = []
-        for key, size in zip(keys, sizes):
-            node = self._place(nodes, int(size), host)
-            if self.table.reserve(key, node.node_id, int(size), now, self.put_timeout):
-                node.pending_bytes += int(size)
+        for key, size, fits in zip(keys, sizes, candidates):
+            node = self._place(fits, size, host)
+            if self.table.reserve(key, node.node_id, size, now, self.put_timeout):
+                node.pending_bytes += size
                 targets.append(node.node_id)
             else:
                 targets.append(None)
         used = {t for t in targets if t is not None}
         return {"targets": targets,
                 "nodes": {n: self.nodes[n].public() for n in used}}, ()
+
+    def _nodes_for(self, nodes: list[NodeState], key: str, size: int) -> list[NodeState]:
+        """The nodes that can ever hold an object of ``size`` bytes: it must fit in their
+        DRAM tier, and (unless the store is DRAM-only) in their SSD backend, or it would
+        be lost the first time it is evicted. Refuses, naming the limit, if none can."""
+        roomy = [n for n in nodes if n.dram_capacity >= size]
+        if not roomy:
+            largest = max(n.dram_capacity for n in nodes)
+            raise NoSpaceError(
+                f"the object is {format_size(size)}, larger than the whole DRAM tier of "
+                f"every node (the largest is {format_size(largest)}); split it, or give a "
+                "node more DRAM (node.dram)", key=key)
+        if self.policy.dram_only:
+            return roomy
+        placeable = [n for n in roomy if not n.max_value_size or n.max_value_size >= size]
+        if not placeable:
+            best = max(roomy, key=lambda n: n.max_value_size)
+            raise NoSpaceError(
+                f"the object is {format_size(size)}, larger than the SSD tier takes "
+                f"({format_size(best.max_value_size)}, the {best.backend} backend's "
+                "max_value_size), so it could never be offloaded; split it, or raise "
+                "max_value_size in [node.backend_options]", key=key)
+        return placeable
 
     async def op_put_abort(self, conn: FramedSocket, h: dict[str, Any]):
         """A client gave up on puts it was told to place: release the reservations."""
@@ -129,9 +158,13 @@ class ClientOps:
                 continue
             for r in meta.replicas:
                 ident = r.offset if r.tier == DRAM else meta.checksum
-                self.deferred.append(Deferred(meta.lease_until, r.node, r.tier, key, ident,
-                                               True))
-        self.housekeeping(now)
+                if meta.lease_until <= now and r.node in self.nodes:
+                    # Unleased: free it now (the next heartbeat carries the drop). A full
+                    # housekeeping pass per remove cost as much as the lookups did.
+                    self._queue_drop(self.nodes[r.node], r.tier, [[key, ident]])
+                else:
+                    self.deferred.append(Deferred(meta.lease_until, r.node, r.tier, key,
+                                                  ident, True))
         return {"removed": removed}, ()
 
     async def op_list(self, conn: FramedSocket, h: dict[str, Any]):

@@ -19,6 +19,8 @@ class NodeState:
     ssd_capacity: int
     backend: str = ""
     shared_ssd: bool = False
+    #: The largest value its backend accepts (0: not told, so not checked).
+    max_value_size: int = 0
     dram_used: int = 0
     ssd_used: int = 0
     ssd_objects: int = 0
@@ -27,6 +29,10 @@ class NodeState:
     last_heartbeat: float = 0.0
     registered: bool = False
     alive: bool = True
+    #: Shutting down: it serves reads, but takes no new puts.
+    leaving: bool = False
+    #: Why its offloads fail right now (a full SSD, say), as the node reported it.
+    offload_problem: str | None = None
     #: Bytes promised to puts placed here since the last heartbeat.
     pending_bytes: int = 0
     tasks: list[dict[str, Any]] = field(default_factory=list)
@@ -56,4 +62,5 @@ class NodeState:
                 "ssd": {"used": self.ssd_used, "capacity": self.ssd_capacity,
                         "objects": self.ssd_objects},
                 "corrupt_reads": self.corrupt_reads, "quarantined": self.quarantined,
-                "queued_offloads": len(self.offload_queued)}
+                "queued_offloads": len(self.offload_queued), "leaving": self.leaving,
+                "offload_problem": self.offload_problem}

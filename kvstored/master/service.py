@@ -1,13 +1,16 @@
 """The master's RPC service: object and node tables behind msgpack ops.
 
 Node-facing ops: ``register``, ``register_objects``, ``register_done``, ``commit``,
-``heartbeat``, ``ssd_evicted``. Client-facing ops: ``put_target``, ``lookup``,
-``exists``, ``prefix_hits``, ``stat``, ``remove``, ``list``, ``status``, ``flush``,
-``evict``, ``recover``.
+``heartbeat``, ``ssd_evicted``, ``leaving`` (a node shutting down takes no more puts) and
+``unregister`` (it is gone: its replicas are dropped at once). Client-facing ops:
+``put_target``, ``lookup``, ``exists``, ``prefix_hits``, ``stat``, ``remove``, ``list``,
+``status``, ``flush``, ``evict``, ``recover``.
 
 All state lives in memory and is rebuilt from the nodes' registrations after a restart.
 Handlers never block: they touch tables and return. Work on nodes is queued as tasks
-that ride on the nodes' heartbeat replies.
+that ride on the nodes' heartbeat replies. Housekeeping runs under a
+:class:`~kvstored.supervisor.Supervisor`: a failed pass is logged and counted, and the
+next one runs.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from kvstored.master.policy import PolicyConfig, plan_node
 from kvstored.master.table import DRAM, SSD, TIERS, ObjectTable
 from kvstored.master.waits import Deferred, Waiter
 from kvstored.metrics import MasterMetrics
-from kvstored.protocol import MASTER_OPS
+from kvstored.protocol import MASTER_OPS, OffloadFailed
 from kvstored.rpc import FramedSocket, ServerLimits, Service
 from kvstored.security import Credentials
+from kvstored.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class Master(ClientOps, AdminOps):
         self.table = ObjectTable()
         self.nodes: dict[str, NodeState] = {}
         self.metrics = metrics or MasterMetrics()
+        self.supervisor = Supervisor("master", self.metrics.background_errors)
         # Drops waiting for leases to expire.
         self.deferred: list[Deferred] = []
         self.flushes: list[Waiter] = []
@@ -62,9 +67,11 @@ class Master(ClientOps, AdminOps):
     # -- background -------------------------------------------------------------------
 
     async def run_housekeeping(self) -> None:
-        while True:
-            await trio.sleep(self.heartbeat_interval / 2)
-            self.housekeeping(time.monotonic())
+        await self.supervisor.forever("housekeeping", self._housekeeping_pass)
+
+    async def _housekeeping_pass(self) -> None:
+        await trio.sleep(self.heartbeat_interval / 2)
+        self.housekeeping(time.monotonic())
 
     def housekeeping(self, now: float) -> None:
         self.table.expire_pending(now)
@@ -88,11 +95,19 @@ class Master(ClientOps, AdminOps):
         gone = self.table.drop_node(node.node_id)
         log.warning("node %s missed heartbeats for %.1fs: dropped its replicas; %d objects "
                     "had no other copy and are gone", node.node_id, self.node_ttl, len(gone))
+        self._fail_flushes(node.node_id, f"node {node.node_id} died")
+
+    def _fail_flushes(self, node_id: str, reason: str) -> None:
+        """``node_id`` died or left: its share of a flush has failed, and a recovery
+        waiting only for gone nodes reports them as missing now, not at its timeout."""
         for waiter in self.flushes:
-            for pair in [p for p in waiter.pending if p[0] == node.node_id]:
+            for pair in [p for p in waiter.pending if p[0] == node_id]:
                 waiter.pending.discard(pair)
-                waiter.failed.append([pair[1], f"node {node.node_id} died"])
+                waiter.failed[pair[1]] = reason
         self._wake_flushes()
+        for waiter in self.recoveries.values():
+            if all(n not in self.nodes or not self.nodes[n].alive for n, _ in waiter.pending):
+                waiter.event.set()
 
     def _queue(self, node: NodeState, task: dict[str, Any]) -> None:
         for queued in node.tasks:  # merge with a queued task of the same kind
@@ -146,11 +161,33 @@ class Master(ClientOps, AdminOps):
             segment=str(info["segment"]), segment_token=str(info["token"]),
             dram_capacity=int(info["dram_capacity"]), ssd_capacity=int(info["ssd_capacity"]),
             backend=str(info.get("backend") or ""), shared_ssd=bool(info.get("shared")),
+            max_value_size=int(info.get("max_value_size") or 0),
             last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s:%s", node_id, host, port)
         # The node checks clients on its data server with the cluster's client token.
         return {"heartbeat_interval": self.heartbeat_interval,
-                "client_token": self.service.credentials.client}, ()
+                "client_token": self.service.credentials.client,
+                "dram_only": self.policy.dram_only}, ()
+
+    async def op_leaving(self, conn: FramedSocket, h: dict[str, Any]):
+        """The node is shutting down: place no more puts there (it still serves reads
+        while it writes its DRAM-only objects to SSD)."""
+        node = self._node(conn, h)
+        node.leaving = True
+        log.info("node %s is leaving: no more puts go there", node.node_id)
+        return {}, ()
+
+    async def op_unregister(self, conn: FramedSocket, h: dict[str, Any]):
+        """The node has stopped: forget it and its replicas now, so that lookups send
+        clients to other copies (or report a clean miss) instead of to a closed port."""
+        node = self._node(conn, h)
+        del self.nodes[node.node_id]
+        gone = self.table.drop_node(node.node_id)
+        log.info("node %s left the cluster: dropped its replicas; %d objects had no other "
+                 "copy", node.node_id, len(gone))
+        self._fail_flushes(node.node_id, f"node {node.node_id} left")
+        self._update_gauges()
+        return {"dropped": len(gone)}, ()
 
     async def op_register_objects(self, conn: FramedSocket, h: dict[str, Any]):
         node = self._node(conn, h)
@@ -192,8 +229,12 @@ class Master(ClientOps, AdminOps):
             self._queue_offload(node, committed)
         return {"results": results}, ()
 
-    def _queue_offload(self, node: NodeState, keys: list[str], urgent: bool = False) -> None:
-        fresh = [k for k in keys if k not in node.offload_queued]
+    def _queue_offload(self, node: NodeState, keys: list[str], urgent: bool = False,
+                       again: bool = False) -> None:
+        """Ask ``node`` to offload ``keys``. Keys already queued there are not sent again
+        (the node retries its own failures), unless ``again``: a flush names every key,
+        so that the node retries those waiting for a backoff at once."""
+        fresh = list(keys) if again else [k for k in keys if k not in node.offload_queued]
         if fresh or urgent:
             node.offload_queued.update(fresh)
             self._queue(node, {"t": "offload", "keys": fresh, "urgent": urgent})
@@ -210,6 +251,8 @@ class Master(ClientOps, AdminOps):
         node.ssd_objects = int(stats.get("ssd_objects", node.ssd_objects))
         node.corrupt_reads = int(stats.get("corrupt_reads", node.corrupt_reads))
         node.quarantined = int(stats.get("quarantined", node.quarantined))
+        problem = stats.get("offload_problem")
+        node.offload_problem = str(problem) if problem else None
         node.pending_bytes = 0
         self._apply_done(node, h.get("done", {}), now)
         plan = plan_node(node, self.table, self.policy, now)
@@ -244,10 +287,15 @@ class Master(ClientOps, AdminOps):
                              if k in self.table.objects)
             self.metrics.offloads.inc(len(offloaded))
             self.metrics.offload_bytes.inc(meta_sizes)
-        for key, reason in done.get("offload_failed", []):
-            node.offload_queued.discard(key)
-            node.evict_after_offload.discard(key)
-            log.warning("offload of %r on node %s failed: %s", key, node.node_id, reason)
+        failures = [OffloadFailed.from_wire(item) for item in done.get("offload_failed", [])]
+        for failure in failures:
+            if not failure.retrying:  # else it stays queued: the node tries again itself
+                node.offload_queued.discard(failure.key)
+                node.evict_after_offload.discard(failure.key)
+        if failures:
+            # The node logs its own state changes; one line per report here, not per key.
+            log.debug("node %s: %d offload(s) failed (%s)", node.node_id, len(failures),
+                      failures[0].message)
         for key, tier, ident in done.get("dropped", []):
             self.table.drop_replica(key, node.node_id, tier, ident)
         for key in done.get("ssd_evicted", []):
@@ -270,10 +318,11 @@ class Master(ClientOps, AdminOps):
         for waiter in self.flushes:
             for key in offloaded:
                 waiter.pending.discard((node.node_id, key))
-            for key, reason in done.get("offload_failed", []):
-                if (node.node_id, key) in waiter.pending:
-                    waiter.pending.discard((node.node_id, key))
-                    waiter.failed.append([key, reason])
+                waiter.failed.pop(key, None)  # a retry made it
+            for failure in failures:
+                if (node.node_id, failure.key) in waiter.pending:
+                    waiter.pending.discard((node.node_id, failure.key))
+                    waiter.failed[failure.key] = failure.message
         self._wake_flushes()
 
     def _wake_flushes(self) -> None:

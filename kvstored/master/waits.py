@@ -29,5 +29,6 @@ class Waiter:
 
     pending: set[tuple[str, str]]
     event: trio.Event = field(default_factory=trio.Event)
-    failed: list[list[str]] = field(default_factory=list)
+    #: Flush: key -> why its latest offload attempt failed; a later success removes it.
+    failed: dict[str, str] = field(default_factory=dict)
     reports: dict[str, Any] = field(default_factory=dict)

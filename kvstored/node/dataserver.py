@@ -18,13 +18,11 @@ tiers and the master session these ops use.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
-import trio
 from crc32c import crc32c
 
-from kvstored.errors import BadRequestError, StoreError
+from kvstored.errors import BadRequestError
 from kvstored.master.table import DRAM, SSD
 from kvstored.node.dram import DramObject
 from kvstored.rpc import FramedSocket
@@ -54,14 +52,14 @@ class DataServerOps:
         results: list[str] = []
         received: list[tuple[int, DramObject]] = []
         for key, size, checksum in zip(keys, sizes, checksums):
-            if self.dram.allocate(key, size, checksum, self.put_timeout) is None:
+            if self.leaving or self.dram.allocate(key, size, checksum,
+                                                  self.put_timeout) is None:
                 # "exists": another put of this key is in flight here.
-                held = self.dram.get(key)
-                results.append("exists" if held is not None and not held.committed
+                results.append("exists" if self.dram.being_written(key) is not None
                                else "no_space")
                 await _skip(conn, size)
                 continue
-            obj = self.dram.get(key)
+            obj = self.dram.being_written(key)
             view = self.dram.view(obj)
             await conn.recv_payload_into(view)
             if crc32c(view) != checksum:
@@ -72,44 +70,36 @@ class DataServerOps:
             received.append((len(results) - 1, obj))
         self.metrics.bytes_received.inc(sum(sizes))
         await self._commit(received, results)
+        reply: dict[str, Any] = {"results": results}
         if "no_space" in results:
             self.wake_heartbeat()
-        return {"results": results}, ()
+            reply["no_space"] = self.no_space_reason()
+        return reply, ()
 
     async def _commit(self, received: list[tuple[int, DramObject]], results: list[str]) -> None:
-        if not received:
-            return
-        try:
-            reply = await self._master_call(
-                "commit", node=self.name,
-                objects=[[o.key, o.size, o.checksum, o.offset] for _, o in received])
-        except StoreError:
-            for _, obj in received:
-                self.dram.free(obj.key, obj.offset)
-            raise
-        for (i, obj), ok in zip(received, reply["results"]):
-            if ok:
-                self.dram.commit(obj)
-                results[i] = "ok"
-            else:
-                self.dram.free(obj.key, obj.offset)
-                results[i] = "exists"
+        """Commit the received objects at the master (with every other connection's, in
+        one call: see kvstored.node.commits) and fill in their results."""
+        oks = await self.commits.submit([obj for _, obj in received])
+        for (i, _), ok in zip(received, oks):
+            results[i] = "ok" if ok else "exists"
 
     async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
         keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
-        offsets = [self.dram.allocate(k, n, c, self.put_timeout)
+        offsets = [None if self.leaving else self.dram.allocate(k, n, c, self.put_timeout)
                    for k, n, c in zip(keys, sizes, checksums)]
+        reply: dict[str, Any] = {"offsets": offsets}
         if None in offsets:
             self.wake_heartbeat()
-        return {"offsets": offsets}, ()
+            reply["no_space"] = self.no_space_reason()
+        return reply, ()
 
     async def op_seal(self, conn: FramedSocket, h: dict[str, Any]):
         (keys,) = batch_columns(h)
         results: list[str] = []
         received: list[tuple[int, DramObject]] = []
         for key in keys:
-            obj = self.dram.get(key)
-            if obj is None or obj.committed:
+            obj = self.dram.being_written(key)
+            if obj is None:
                 results.append("missing")
                 continue
             if crc32c(self.dram.view(obj)) != obj.checksum:
@@ -124,10 +114,35 @@ class DataServerOps:
     async def op_abort(self, conn: FramedSocket, h: dict[str, Any]):
         (keys,) = batch_columns(h)
         for key in keys:
-            obj = self.dram.get(key)
-            if obj is not None and not obj.committed:
+            obj = self.dram.being_written(key)
+            if obj is not None:
                 self.dram.free(key, obj.offset)
         return {}, ()
+
+    async def op_report_corrupt(self, conn: FramedSocket, h: dict[str, Any]):
+        """A client read bytes of a DRAM object here that failed the object's checksum
+        (a same-host writer may scribble over its mapping after its seal). The node
+        checks its copy itself; a bad one is dropped, counted and reported to the master,
+        so that readers fall back to another replica. Returns, per key, whether the copy
+        here was bad."""
+        keys, checksums = batch_columns(h, "checksums")
+        bad = []
+        for key, checksum in zip(keys, checksums):
+            pinned = self.dram.pin([key])
+            obj = pinned.get(key)
+            try:
+                corrupt = (obj is not None and obj.checksum == checksum
+                           and crc32c(self.dram.view(obj)) != checksum)
+            finally:
+                self.dram.unpin(pinned.values())
+            bad.append(corrupt)
+            if corrupt:
+                self.count_corrupt(key, DRAM)
+                if self.dram.free(key, obj.offset):
+                    self.report.add("dropped", [[key, DRAM, obj.offset]])
+        if any(bad):
+            self.wake_heartbeat()
+        return {"corrupt": bad}, ()
 
     async def op_locate(self, conn: FramedSocket, h: dict[str, Any]):
         """Where each key's bytes are on this node: the DRAM offset and the SSD file and
@@ -204,19 +219,13 @@ class DataServerOps:
         for key, record in records.items():
             views[key] = staging[cursor:cursor + record.size]
             cursor += record.size
-        started = time.perf_counter()
-        results = await trio.to_thread.run_sync(
-            self.backend.batch_read, list(records), list(views.values()))
-        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        results = await self.ssd_reads.submit(list(zip(records, views.values())))
         got_by_key = dict(zip(records, results))
         for key, got in got_by_key.items():
             if got >= 0:
                 self.metrics.bytes_served.labels(tier=SSD).inc(got)
             elif got == ReadStatus.CORRUPT:
-                self.corrupt_reads += 1
-                self.metrics.checksum_failures.inc()
-                log.warning("node %s: %r failed its checksum on SSD: served as a miss, "
-                            "quarantining", self.name, key)
+                self.count_corrupt(key, SSD)
                 self.report.add("dropped", [[key, SSD, records[key].checksum]])
                 self._schedule_quarantine()
                 self.wake_heartbeat()
@@ -226,6 +235,13 @@ class DataServerOps:
             if got >= 0 and (wanted is None or wanted[i] == records[key].checksum):
                 sizes[i] = got
                 pieces[i] = views[key][:got]
+
+    def count_corrupt(self, key: str, tier: str) -> None:
+        """Count a copy of ``key`` that failed its checksum (served as a miss)."""
+        self.corrupt_reads += 1
+        self.metrics.checksum_failures.labels(tier=tier).inc()
+        log.warning("node %s: %r failed its checksum in %s: served as a miss%s", self.name,
+                    key, tier, ", quarantining" if tier == SSD else ", dropped this copy")
 
 
 async def _skip(conn: FramedSocket, size: int) -> None:

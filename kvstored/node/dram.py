@@ -7,7 +7,9 @@ visible. Uncommitted objects that nobody seals within the put timeout are reclai
 Versions: a key can be removed and put again while a reader still holds a lease on
 the old value. The old object then stays in memory, *retired*, until the master's drop
 for it arrives. An object's identity is therefore its offset in the segment, and frees
-name the offset, so a late drop of an old version never frees the new one.
+name the offset, so a late drop of an old version never frees the new one. A new version
+is written beside the current one and replaces it only when it commits: a put that the
+master refuses (the key exists) leaves the committed object exactly as it was.
 
 Frees of pinned objects (being sent, or being offloaded) wait for the last unpin, so
 memory is never reused under a reader. Thread-safe: the trio loop and worker threads
@@ -43,8 +45,10 @@ class DramTier:
         self.allocator = OffsetAllocator(segment.data_size, alignment)
         #: Every object in memory, by offset (its identity).
         self.by_offset: dict[int, DramObject] = {}
-        #: The current version of each key.
+        #: The current committed version of each key.
         self.current: dict[str, DramObject] = {}
+        #: The version of each key being written (allocated, not yet committed).
+        self.writing: dict[str, DramObject] = {}
         self._lock = threading.Lock()
 
     @property
@@ -57,31 +61,40 @@ class DramTier:
 
     def allocate(self, key: str, size: int, checksum: int, timeout: float) -> int | None:
         """Reserve room for a new, uncommitted version of ``key``; None if a put of the
-        key is already in flight here, or there is no room. A committed older version
-        is retired, not freed: leased readers may still be using it."""
+        key is already in flight here, or there is no room. A committed version of the
+        key stays current (and readable) until the new one commits."""
         with self._lock:
-            existing = self.current.get(key)
-            if existing is not None and not existing.committed:
+            if key in self.writing:
                 return None
             offset = self.allocator.allocate(size)
             if offset is None:
                 return None
-            if existing is not None:
-                del self.current[key]
             obj = DramObject(key, offset, size, checksum, False, time.monotonic() + timeout)
             self.by_offset[offset] = obj
-            self.current[key] = obj
+            self.writing[key] = obj
             return offset
 
     def get(self, key: str) -> DramObject | None:
+        """The current committed version of ``key``."""
         return self.current.get(key)
+
+    def being_written(self, key: str) -> DramObject | None:
+        """The uncommitted version of ``key`` a put is writing here, if any."""
+        return self.writing.get(key)
 
     def view(self, obj: DramObject) -> memoryview:
         return self.segment.view(obj.offset, obj.size)
 
     def commit(self, obj: DramObject) -> None:
+        """Make ``obj`` the current version of its key. A committed older version is
+        retired, not freed: leased readers may still be using it, and the master sends
+        its drop once their leases have expired."""
         with self._lock:
+            if self.writing.get(obj.key) is obj:
+                del self.writing[obj.key]
             obj.committed = True
+            if not obj.doomed:
+                self.current[obj.key] = obj
 
     def pin(self, keys: Iterable[str]) -> dict[str, DramObject]:
         """Pin the current committed version of each of ``keys`` that has one."""
@@ -89,7 +102,7 @@ class DramTier:
         with self._lock:
             for key in keys:
                 obj = self.current.get(key)
-                if key not in pinned and obj is not None and obj.committed and not obj.doomed:
+                if key not in pinned and obj is not None and not obj.doomed:
                     obj.pins += 1
                     pinned[key] = obj
         return pinned
@@ -111,6 +124,8 @@ class DramTier:
             obj.doomed = True
             if self.current.get(key) is obj:
                 del self.current[key]
+            if self.writing.get(key) is obj:
+                del self.writing[key]
             if obj.pins == 0:
                 self._release_locked(obj)
             return True
@@ -122,8 +137,7 @@ class DramTier:
     def expire_uncommitted(self, now: float) -> list[str]:
         """Reclaim allocations whose put was abandoned."""
         with self._lock:
-            stale = [o for o in self.current.values()
-                     if not o.committed and not o.doomed and o.deadline <= now]
+            stale = [o for o in self.writing.values() if not o.doomed and o.deadline <= now]
         for obj in stale:
             self.free(obj.key, obj.offset)
         return [o.key for o in stale]
@@ -131,4 +145,4 @@ class DramTier:
     def committed(self) -> list[DramObject]:
         """Current committed versions (what the node registers with the master)."""
         with self._lock:
-            return [o for o in self.current.values() if o.committed and not o.doomed]
+            return [o for o in self.current.values() if not o.doomed]

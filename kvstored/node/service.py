@@ -8,8 +8,14 @@
   master loses nothing), then heartbeat; the replies carry tasks (offload, drop,
   promote, recover). A lost master is retried with backoff while the data server keeps
   serving reads.
-- **Offloader**: batches offload tasks by the backend's write hint (bytes, keys, age)
-  into ``batch_write``; the master hears of an SSD copy only after it is durable.
+- **Offloader** (:mod:`kvstored.node.offload`): batches offload tasks by the backend's
+  write hint into ``batch_write``; the master hears of an SSD copy only after it is
+  durable. Failed offloads are retried with backoff.
+- **Supervision**: every background task runs under a :class:`~kvstored.supervisor.Supervisor`,
+  so that a backend or I/O error in one is logged, counted and survived.
+- **Leaving**: on shutdown (:meth:`Node.leave`) the node stops taking puts, writes its
+  DRAM-only objects to SSD within ``node.shutdown_flush_timeout``, and unregisters, so
+  the master drops its replicas at once instead of after ``master.node_ttl``.
 """
 
 from __future__ import annotations
@@ -25,22 +31,30 @@ from typing import Any
 import trio
 
 from kvstored.backends import open_backend
-from kvstored.errors import BadRequestError, StoreError, UnreachableError
+from kvstored.errors import BadRequestError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
 from kvstored.metrics import NodeMetrics
+from kvstored.node.coalesce import Coalescer
 from kvstored.node.dataserver import DataServerOps
-from kvstored.node.dram import DramTier
+from kvstored.node.dram import DramObject, DramTier
+from kvstored.node.offload import Offloader
 from kvstored.node.segment import DramSegment, sweep_stale
 from kvstored.node.staging import StagingPool
 from kvstored.protocol import NODE_OPS, Role
 from kvstored.rpc import RpcClient, ServerLimits, Service, serve
-from kvstored.sdk import StorageBackend, WriteOutcome
+from kvstored.sdk import StorageBackend
 from kvstored.security import Credentials, make_private_dir
+from kvstored.supervisor import Backoff, Supervisor, describe_keys
+from kvstored.units import format_size
 
 log = logging.getLogger(__name__)
 
 REGISTER_CHUNK = 5000
+#: SSD batch reads the node runs at once (each carries every read waiting for it).
+SSD_READS_IN_FLIGHT = 4
+#: How long a leaving node waits for the master to hear that it goes.
+UNREGISTER_TIMEOUT = 5.0
 
 
 class _Report:
@@ -72,7 +86,7 @@ class Node(DataServerOps):
                  name: str = "", credentials: Credentials | None = None,
                  limits: ServerLimits | None = None, max_read_staging: int = 512 << 20,
                  put_timeout: float = 30.0, metrics: NodeMetrics | None = None,
-                 populate: bool = True) -> None:
+                 populate: bool = True, shutdown_flush_timeout: float = 30.0) -> None:
         self.data_dir = Path(data_dir)
         self.dram_size = dram
         self.ssd_size = ssd
@@ -86,7 +100,10 @@ class Node(DataServerOps):
         self.credentials = credentials or Credentials.open()
         self.put_timeout = put_timeout
         self.populate = populate
+        self.shutdown_flush_timeout = shutdown_flush_timeout
         self.metrics = metrics or NodeMetrics()
+        self.supervisor = Supervisor(f"node {name}" if name else "node",
+                                     self.metrics.background_errors)
         self.report = _Report()
         self.service = Service("node", NODE_OPS, credentials=self.credentials, limits=limits)
         self.service.bind(self)
@@ -99,14 +116,21 @@ class Node(DataServerOps):
         self.address: tuple[str, int] | None = None
         self.heartbeat_interval = 0.2
         self._wake = trio.Event()
-        self._offload_queue: dict[str, float] = {}  # key -> time queued
-        self._offload_urgent = False
-        self._offload_ready = trio.Event()
+        self.offloader: Offloader | None = None
+        self.commits: Coalescer[DramObject, bool] | None = None
+        self.ssd_reads: Coalescer[tuple[str, memoryview], int] | None = None
         self._nursery: trio.Nursery | None = None
         self._quarantine_pending = False
         self.corrupt_reads = 0
         self.quarantined = 0
         self.registered = trio.Event()
+        #: The master's policy.dram_only (told at registration): nothing is offloaded.
+        self.dram_only = False
+        #: Set by :meth:`leave`: puts are refused while the node shuts down.
+        self.leaving = False
+        self._session_scope = trio.CancelScope()
+        self._offload_scope = trio.CancelScope()
+        self._offload_stopped = trio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -128,16 +152,28 @@ class Node(DataServerOps):
                 lambda: DramSegment.create(segment_name, self.dram_size,
                                            populate=self.populate))
             self.dram = DramTier(self.segment)
+            # Concurrent puts commit in one master call; concurrent SSD reads go to the
+            # backend in one batch (kvstored.node.coalesce).
+            self.commits = Coalescer(self._send_commit)
+            self.ssd_reads = Coalescer(self._read_from_ssd, in_flight=SSD_READS_IN_FLIGHT)
+            self.offloader = Offloader(
+                node=self.name or "(starting)", backend=self.backend, dram=self.dram,
+                report=self.report, metrics=self.metrics, supervisor=self.supervisor,
+                wake=self.wake_heartbeat, on_corrupt=self.count_corrupt)
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 self.address = await nursery.start(serve, self.service, *self.listen)
                 if not self.name:
                     self.name = f"{os.uname().nodename}:{self.address[1]}"
+                self.supervisor.owner = f"node {self.name}"
+                self.offloader.node = self.name
                 log.info("node %s: data server on %s:%d, DRAM %d bytes, SSD %s at %s",
                          self.name, *self.address, self.dram_size, self.backend_name, ssd_dir)
-                nursery.start_soon(self._master_loop)
-                nursery.start_soon(self._offloader)
-                nursery.start_soon(self._reaper)
+                nursery.start_soon(self._master_session)
+                nursery.start_soon(self._offload_loop)
+                nursery.start_soon(self.supervisor.forever, "commit", self.commits.run)
+                nursery.start_soon(self.supervisor.forever, "ssd-read", self.ssd_reads.run)
+                nursery.start_soon(self.supervisor.forever, "reaper", self._reap)
                 task_status.started(self.address)
         finally:
             if self.master is not None:
@@ -154,27 +190,26 @@ class Node(DataServerOps):
 
     # -- master session ----------------------------------------------------------------
 
-    async def _master_loop(self) -> None:
-        backoff = 0.1
-        while True:
-            client = RpcClient(self.master_address, token=self.credentials.node,
-                               role=Role.NODE)
-            try:
-                hello = await client.connect()
-                self.heartbeat_interval = float(hello.get("heartbeat_interval", 0.2))
-                await self._register(client)
-                self.master = client
-                self.registered.set()
-                backoff = 0.1
-                await self._heartbeats(client)
-            except StoreError as exc:
-                log.warning("node %s: master %s:%d: %s; retrying in %.1fs", self.name,
-                            *self.master_address, exc, backoff)
-            finally:
-                self.master = None
-                client.close()
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+    async def _master_session(self) -> None:
+        """Stay registered with the master: connect, register, heartbeat; a lost master
+        is retried with backoff (logged once, not per attempt)."""
+        with self._session_scope:
+            await self.supervisor.forever("master-session", self._session,
+                                          backoff=Backoff(0.1, 5.0))
+
+    async def _session(self) -> None:
+        client = RpcClient(self.master_address, token=self.credentials.node, role=Role.NODE)
+        try:
+            hello = await client.connect()
+            self.heartbeat_interval = float(hello.get("heartbeat_interval", 0.2))
+            await self._register(client)
+            self.master = client
+            self.registered.set()
+            self.supervisor.succeeded("master-session")
+            await self._heartbeats(client)
+        finally:
+            self.master = None
+            client.close()
 
     async def _register(self, client: RpcClient) -> None:
         assert self.dram is not None and self.segment is not None and self.address
@@ -184,7 +219,9 @@ class Node(DataServerOps):
             "node": self.name, "address": list(self.address), "host": host_id(),
             "segment": self.segment.name, "token": self.segment.token.hex(),
             "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
-            "backend": self.backend_name, "shared": caps.shared})
+            "backend": self.backend_name, "shared": caps.shared,
+            "max_value_size": caps.max_value_size})
+        self.dram_only = bool(reply.get("dram_only", False))
         self._adopt_client_token(reply.get("client_token"))
         inventory = [[o.key, o.size, o.checksum, DRAM, o.offset] for o in self.dram.committed()]
         inventory += await trio.to_thread.run_sync(
@@ -212,8 +249,13 @@ class Node(DataServerOps):
         self.credentials.client = token
 
     async def _heartbeats(self, client: RpcClient) -> None:
+        stats: dict[str, Any] = {}
         while True:
-            reply = await client.call("heartbeat", node=self.name, stats=await self._stats(),
+            # Figures that cannot be had this time are sent as they were last time: a
+            # failing usage() must not cost the node its master session.
+            with self.supervisor.guard("heartbeat-stats"):
+                stats = self._stats()
+            reply = await client.call("heartbeat", node=self.name, stats=stats,
                                       done=self.report.take())
             for task in reply["tasks"]:
                 self._start_task(task)
@@ -224,13 +266,52 @@ class Node(DataServerOps):
     def wake_heartbeat(self) -> None:
         self._wake.set()
 
-    async def _stats(self) -> dict[str, int]:
+    def _stats(self) -> dict[str, Any]:
         usage = self.backend.usage()
         self.metrics.dram_used.set(self.dram.used)
         self.metrics.ssd_used.set(usage.physical_bytes)
         return {"dram_used": self.dram.used, "ssd_used": usage.physical_bytes,
                 "ssd_objects": usage.objects, "corrupt_reads": self.corrupt_reads,
-                "quarantined": self.quarantined}
+                "quarantined": self.quarantined, "offload_problem": self.offloader.problem}
+
+    def no_space_reason(self) -> str:
+        """Why this node could not take a put, for the client's error message."""
+        if self.leaving:
+            return f"node {self.name} is shutting down"
+        reason = (f"node {self.name}'s DRAM tier is full ({format_size(self.dram.used)} "
+                  f"of {format_size(self.dram.capacity)} in use)")
+        if self.offloader.problem:
+            reason += f" and its objects cannot move to SSD: {self.offloader.problem}"
+        return reason
+
+    async def _send_commit(self, objects: list[DramObject]) -> list[bool]:
+        """Commit received, checked objects at the master and apply its answer to the
+        DRAM tier here, so that a put whose client left meanwhile leaves nothing half
+        done: each is committed, or freed if the master refused it (the key exists) or
+        the call failed."""
+        try:
+            reply = await self._master_call(
+                "commit", node=self.name,
+                objects=[[o.key, o.size, o.checksum, o.offset] for o in objects])
+        except BaseException:
+            for obj in objects:
+                self.dram.free(obj.key, obj.offset)
+            raise
+        for obj, ok in zip(objects, reply["results"]):
+            if ok:
+                self.dram.commit(obj)
+            else:
+                self.dram.free(obj.key, obj.offset)
+        return reply["results"]
+
+    async def _read_from_ssd(self, items: list[tuple[str, memoryview]]) -> list[int]:
+        """One backend batch read (on a worker thread) for the SSD reads of every
+        connection that are waiting."""
+        started = time.perf_counter()
+        results = await trio.to_thread.run_sync(
+            self.backend.batch_read, [k for k, _ in items], [v for _, v in items])
+        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
+        return results
 
     async def _master_call(self, op: str, **args: Any) -> dict[str, Any]:
         if self.master is None:
@@ -241,18 +322,21 @@ class Node(DataServerOps):
 
     def _start_task(self, task: dict[str, Any]) -> None:
         kind = task.get("t")
+        spawn = self.supervisor.spawn
         if kind == "offload":
-            now = time.monotonic()
-            for key in task["keys"]:
-                self._offload_queue.setdefault(key, now)
-            self._offload_urgent |= bool(task.get("urgent"))
-            self._offload_ready.set()
+            self.offloader.request(list(task["keys"]), urgent=bool(task.get("urgent")))
         elif kind == "drop":
-            self._nursery.start_soon(self._drop, task["tier"], task["items"])
+            # Retried: a drop that never happens leaves the master pointing at a removed
+            # object's bytes until the node re-registers.
+            spawn(self._nursery, "drop", self._drop, task["tier"], task["items"],
+                  subject=describe_keys([k for k, _ in task["items"]]), attempts=5)
         elif kind == "promote":
-            self._nursery.start_soon(self._promote, task["keys"])
+            spawn(self._nursery, "promote", self._promote, task["keys"],
+                  subject=describe_keys(task["keys"]))
         elif kind == "recover":
-            self._nursery.start_soon(self._recover, task["id"], bool(task.get("repair")))
+            ident = task["id"]
+            spawn(self._nursery, "recover", self._recover, ident, bool(task.get("repair")),
+                  on_error=lambda exc: self._recover_failed(ident, exc))
         else:
             log.warning("node %s: ignoring unknown task %r", self.name, kind)
 
@@ -276,72 +360,13 @@ class Node(DataServerOps):
             self.report.add("dropped", done + [[k, tier, i] for k, i in items
                                                if (k, i) not in gone])
 
-    async def _offloader(self) -> None:
-        hint = self.backend.write_batch_hint()
-        while True:
-            if not self._offload_queue:
-                self._offload_ready = trio.Event()
-                await self._offload_ready.wait()
-                continue
-            oldest = min(self._offload_queue.values())
-            queued_bytes = sum(o.size for k in self._offload_queue
-                               if (o := self.dram.get(k)) is not None)
-            due = (self._offload_urgent or len(self._offload_queue) >= hint.max_keys
-                   or queued_bytes >= hint.max_bytes
-                   or time.monotonic() - oldest >= hint.max_age)
-            if not due:
-                # Wait for the age bound, or for more work (which may fill a batch).
-                self._offload_ready = trio.Event()
-                with trio.move_on_after(max(0.0, oldest + hint.max_age - time.monotonic())):
-                    await self._offload_ready.wait()
-                continue
-            await self._offload_batch(hint.max_keys, hint.max_bytes)
-            if not self._offload_queue:
-                self._offload_urgent = False
-
-    async def _offload_batch(self, max_keys: int, max_bytes: int) -> None:
-        batch, total = [], 0
-        for key in list(self._offload_queue):
-            if len(batch) >= max_keys or (batch and total >= max_bytes):
-                break
-            del self._offload_queue[key]
-            batch.append(key)
-            obj = self.dram.get(key)
-            total += obj.size if obj else 0
-        pinned = self.dram.pin(batch)
-        gone = [k for k in batch if k not in pinned]
-        if gone:
-            self.report.add("offload_failed", [[k, "no longer in DRAM"] for k in gone])
-        if not pinned:
-            return
-        started = time.perf_counter()
+    async def _offload_loop(self) -> None:
         try:
-            done, failed = await trio.to_thread.run_sync(self._write_to_ssd, pinned)
+            with self._offload_scope:
+                await self.supervisor.forever("offload", self.offloader.step,
+                                              backoff=Backoff(0.5, 30.0))
         finally:
-            self.dram.unpin(pinned.values())
-        self.metrics.io_seconds.labels(op="offload").observe(time.perf_counter() - started)
-        self.report.add("offloaded", done)
-        if failed:
-            self.report.add("offload_failed", failed)
-        self.wake_heartbeat()
-
-    def _write_to_ssd(self, objects: dict[str, Any]) -> tuple[list[list[Any]], list[list[Any]]]:
-        """Write pinned DRAM objects to the backend (on a worker thread). An older version
-        of a key left on SSD (removed, then written again) is replaced, never reported
-        as the new one's copy."""
-        items = [(k, self.dram.view(o)) for k, o in objects.items()]
-        results = self.backend.batch_write(items)
-        stale = [r.key for r in results if r.outcome is WriteOutcome.EXISTS
-                 and (rec := self.backend.stat(r.key)) is not None
-                 and rec.checksum != objects[r.key].checksum]
-        if stale:
-            self.backend.batch_delete(stale)
-            redo = {r.key: r for r in self.backend.batch_write(
-                [(k, self.dram.view(objects[k])) for k in stale])}
-            results = [redo.get(r.key, r) for r in results]
-        done = [[r.key, objects[r.key].checksum] for r in results if r.ok]
-        failed = [[r.key, str(r.error)] for r in results if r.outcome is WriteOutcome.FAILED]
-        return done, failed
+            self._offload_stopped.set()
 
     async def _promote(self, keys: list[str]) -> None:
         placed = []
@@ -350,18 +375,22 @@ class Node(DataServerOps):
             if record is None or self.dram.allocate(key, record.size, record.checksum,
                                                     self.put_timeout) is None:
                 continue
-            placed.append(self.dram.get(key))
+            placed.append(self.dram.being_written(key))
         if not placed:
             return
-        results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [o.key for o in placed], [self.dram.view(o) for o in placed])
         promoted = []
-        for obj, got in zip(placed, results):
-            if got == obj.size:
-                self.dram.commit(obj)
-                promoted.append([obj.key, obj.offset, obj.checksum])
-            else:
-                self.dram.free(obj.key, obj.offset)
+        try:
+            results = await trio.to_thread.run_sync(
+                self.backend.batch_read, [o.key for o in placed],
+                [self.dram.view(o) for o in placed])
+            for obj, got in zip(placed, results):
+                if got == obj.size:
+                    self.dram.commit(obj)
+                    promoted.append([obj.key, obj.offset, obj.checksum])
+        finally:
+            for obj in placed:  # whatever did not make it (or the read raised)
+                if not obj.committed:
+                    self.dram.free(obj.key, obj.offset)
         self.report.add("promoted", promoted)
         self.wake_heartbeat()
 
@@ -374,6 +403,20 @@ class Node(DataServerOps):
                                   "path": p.path, "action": p.action}
                                  for p in report.problems]}
         result = await trio.to_thread.run_sync(work)
+        self._recovered(result)
+
+    def _recover_failed(self, ident: int, exc: Exception) -> None:
+        """A recovery that raised still answers the master, so `kvstore recover` reports
+        the error instead of waiting for its timeout."""
+        self.report.add("recovered", [{
+            "id": ident, "repaired": False, "records_checked": 0,
+            "problems": [{"kind": "check-failed", "key": None, "path": self.backend.path,
+                          "detail": f"the check could not run: {type(exc).__name__}: "
+                                    f"{exc}; see the node's log, then run it again",
+                          "action": None}]}])
+        self.wake_heartbeat()
+
+    def _recovered(self, result: dict[str, Any]) -> None:
         fixed = [p for p in result["problems"] if p["action"]]
         self.quarantined += sum(1 for p in fixed if "quarantine" in (p["action"] or ""))
         self.metrics.quarantined.inc(sum(1 for p in fixed if "quarantine" in p["action"]))
@@ -388,12 +431,11 @@ class Node(DataServerOps):
         # here, which then misses cleanly: the backend never serves reused space.
         self.report.add("ssd_evicted", list(keys))
 
-    async def _reaper(self) -> None:
-        while True:
-            await trio.sleep(1.0)
-            stale = self.dram.expire_uncommitted(time.monotonic())
-            if stale:
-                log.info("node %s: reclaimed %d abandoned puts", self.name, len(stale))
+    async def _reap(self) -> None:
+        await trio.sleep(1.0)
+        stale = self.dram.expire_uncommitted(time.monotonic())
+        if stale:
+            log.info("node %s: reclaimed %d abandoned puts", self.name, len(stale))
 
     def _schedule_quarantine(self) -> None:
         if self._quarantine_pending:
@@ -406,4 +448,73 @@ class Node(DataServerOps):
             finally:
                 self._quarantine_pending = False
 
-        self._nursery.start_soon(run)
+        self.supervisor.spawn(self._nursery, "quarantine", run)
+
+    # -- leaving -----------------------------------------------------------------------
+
+    async def leave(self) -> None:
+        """Shut down without losing acknowledged objects or failing readers: stop taking
+        puts, write every DRAM-only object to SSD within ``shutdown_flush_timeout``, say
+        how many were written and how many had to be dropped, and unregister from the
+        master so that it drops this node's replicas at once. Reads are served
+        throughout; the caller cancels the node afterwards."""
+        self.leaving = True
+        if self.master is not None:
+            with trio.move_on_after(UNREGISTER_TIMEOUT):
+                with self.supervisor.guard("leave"):
+                    await self.master.call("leaving", node=self.name)
+        self._offload_scope.cancel()
+        if self.offloader is not None:
+            # A batch being written finishes first: the flush must not write the same
+            # keys beside it.
+            await self._offload_stopped.wait()
+            await self._flush_for_shutdown()
+        await self._unregister()
+
+    async def _flush_for_shutdown(self) -> None:
+        with self.supervisor.guard("shutdown-flush"):
+            pending = len(await trio.to_thread.run_sync(self.offloader.not_on_ssd))
+            timeout = self.shutdown_flush_timeout
+            if not pending:
+                log.info("node %s: shutting down: every DRAM object has an SSD copy",
+                         self.name)
+                return
+            if self.dram_only:
+                log.warning("node %s: shutting down: policy.dram_only is set, so %d "
+                            "DRAM-only objects are dropped", self.name, pending)
+                return
+            if timeout <= 0:
+                log.warning("node %s: shutting down: node.shutdown_flush_timeout is 0, so "
+                            "%d DRAM-only objects are dropped", self.name, pending)
+                return
+            log.info("node %s: shutting down: writing %d DRAM-only objects to SSD "
+                     "(at most %.0fs)", self.name, pending, timeout)
+            started = time.monotonic()
+            with trio.move_on_after(timeout) as scope:
+                await self.offloader.flush_all()
+            left = len(await trio.to_thread.run_sync(self.offloader.not_on_ssd))
+            self.metrics.shutdown_flushed.inc(max(0, pending - left))
+            why = ""
+            if left and scope.cancelled_caught:
+                why = (f" (node.shutdown_flush_timeout={timeout:g}s ran out; raise it to "
+                       "keep more)")
+            elif left:
+                why = " (their writes failed: see above)"
+            log.log(logging.WARNING if left else logging.INFO,
+                    "node %s: shutdown flush: %d DRAM-only objects written to SSD in %.1fs, "
+                    "%d dropped%s", self.name, max(0, pending - left),
+                    time.monotonic() - started, left, why)
+
+    async def _unregister(self) -> None:
+        """Tell the master this node is gone, over the master session (the connection
+        the master knows this node by), then end that session so that it does not
+        register the node again. Best effort: a master that cannot be told drops the
+        node after master.node_ttl anyway."""
+        master = self.master
+        if master is not None:
+            with trio.move_on_after(UNREGISTER_TIMEOUT):
+                with self.supervisor.guard("leave"):
+                    await master.call("unregister", node=self.name)
+                    log.info("node %s: unregistered from the master", self.name)
+        # No checkpoint since the call returned: the next heartbeat cannot slip in.
+        self._session_scope.cancel()

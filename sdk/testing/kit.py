@@ -92,6 +92,11 @@ class Kit:
         backend.close()
         return self.open(**self._last_extra)
 
+    def abandon(self, backend: StorageBackend) -> None:
+        """Leave ``backend`` open when the check ends (threads the check gave up on still
+        use it, so closing it could hang)."""
+        self._open = [b for b in self._open if b is not backend]
+
     def close_all(self) -> None:
         for backend in self._open:
             backend.close()

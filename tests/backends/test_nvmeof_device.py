@@ -11,7 +11,7 @@ import sys
 import pytest
 from kvstored.backends import open_backend
 from kvstored.backends.nvmeof import device_size, is_block_device
-from kvstored.sdk.errors import CorruptionError, InvalidRequestError
+from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
 
@@ -76,8 +76,9 @@ def test_device_in_use_is_refused(loops, monkeypatch):
     device = loops()
     backend = open_backend("nvmeof", device)
     try:
-        with pytest.raises(InvalidRequestError, match="in use"):
+        with pytest.raises(BackendBusyError, match="in use") as refused:
             open_backend("nvmeof", device)
+        assert "this process" in str(refused.value) or refused.value.holder is None
     finally:
         backend.close()
 
@@ -162,7 +163,7 @@ def test_earlier_format_of_the_same_file_is_never_read(tmp_path):
     backend.close()
     with open(path, "r+b") as f:
         f.write(bytes(4096))  # lose the superblock
-    with pytest.raises(InvalidRequestError, match="format=true"):
+    with pytest.raises(CorruptionError, match=r"superblock does not check.*format=true"):
         open_backend("nvmeof", path)
     backend = open_backend("nvmeof", path, format=True)
     assert backend.usage().objects == 0 and not list(backend.scan())

@@ -18,7 +18,12 @@ import threading
 import pytest
 from kvstored.backends import open_backend
 from kvstored.backends.offset_layout import encode_checkpoint
-from kvstored.sdk.errors import CapacityError, CorruptionError, InvalidRequestError
+from kvstored.sdk.errors import (
+    BackendBusyError,
+    CapacityError,
+    CorruptionError,
+    InvalidRequestError,
+)
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, WriteOutcome
 
@@ -27,9 +32,11 @@ SMALL = 16 * MiB  # a small volume keeps these tests quick and the disk empty
 
 
 def crash(backend) -> None:
-    """Drop the backend as a killed process would: no closing checkpoint."""
+    """Drop the backend as a killed process would: no closing checkpoint (the kernel
+    drops a dead process's locks, so this does too)."""
     backend._closed = True
     backend._file.close()
+    backend._release_holds()
 
 
 def open_offset(path, **options):
@@ -319,13 +326,14 @@ def test_capacity_mismatch_is_refused(store_dir):
 
 
 def test_second_opener_is_refused(store_dir, monkeypatch):
-    import kvstored.backends.offset as offset_module
+    import kvstored.backends.stamp as stamp_module
 
-    monkeypatch.setattr(offset_module, "LOCK_WAIT", 0.1)
+    monkeypatch.setattr(stamp_module, "LOCK_WAIT", 0.1)
     backend = open_offset(store_dir)
-    with pytest.raises(InvalidRequestError, match="open in another process"):
+    with pytest.raises(BackendBusyError, match="in use by this process"):
         open_offset(store_dir)
     backend.close()
+    open_offset(store_dir).close()  # released by close, at once
 
 
 def test_too_small_a_volume_is_refused(store_dir):

@@ -56,10 +56,13 @@ def test_torn_journal_tail_is_cut_and_nothing_acknowledged_is_lost(tmp_path):
     backend.close()
     journal = _node(tmp_path) / JOURNAL_NAME
     size = journal.stat().st_size
+    torn = Entry(Kind.PUT, "torn", 1, 99, 0, 5, 0, 0).encode()[:30]
     with open(journal, "ab") as f:  # what a crash in the middle of an append leaves
-        f.write(Entry(Kind.PUT, "torn", 1, 99, 0, 5, 0, 0).encode()[:30])
+        f.write(torn)
     backend = _open(tmp_path)
     assert journal.stat().st_size == size
+    [kept] = (_node(tmp_path) / "quarantine").glob("*-journal-tail.kvj")
+    assert kept.read_bytes() == torn, "the bytes cut off were not kept"
     for key, value in items:
         assert _read(backend, key) == value
     assert not backend.check().problems
@@ -225,7 +228,7 @@ def test_unreadable_journal_header_refuses_to_open(tmp_path):
     raw = bytearray(journal.read_bytes())
     raw[9] ^= 0xFF
     journal.write_bytes(bytes(raw))
-    with pytest.raises(CorruptionError, match=r"move .* aside"):
+    with pytest.raises(CorruptionError, match=r"unreadable.*recover --offline .* --repair"):
         _open(tmp_path)
     assert journal.read_bytes() == bytes(raw), "a refused open changed the journal"
     _open(tmp_path, node_id="other").close()  # the rest of the cluster is unaffected
@@ -399,3 +402,23 @@ def test_sparse_tail_of_the_shard_in_use_is_cut(tmp_path):
         assert _read(backend, key) == value
     assert not backend.check().problems
     backend.close()
+
+
+def test_cluster_stamp_lost_is_refused_and_rebuilt_by_repair(tmp_path):
+    from kvstored.backends.stamp import STAMP_NAME
+    from kvstored.sdk import OpenMode
+
+    backend = _open(tmp_path)
+    backend.batch_write([("k", b"v")])
+    backend.close()
+    stamp = tmp_path / "default" / STAMP_NAME
+    stamp.unlink()
+    with pytest.raises(CorruptionError, match="files of a 3fs store"):
+        _open(tmp_path)
+    assert not stamp.exists(), "a refused open wrote a stamp"
+    repaired = _open(tmp_path, mode=OpenMode.REPAIR)
+    assert _read(repaired, "k") == b"v"
+    [problem] = repaired.check().problems
+    assert problem.path == str(stamp) and "new stamp" in problem.action
+    repaired.close()
+    _open(tmp_path).close()

@@ -12,7 +12,7 @@ import threading
 import pytest
 from kvstored.backends import open_backend
 from kvstored.backends.threefs import ThreeFsBackend
-from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.errors import BackendBusyError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
 
@@ -225,7 +225,7 @@ def test_shared_reads_off_sees_only_this_node(tmp_path):
 def test_one_writer_per_node_id(tmp_path):
     first = _open(tmp_path, "a")
     try:
-        with pytest.raises(InvalidRequestError, match="already open"):
+        with pytest.raises(BackendBusyError, match=r"node 'a' .* is in use"):
             _open(tmp_path, "a")
     finally:
         first.close()

@@ -209,6 +209,18 @@ def _(w: World) -> Outcome:
                             "--dram", "32MiB", "--backend", "no-such-backend")
 
 
+@scenario("kvstored", "up", 5)
+def _(w: World) -> Outcome:
+    """The SSD directory's stamp is damaged: refused (never overwritten), exit 5."""
+    data = w.path("d")
+    (data / "ssd").mkdir(parents=True)
+    (data / "ssd" / "KVSTORED-BACKEND.json").write_bytes(b"\xff not a stamp")
+    out = w.kvstored_fails("up", "--listen", "127.0.0.1:0", "--data", str(data),
+                           "--dram", "32MiB")
+    assert "KVSTORED-BACKEND.json is unreadable" in out.output, out.output
+    return out
+
+
 @scenario("kvstored", "up", 6)
 def _(w: World) -> Outcome:
     too_big = f"{(_free_shm() >> 20) + 1024}MiB"
@@ -424,6 +436,16 @@ def _(w: World) -> Outcome:
     return w.kvstore("recover", "--offline", str(store))
 
 
+@scenario("kvstore", "recover --offline", 8)
+def _(w: World) -> Outcome:
+    """A running node holds the directory: the offline tool refuses, naming it."""
+    daemon = w.up()
+    ssd = Path(daemon.args[daemon.args.index("--data") + 1]) / "ssd"
+    out = w.kvstore("recover", "--offline", str(ssd))
+    assert f"pid {daemon.proc.pid}" in out.output, out.output
+    return out
+
+
 # kvstore: the FUSE view ---------------------------------------------------------------------------
 
 def _fuse() -> None:
@@ -466,6 +488,15 @@ def _(w: World) -> Outcome:
 def _(w: World) -> Outcome:
     _fuse()
     return w.kvstore("mount", str(_mountpoint(w)), "--background", master=w.closed)
+
+
+@scenario("kvstore", "mount", 5)
+def _(w: World) -> Outcome:
+    """--offline DIR whose stamp is damaged."""
+    _fuse()
+    store = w.copy_of_store()
+    (store / "KVSTORED-BACKEND.json").write_text("{not json")
+    return w.kvstore("mount", str(_mountpoint(w)), "--offline", str(store))
 
 
 @scenario("kvstore", "mount", 7)

@@ -9,7 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 BIN = Path(sys.executable).parent
 ADDRESS = re.compile(
@@ -55,7 +59,9 @@ class Daemon:
     def log(self) -> str:
         return "\n".join(self.lines[-80:])
 
-    def stop(self, timeout: float = 20) -> int:
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, then wait: a node first writes its DRAM-only objects to SSD, for at
+        most node.shutdown_flush_timeout (30 s by default)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -111,3 +117,32 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def flip_ssd_byte(client, key: str, at: int = 1234) -> None:
+    """Flip one byte of ``key``'s value in its SSD record, found through the node's
+    ``locate`` op (bit rot, for tests of checksums and quarantine)."""
+    node = next(n for n in client._nodes if n in {r.node for r in client.stat(key).replicas})
+    where = client._node_conn(node).request({"op": "locate", "keys": [key]})
+    ssd = where["locations"][0]["ssd"]
+    with open(ssd["path"], "r+b") as f:
+        f.seek(ssd["offset"] + at)
+        byte = f.read(1)
+        f.seek(ssd["offset"] + at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"12m"``) mounted at ``path``: a disk that fills up on
+    demand. Skips where mounting is refused (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        # Lazy: a daemon may still have files open there until its fixture stops it.
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import time
 
 import pytest
 
 import kvstored
 from kvstored.errors import NoSpaceError
-from tests.daemon.harness import kvstore, kvstore_ok, wait_for
+from tests.daemon.harness import flip_ssd_byte, kvstore, kvstore_ok, small_tmpfs, wait_for
 
 MiB = 1 << 20
 
@@ -117,13 +116,7 @@ def test_dead_node_is_dropped_after_its_ttl_and_clients_miss_cleanly(spawn, tmp_
 
 
 def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)],
-                          capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "12m") as mount:
         master = spawn("master", "--listen", "127.0.0.1:0")
         _start_node(spawn, tmp_path, master.addr, "n1", dram="48MiB", data=mount / "n1")
         wait_for(lambda: _live_nodes(master.addr) == 1, what="the node")
@@ -142,9 +135,6 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
                     c.put(f"more{i}", os.urandom(MiB))
         assert kvstore("put", "one-more", "-", input=os.urandom(MiB),
                        master=master.addr).returncode == 6
-    finally:
-        # Lazy: the node still has files open there until the fixture stops it.
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_corrupt_ssd_record_is_a_miss_quarantined_and_counted(embedded, tmp_path):
@@ -156,14 +146,7 @@ def test_corrupt_ssd_record_is_a_miss_quarantined_and_counted(embedded, tmp_path
         kvstore_ok("evict", "--tier", "dram", "--all", master=up.addr)
         wait_for(lambda: [r.tier for r in c.stat("victim").replicas] == ["ssd"], timeout=15,
                  what="the DRAM copy to go")
-        node = next(iter(c._nodes))
-        where = c._node_conn(node).request({"op": "locate", "keys": ["victim"]})
-        ssd = where["locations"][0]["ssd"]
-        with open(ssd["path"], "r+b") as f:
-            f.seek(ssd["offset"] + 1234)
-            byte = f.read(1)
-            f.seek(ssd["offset"] + 1234)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        flip_ssd_byte(c, "victim")
         assert c.get("victim") is None
         assert c.get("bystander") == b"b" * 50_000
         wait_for(lambda: _status(up.addr)["nodes"][0]["corrupt_reads"] == 1, what="the count")

@@ -71,7 +71,7 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
     value = b"abc"
     objects = [["fuzz/k", 3, crc32c(value), 4096]]
     done = {"offloaded": [["fuzz/k", crc32c(value)]],
-            "offload_failed": [["fuzz/k", "because"]],
+            "offload_failed": [["fuzz/k", "no_space", "because"]],
             "dropped": [["fuzz/k", "dram", 4096], ["fuzz/k", "ssd", None]],
             "ssd_evicted": ["fuzz/k"], "promoted": [["fuzz/k", 4096, crc32c(value)]],
             "recovered": [{"id": 1, "repaired": False, "records_checked": 0, "problems": []}]}
@@ -79,15 +79,19 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
         "master/register": {"op": "register", "info": {
             "node": node_name, "address": ["127.0.0.1", 1], "host": "fuzz-host",
             "segment": "kvstored-fuzz", "token": "00" * 16, "dram_capacity": 0,
-            "ssd_capacity": 0, "backend": "fuzz", "shared": False}},
+            "ssd_capacity": 0, "backend": "fuzz", "shared": False,
+            "max_value_size": 1 << 20}},
         "master/register_objects": {"op": "register_objects", "node": node_name,
                                     "objects": [["fuzz/k", 3, crc32c(value), "ssd", -1]]},
         "master/register_done": {"op": "register_done", "node": node_name},
         "master/commit": {"op": "commit", "node": node_name, "objects": objects},
         "master/heartbeat": {"op": "heartbeat", "node": node_name, "done": done,
                              "stats": {"dram_used": 0, "ssd_used": 0, "ssd_objects": 0,
-                                       "corrupt_reads": 0, "quarantined": 0}},
+                                       "corrupt_reads": 0, "quarantined": 0,
+                                       "offload_problem": "its SSD is full"}},
         "master/ssd_evicted": {"op": "ssd_evicted", "node": node_name, "keys": ["fuzz/k"]},
+        "master/leaving": {"op": "leaving", "node": node_name},
+        "master/unregister": {"op": "unregister", "node": node_name},
         "master/put_target": {"op": "put_target", "keys": ["fuzz/t"], "sizes": [3],
                               "host": "fuzz-host"},
         "master/put_abort": {"op": "put_abort", "keys": ["fuzz/t"]},
@@ -112,12 +116,14 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
         "node/abort": {"op": "abort", "keys": ["fuzz/a"]},
         "node/get": {"op": "get", "keys": ["fuzz/p", "fuzz/p"], "checksums": [1, None]},
         "node/locate": {"op": "locate", "keys": ["fuzz/p"]},
+        "node/report_corrupt": {"op": "report_corrupt", "keys": ["fuzz/p"],
+                                "checksums": [crc32c(value)]},
     }
 
 
 #: The master ops only a node may send.
 NODE_ONLY = ("register", "register_objects", "register_done", "commit", "heartbeat",
-             "ssd_evicted")
+             "ssd_evicted", "leaving", "unregister")
 
 
 def _paths(value: Any, prefix: tuple = ()) -> Iterator[tuple]:

@@ -54,10 +54,68 @@ class LosesAcknowledgedWrites(FilePerKeyBackend):
 
     def _publish(self, staged, results):
         super()._publish(staged, results)
-        for _i, _key, _kb, _tmp, _est, _phys, entry in staged:
-            if os.path.exists(entry.path):
-                os.unlink(entry.path)
+        for item in staged:
+            if os.path.exists(item.entry.path):
+                os.unlink(item.entry.path)
 
     def batch_read(self, keys, buffers):
         results = super().batch_read(keys, buffers)
         return [ReadStatus.MISSING if r == ReadStatus.MISSING else r for r in results]
+
+
+class ClaimsKeyByKey(FilePerKeyBackend):
+    """Claims the keys of a batch one at a time, waiting for another writer's claim
+    while holding its own (file-per-key and offset before issue 9): two batches naming
+    the same keys in opposite orders deadlock."""
+
+    def batch_write(self, items):
+        import threading
+
+        from kvstored.sdk import WriteOutcome, WriteResult
+
+        self._check_writable()
+        self._check_value_sizes(items)
+        results = []
+        mine: dict[str, threading.Event] = {}
+        pending = self.__dict__.setdefault("_old_pending", {})
+        try:
+            for key, _value in items:
+                while True:
+                    with self._lock:
+                        if key in self._index or key in mine:
+                            results.append(WriteResult(key, WriteOutcome.EXISTS))
+                            break
+                        other = pending.get(key)
+                        if other is None:
+                            mine[key] = pending[key] = threading.Event()
+                            results.append(None)
+                            break
+                    other.wait()  # holding every claim taken so far: the defect
+            todo = [(i, item) for i, (item, r) in enumerate(zip(items, results)) if r is None]
+            written = super().batch_write([item for _, item in todo])
+            for (i, _), result in zip(todo, written):
+                results[i] = result
+        finally:
+            with self._lock:
+                for key, event in mine.items():
+                    del pending[key]
+                    event.set()
+        return results
+
+
+class TidiesWhenReadOnly(FilePerKeyBackend):
+    """Claims read-only opens but still runs the read-write recovery: it removes the
+    unfinished writes a crash left, which a read-only open must leave alone."""
+
+    def _recover(self):
+        for leftover in self._leftovers():
+            leftover.unlink()
+        super()._recover()
+
+
+class TakesNoLock(FilePerKeyBackend):
+    """Never locks its directory: a second process opens (and writes) it too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._dir_lock.release()

@@ -12,6 +12,9 @@ CASES = {
     "ResurrectsDeletes": {"delete_stays_deleted"},
     "IgnoresCapacity": {"capacity_never_exceeded"},
     "LosesAcknowledgedWrites": {"reopen_keeps_everything", "torn_write_process_killed"},
+    "ClaimsKeyByKey": {"opposite_order_batches"},
+    "TidiesWhenReadOnly": {"read_only_open_writes_nothing"},
+    "TakesNoLock": {"second_open_is_refused"},
 }
 
 

@@ -12,6 +12,8 @@ A file holds a 16-byte header, the key and the value::
 
 Writes go to a temporary name, are fsync'd, renamed and the directory fsync'd, so a
 crash leaves an object whole or absent. Eviction is FIFO by file modification time.
+The directory and its files are private (0700, 0600), and locked while open, so that a
+second process cannot open it too (kvstored.sdk.files, kvstored.sdk.lock).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from kvstored.sdk import (
     WriteOutcome,
     WriteResult,
 )
+from kvstored.sdk.files import PRIVATE_FILE, make_private_dirs
+from kvstored.sdk.lock import LOCK_NAME, StoreLock
 
 HEADER = struct.Struct("<4sIII")
 MAGIC = b"FLAT"
@@ -52,8 +56,10 @@ class FlatDirBackend(StorageBackend):
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict)
         self.root = Path(path)
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "quarantine").mkdir(exist_ok=True)
+        make_private_dirs(self.root / "quarantine")
+        # One process per store: a second open waits a moment, then BackendBusyError.
+        self._dir_lock = StoreLock.acquire(self.root / LOCK_NAME, what="flatdir store",
+                                           wait=5.0)
         self._lock = threading.Lock()
         self._index: dict[str, tuple[Path, int, int, int]] = {}  # key -> path, size, crc, disk
         self._seq = 0
@@ -83,6 +89,7 @@ class FlatDirBackend(StorageBackend):
 
     def _close(self):
         self._index.clear()
+        self._dir_lock.release()
 
     @property
     def capabilities(self):
@@ -118,7 +125,8 @@ class FlatDirBackend(StorageBackend):
         struct.pack_into("<I", head, 12, crc32c(key_bytes, crc32c(head[:12])))
         final = self.root / (hashlib.sha256(key_bytes).hexdigest() + ".obj")
         tmp = self.root / f"{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE),
+                       "wb") as f:
             f.write(head)
             f.write(key_bytes)
             f.write(value)

@@ -10,6 +10,7 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
     concurrency,
     corruption,
     inspection,
+    opening,
     persistence,
     requests,
     roundtrip,
@@ -17,7 +18,7 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
 from kvstored.sdk.testing.checks._common import REGISTERED
 
 MODULES = ("roundtrip", "requests", "persistence", "corruption", "inspection", "capacity",
-           "concurrency")
+           "opening", "concurrency")
 CHECKS = [c for module in MODULES for c in REGISTERED[module]]
 
 __all__ = ["CHECKS", "MODULES"]

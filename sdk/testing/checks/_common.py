@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
 from crc32c import crc32c
+from kvstored.sdk.testing import _writer
 from kvstored.sdk.testing.kit import Check, Kit, payload, size_for
 from kvstored.sdk.types import (
     ReadStatus,
@@ -48,3 +57,42 @@ def make_items(prefix: str, count: int, size_limit: int = 64 * KiB) -> list[tupl
 
 def describe(got) -> str:
     return got.name if isinstance(got, ReadStatus) else f"{len(got)} wrong bytes"
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a kit child process: this one's, with its import path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def spec_options(kit: Kit) -> str:
+    try:
+        return json.dumps(kit.spec.options)
+    except TypeError as exc:
+        raise AssertionError(f"options must be JSON-serialisable for this check: {exc}") \
+            from None
+
+
+def kill_writer_midway(kit: Kit) -> int:
+    """Run the kit's writer (:mod:`kvstored.sdk.testing._writer`) on the workspace in a
+    child process and kill -9 it in the middle of a batch, after at least 6 acknowledged
+    batches; return the number of the last batch acknowledged."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", _writer.__name__, kit.spec.target, spec_options(kit),
+         str(kit.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=child_env())
+    acked = -1
+    try:
+        deadline = time.monotonic() + 60
+        while acked < 5 and time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                raise AssertionError(f"the writer died: {child.stderr.read()[-2000:]}")
+            acked = int(line.split()[1])
+        time.sleep(random.uniform(0, 0.02))  # land the kill somewhere inside a batch
+    finally:
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate()
+    for line in rest.splitlines():
+        acked = max(acked, int(line.split()[1]))
+    assert acked >= 5, "the writer acknowledged too few batches to test anything"
+    return acked

@@ -87,6 +87,59 @@ def concurrent_same_key(kit: Kit) -> None:
     assert got in [payload(f"v{i}", 50_000) for i in range(8)], "the stored value is a mix"
 
 
+#: How long a round of the opposite-order check may take before it counts as a deadlock:
+#: generous, since a loaded machine is slow, and paid only by a backend that hangs.
+DEADLOCK_TIMEOUT = 20.0
+
+
+@check
+def opposite_order_batches(kit: Kit) -> None:
+    """Two threads writing overlapping multi-key batches in opposite orders both finish
+    (no deadlock), and each key ends up written exactly once."""
+    backend = kit.open()
+    for round_number in range(8):
+        keys = [f"oo{round_number}/{i}" for i in range(256)]
+        results = _race(kit, backend, {"forward": keys, "backward": keys[::-1]},
+                        f"round {round_number}")
+        for n, key in enumerate(keys):
+            got = sorted([results["forward"][n].outcome.value,
+                          results["backward"][len(keys) - 1 - n].outcome.value])
+            assert got == ["exists", "written"], \
+                f"round {round_number}: {key!r} was {got} by the two writers"
+        for key in keys[::37]:
+            kit.assert_value(backend, key, payload(key, 512))
+
+
+def _race(kit: Kit, backend, orders: dict[str, list[str]], what: str) -> dict[str, list]:
+    """Write the batches of ``orders`` from one thread each, started together; their
+    results by name. Fails (without hanging) if they do not finish in time."""
+    start = threading.Barrier(len(orders))
+    results: dict[str, list] = {}
+    failures: list[str] = []
+
+    def writer(name: str) -> None:
+        try:
+            start.wait()
+            results[name] = backend.batch_write([(k, payload(k, 512)) for k in orders[name]])
+        except Exception as exc:  # reported below
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=writer, args=(name,), daemon=True,
+                                name=f"kit-{name}") for name in orders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLOCK_TIMEOUT)
+    if any(t.is_alive() for t in threads):
+        kit.abandon(backend)  # its threads hold it: closing it could hang the kit too
+        raise AssertionError(
+            f"{what}: batch_write calls naming the same keys in opposite orders were still "
+            f"running after {DEADLOCK_TIMEOUT:.0f} s (a deadlock: a writer waits for "
+            "another's key claim while holding its own; see kvstored.sdk.claims)")
+    assert not failures, failures
+    return results
+
+
 @check
 def invalid_request_is_raised(kit: Kit) -> None:
     """Mismatched keys and buffers raise InvalidRequestError instead of guessing."""

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import signal
-import subprocess
-import sys
-import time
 
 from kvstored.sdk.testing import _writer
 from kvstored.sdk.testing.checks._common import (
     KiB,
     check,
     describe,
+    kill_writer_midway,
     make_items,
     write_all,
 )
@@ -30,29 +25,7 @@ from kvstored.sdk.types import (
 def torn_write_process_killed(kit: Kit) -> None:
     """kill -9 in the middle of batches: acknowledged objects survive, and every object
     is complete and correct or absent."""
-    try:
-        options = json.dumps(kit.spec.options)
-    except TypeError as exc:
-        raise AssertionError(f"options must be JSON-serialisable for this check: {exc}") from None
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    child = subprocess.Popen(
-        [sys.executable, "-m", _writer.__name__, kit.spec.target, options, str(kit.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    acked = -1
-    try:
-        deadline = time.monotonic() + 60
-        while acked < 5 and time.monotonic() < deadline:
-            line = child.stdout.readline()
-            if not line:
-                raise AssertionError(f"the writer died: {child.stderr.read()[-2000:]}")
-            acked = int(line.split()[1])
-        time.sleep(random.uniform(0, 0.02))  # land the kill somewhere inside a batch
-    finally:
-        child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate()
-    for line in rest.splitlines():
-        acked = max(acked, int(line.split()[1]))
-    assert acked >= 5, "the writer acknowledged too few batches to test anything"
+    acked = kill_writer_midway(kit)
     backend = kit.open()
     for n in range(acked + 3):
         for key in _writer.batch_keys(n):

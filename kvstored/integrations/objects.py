@@ -1,0 +1,335 @@
+"""Where bytes move between an engine's KV buffers and kvstored: the adapters' one seam.
+
+Every adapter describes an object as the list of its *pieces*, in order: byte views into
+the engine's own memory (SGLang: one piece per K or V buffer of a page, or per layer in
+``layer_first``; LMCache: the chunk; vLLM: the block's slot in the CPU tier). The object's
+bytes are the pieces concatenated. :class:`ObjectIO` stores and loads such objects over
+kvstored's blocking client and nothing else touches the store's data path.
+
+Today's client takes one contiguous buffer per object, so an object of several pieces is
+gathered into a per-thread staging buffer on put and scattered from it on get: one extra
+copy, counted in :class:`CopyCounters`. A one-piece object goes straight between the
+engine's memory and the client. When the client learns scatter/gather objects and
+registered host memory, :meth:`ObjectIO._put_batch` and :meth:`ObjectIO._get_batch` hand
+it the pieces instead, and the adapters do not change.
+
+What this module does not do: decide keys (see :mod:`~kvstored.integrations.namespace`),
+or know any engine. It never raises a store error at an engine: engines treat a failed
+store or load as a miss and recompute, so every failure is logged with the key and what
+to do, and reported as ``False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvstored.client import MISSING, Client, connect
+from kvstored.errors import BadRequestError, StoreError
+
+log = logging.getLogger(__name__)
+
+#: An object as the engine lays it out: byte views, concatenated in this order.
+Pieces = Sequence[memoryview]
+
+#: Most bytes one staged sub-batch gathers (or scatters) at once. SGLang hands over up to
+#: 128 pages a call, 1 GiB for an 8 MiB page, so staging goes in bounded sub-batches,
+#: each one master round trip.
+STAGING_BYTES = 64 * 1024 * 1024
+
+MASTER_ENV = "KVSTORE_MASTER"
+DEFAULT_MASTER = "127.0.0.1:7700"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """How an adapter reaches kvstored, read from the engine's own configuration."""
+
+    master: str
+    transport: str = "auto"
+    timeout: float = 30.0
+    token_file: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, prefix: str = "") -> StoreSettings:
+        """Settings from an engine's option mapping: ``{prefix}master`` (default
+        ``$KVSTORE_MASTER``, else 127.0.0.1:7700), ``{prefix}transport``
+        (auto|tcp|shm), ``{prefix}timeout`` (seconds) and ``{prefix}token_file`` (default:
+        the client's own, see docs/security.md)."""
+
+        def option(name: str, default: Any = None) -> Any:
+            value = options.get(prefix + name)
+            return default if value is None else value
+
+        try:
+            timeout = float(option("timeout", 30.0))
+        except (TypeError, ValueError):
+            raise ValueError(f"{prefix}timeout must be a number of seconds, not "
+                             f"{option('timeout')!r}") from None
+        token_file = option("token_file")
+        return cls(master=str(option("master") or os.environ.get(MASTER_ENV) or DEFAULT_MASTER),
+                   transport=str(option("transport", "auto")), timeout=timeout,
+                   token_file=str(token_file) if token_file else None)
+
+    def connect(self) -> Client:
+        return connect(self.master, transport=self.transport, token_file=self.token_file,
+                       timeout=self.timeout)
+
+
+@dataclass(slots=True)
+class CopyCounters:
+    """Bytes this process copied beside the client's own transfer (staging)."""
+
+    gathered_bytes: int = 0
+    scattered_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, gathered: int = 0, scattered: int = 0) -> None:
+        with self._lock:
+            self.gathered_bytes += gathered
+            self.scattered_bytes += scattered
+
+
+class ObjectIO:
+    """Puts and gets objects made of pieces; thread-safe (one staging buffer a thread)."""
+
+    def __init__(self, client: Client, *, staging_bytes: int = STAGING_BYTES) -> None:
+        self.client = client
+        self.staging_bytes = staging_bytes
+        self.copies = CopyCounters()
+        self._local = threading.local()
+
+    # -- the calls adapters make ---------------------------------------------------------
+
+    def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        """Store each object; per key True if it is in the store now (stored, or already
+        there: objects are write-once and a key names its bytes), False on failure."""
+        if len(keys) != len(objects):
+            raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
+        results = [False] * len(keys)
+        for batch in self._batches(objects):
+            try:
+                self._put_batch([keys[i] for i in batch], [objects[i] for i in batch])
+            except StoreError as exc:
+                log.warning("kvstored: storing %d object(s) from %s failed: %s; the engine "
+                            "recomputes them on a later miss", len(batch), keys[batch[0]],
+                            exc)
+                continue
+            for i in batch:
+                results[i] = True
+        return results
+
+    def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        """Load each object into its pieces; per key True if every byte arrived. An
+        object whose size differs from its pieces' total is a miss: its bytes were laid
+        out for something else. (A larger one writes nothing; a shorter one may have
+        landed in pieces reported False, which engines never read.)"""
+        sizes = [_size(obj) for obj in objects]
+        found = []
+        for key, size, length in zip(keys, sizes, self.get_upto(keys, objects)):
+            if length not in (MISSING, size):
+                log.warning("kvstored: %s holds %d bytes but the engine expects %d; a "
+                            "different model geometry under the same namespace? Treated as "
+                            "a miss", key, length, size)
+            found.append(length == size)
+        return found
+
+    def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[int]:
+        """Load each object into the start of its pieces (for engines whose last chunk
+        may be short); per key the bytes it holds, or MISSING. An object larger than its
+        pieces is a miss, and no byte of it reaches them."""
+        if len(keys) != len(objects):
+            raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
+        results = [MISSING] * len(keys)
+        for batch in self._batches(objects):
+            try:
+                lengths = self._get_batch([keys[i] for i in batch], [objects[i] for i in batch])
+            except StoreError as exc:
+                log.warning("kvstored: loading %d object(s) from %s failed: %s; treated "
+                            "as a miss", len(batch), keys[batch[0]], exc)
+                continue
+            for i, length in zip(batch, lengths):
+                results[i] = length
+        return results
+
+    def leading_present(self, keys: Sequence[str]) -> int:
+        """How many leading keys are present (prefix caches hit a prefix); 0 on failure."""
+        if not keys:
+            return 0
+        try:
+            return self.client.prefix_hits(list(keys))
+        except StoreError as exc:
+            log.warning("kvstored: looking up %d key(s) from %s failed: %s; treated as a "
+                        "miss", len(keys), keys[0], exc)
+            return 0
+
+    def present(self, keys: Sequence[str]) -> list[bool]:
+        """Which keys are present; all False on failure."""
+        if not keys:
+            return []
+        try:
+            return list(self.client.batch_exists(list(keys)))
+        except StoreError as exc:
+            log.warning("kvstored: looking up %d key(s) from %s failed: %s; treated as "
+                        "misses", len(keys), keys[0], exc)
+            return [False] * len(keys)
+
+    def remove(self, keys: Sequence[str]) -> list[bool]:
+        if not keys:
+            return []
+        try:
+            return list(self.client.batch_remove(list(keys)))
+        except StoreError as exc:
+            log.warning("kvstored: removing %d key(s) from %s failed: %s", len(keys),
+                        keys[0], exc)
+            return [False] * len(keys)
+
+    def list_keys(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """The keys under ``prefix``, in order (at most ``limit``); [] on failure."""
+        keys: list[str] = []
+        after = None
+        try:
+            while limit is None or len(keys) < limit:
+                page = self.client.call("list", prefix=prefix, after=after, limit=1000)
+                keys.extend(entry[0] for entry in page["objects"])
+                if not page["more"]:
+                    break
+                after = page["after"]
+        except StoreError as exc:
+            log.warning("kvstored: listing %s failed: %s", prefix, exc)
+        return keys if limit is None else keys[:limit]
+
+    def remove_prefix(self, prefix: str) -> int:
+        """Remove every key under ``prefix``; how many went. (A listing and removals in
+        pages until kvstored removes a whole namespace in one call.)"""
+        removed = 0
+        while True:
+            keys = self.list_keys(prefix, limit=1000)
+            if not keys:
+                return removed
+            gone = sum(self.remove(keys))
+            removed += gone
+            if not gone:
+                return removed
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- the seam: the only code that hands bytes to the client ------------------------
+
+    def _put_batch(self, keys: list[str], objects: list[Pieces]) -> None:
+        values: list[memoryview] = []
+        staged = [obj for obj in objects if len(obj) != 1]
+        staging = self._staging(sum(_size(obj) for obj in staged)) if staged else None
+        offset = 0
+        for obj in objects:
+            if len(obj) == 1:
+                values.append(obj[0])
+                continue
+            start = offset
+            for piece in obj:
+                staging[offset:offset + piece.nbytes] = piece
+                offset += piece.nbytes
+            values.append(staging[start:offset])
+        if staged:
+            self.copies.add(gathered=offset)
+        self.client.batch_put(keys, values)
+
+    def _get_batch(self, keys: list[str], objects: list[Pieces]) -> list[int]:
+        sizes = [_size(obj) for obj in objects]
+        staged = [i for i, obj in enumerate(objects) if len(obj) != 1]
+        staging = self._staging(sum(sizes[i] for i in staged)) if staged else None
+        buffers: list[memoryview] = []
+        offset = 0
+        for obj, size in zip(objects, sizes):
+            if len(obj) == 1:
+                buffers.append(obj[0])
+            else:
+                buffers.append(staging[offset:offset + size])
+                offset += size
+        lengths = self._read(keys, buffers, sizes)
+        scattered = 0
+        for i, (key, obj, size, buffer) in enumerate(zip(keys, objects, sizes, buffers)):
+            if lengths[i] > size:
+                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
+                            "treated as a miss", key, lengths[i], size)
+                lengths[i] = MISSING
+            if lengths[i] == MISSING or len(obj) == 1:
+                continue
+            at = 0
+            for piece in obj:
+                n = min(piece.nbytes, lengths[i] - at)
+                if n <= 0:
+                    break
+                piece[:n] = buffer[at:at + n]
+                at += n
+            scattered += at
+        if scattered:
+            self.copies.add(scattered=scattered)
+        return lengths
+
+    def _read(self, keys: list[str], buffers: list[memoryview],
+                    sizes: list[int]) -> list[int]:
+        """Read each object into its buffer; an object larger than its buffer reports
+        its own size (so the caller sees the mismatch) and writes nothing."""
+        try:
+            return self.client.batch_get_into(keys, buffers)
+        except BadRequestError:
+            # The client refuses a batch (before any byte lands) when an object is larger
+            # than its buffer: look the sizes up, and read only the objects that fit.
+            pass
+        infos = [self.client.stat(key) for key in keys]
+        lengths = [MISSING if info is None else info.size for info in infos]
+        fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if 0 <= n <= size]
+        if fits:
+            got = self.client.batch_get_into([keys[i] for i in fits], [buffers[i] for i in fits])
+            for i, n in zip(fits, got):
+                lengths[i] = n
+        return lengths
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _batches(self, objects: Sequence[Pieces]) -> list[list[int]]:
+        """Indexes of ``objects`` split so the staged pieces of each batch fit in
+        ``staging_bytes`` (a lone object larger than that gets a batch of its own)."""
+        batches: list[list[int]] = []
+        current: list[int] = []
+        staged = 0
+        for i, obj in enumerate(objects):
+            size = _size(obj) if len(obj) != 1 else 0
+            if current and staged + size > self.staging_bytes:
+                batches.append(current)
+                current, staged = [], 0
+            current.append(i)
+            staged += size
+        if current:
+            batches.append(current)
+        return batches
+
+    def _staging(self, nbytes: int) -> memoryview:
+        """This thread's staging buffer, grown to ``nbytes`` and then kept: fresh pages
+        are slow to touch, so it is reused across calls."""
+        buf = getattr(self._local, "staging", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._local.staging = bytearray(nbytes)
+        return memoryview(buf)
+
+
+def _size(obj: Pieces) -> int:
+    return sum(piece.nbytes for piece in obj)
+
+
+def byte_view(buffer: Any, *, writable: bool = True) -> memoryview:
+    """A flat byte view of a buffer-protocol object (a numpy array, a bytearray, a
+    mmap), sharing its memory. Raises ValueError for a non-contiguous buffer, or a
+    read-only one when ``writable`` (gets write into their pieces; puts only read)."""
+    view = memoryview(buffer)
+    if writable and view.readonly:
+        raise ValueError("a piece to load into must be writable")
+    if not view.c_contiguous:
+        raise ValueError("a piece must be contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

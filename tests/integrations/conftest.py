@@ -1,0 +1,64 @@
+"""Fixtures for the engine integrations: a real `kvstored up`, and the engines themselves.
+
+Each test drives an engine's own code (SGLang's host pools and backend factory, LMCache's
+storage manager, vLLM's tiering manager) against a kvstored subprocess. Without the
+engines installed (``.ci/engines``) the tests skip, unless ``KVSTORED_REQUIRE`` names
+``engines``: then they fail.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvstored.capabilities import probe_engine
+from tests.conftest import require
+from tests.daemon.harness import Daemon
+
+STANDINS = Path(__file__).parent / "standins"
+
+# PyPI's torchvision does not import beside the CPU torch; see standins/torchvision.
+if importlib.util.find_spec("torchvision") is None:
+    sys.path.insert(0, str(STANDINS))
+
+log = logging.getLogger(__name__)
+
+
+def engine(name: str, module: str):
+    """Import ``module`` of engine ``name``, or skip (fail under KVSTORED_REQUIRE)."""
+    available, reason = probe_engine(name)
+    require("engines", available, reason)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        require("engines", False, f"{module} does not import: {exc}")
+
+
+def start_store(directory: Path, *extra: str, dram: str = "256MiB") -> Daemon:
+    daemon = Daemon(["up", "--listen", "127.0.0.1:0", "--data", str(directory / "data"),
+                     "--dram", dram, "--ssd", "1GiB", "--backend", "file-per-key", *extra],
+                    cwd=directory)
+    daemon.wait_ready()
+    return daemon
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One `kvstored up` per test module (tests keep apart by their keys)."""
+    daemon = start_store(tmp_path_factory.mktemp("kvstored"))
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def rng(request):
+    """A seeded random source; the seed is logged so a failure can be replayed."""
+    seed = random.randrange(2**32)
+    log.warning("%s: random seed %d", request.node.nodeid, seed)
+    return random.Random(seed)
