@@ -173,7 +173,7 @@ def run(spec: MultiturnSpec, *, block_bytes: int, dram: int | None = None,
             outcomes = runs[label]["run"].outcomes[first:last]
             row[label] = _round_summary(outcomes, prefill_tps)
             row[label]["predicted_hit_rate"] = predicted_rates(
-                runs[label]["model"], first, last)["hit_rate"]
+                runs[label]["model"], slice(first, last))["hit_rate"]
         rounds.append(row)
     return {
         "schema": SCHEMA,

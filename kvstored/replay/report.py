@@ -57,11 +57,11 @@ def tier_rates(outcomes: Sequence[RequestOutcome]) -> dict[str, Any]:
             "miss_rate": (tokens - hits) * scale if tokens else 0.0}
 
 
-def predicted_rates(model: TierReplay, first: int, last: int) -> dict[str, Any]:
-    """The model's hit rates over requests ``[first, last)``."""
-    tokens = int(model.request_tokens[first:last].sum())
-    dram = int(model.request_dram_hit_tokens[first:last].sum())
-    ssd = int(model.request_ssd_hit_tokens[first:last].sum())
+def predicted_rates(model: TierReplay, requests: slice | np.ndarray) -> dict[str, Any]:
+    """The model's hit rates over some requests (a slice or an array of indices)."""
+    tokens = int(model.request_tokens[requests].sum())
+    dram = int(model.request_dram_hit_tokens[requests].sum())
+    ssd = int(model.request_ssd_hit_tokens[requests].sum())
     scale = 1.0 / tokens if tokens else 0.0
     return {"tokens": tokens, "hit_tokens": dram + ssd, "hit_rate": (dram + ssd) * scale,
             "dram_hit_rate": dram * scale, "ssd_hit_rate": ssd * scale,
@@ -84,9 +84,8 @@ def windows(run: ReplayRun, model: TierReplay, seconds: float,
     edges = np.floor(np.array([o.arrival for o in measured]) / seconds).astype(np.int64)
     for w in np.unique(edges):
         members = [o for o, e in zip(measured, edges) if e == w]
-        first, last = members[0].index, members[-1].index + 1
         m = tier_rates(members)
-        p = predicted_rates(model, first, last)
+        p = predicted_rates(model, np.array([o.index for o in members]))
         out.append({"start": float(w * seconds), "requests": len(members),
                     "measured": m, "predicted": p,
                     "difference_pp": difference(m, p)["hit"]})
@@ -99,7 +98,7 @@ def document(run: ReplayRun, model: TierReplay, *, trace: dict[str, Any],
     warmup = model.warmup_requests
     measured_outcomes = [o for o in run.outcomes if o.index >= warmup]
     measured = tier_rates(measured_outcomes)
-    predicted = predicted_rates(model, warmup, len(model.request_tokens))
+    predicted = predicted_rates(model, slice(warmup, None))
     diff = difference(measured, predicted)
     announced = sum(o.announced for o in run.outcomes)
     counted = sum(run.lookups_after.values()) - sum(run.lookups_before.values())

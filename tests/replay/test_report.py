@@ -63,6 +63,21 @@ def test_document_schema_and_windows():
     assert doc["windows"][1]["measured"]["ssd_hit_rate"] == pytest.approx(32 / 64)
 
 
+def test_windows_gather_requests_by_arrival_even_out_of_order():
+    """Session traces interleave: a window's requests need not be contiguous."""
+    trace = trace_of([[1], [1], [2], [2]], times=[0.0, 5.0, 1.0, 5.5])
+    outcomes = [RequestOutcome(0, 0.0, tokens=16), RequestOutcome(1, 5.0, tokens=16),
+                RequestOutcome(2, 1.0, tokens=16),
+                RequestOutcome(3, 5.5, tokens=16, hit_tokens=16, dram_lookups=1)]
+    doc = _document(outcomes, trace)
+    first, second = doc["windows"]
+    assert (first["start"], first["requests"], second["start"]) == (0.0, 2, 4.0)
+    # the window of 4-6 s holds requests 1 and 3, the second use of blocks 1 and 2
+    assert second["predicted"]["hit_rate"] == pytest.approx(1.0)
+    assert second["measured"]["hit_rate"] == pytest.approx(0.5)
+    assert first["predicted"]["hit_rate"] == 0.0
+
+
 def check_replay_schema(doc: dict) -> None:
     """The fields docs/replay.md documents, with their types."""
     rate_keys = {"hit_rate", "dram_hit_rate", "ssd_hit_rate"}
