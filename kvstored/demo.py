@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 import kvstored
-from kvstored.replay import html, multiturn, plots
+from kvstored.replay import multiturn, page, plots
 from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy
 from kvstored.replay.session import replay_trace
@@ -104,15 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     render_multiturn(console, rounds_doc)
 
     console.rule("[bold]4. plots and page")
-    replay_png, rounds_png, page = out / "replay.png", out / "multiturn.png", out / "index.html"
+    replay_png, rounds_png, index = out / "replay.png", out / "multiturn.png", out / "index.html"
     tool_plots.save(plots.replay_figure(replay_doc), replay_png)
     tool_plots.save(plots.multiturn_figure(rounds_doc), rounds_png)
-    html.write(page, "kvstored demo: trace replay and multi-round",
-               [html.replay_section(replay_doc, replay_png.read_bytes()),
-                html.multiturn_section(rounds_doc, rounds_png.read_bytes())],
+    page.write(index, "kvstored demo: trace replay and multi-round",
+               [page.replay_section(replay_doc, replay_png.read_bytes()),
+                page.multiturn_section(rounds_doc, rounds_png.read_bytes())],
                {"replay": replay_doc, "multiturn": rounds_doc})
     console.print("wrote:")
-    for path in (replay_png, rounds_png, page):
+    for path in (replay_png, rounds_png, index):
         # a path on a line of its own, never broken (copy it whole)
         console.print(f"  {_shown(path)}", soft_wrap=True, highlight=False)
     wrong = replay_doc["wrong_bytes"] + rounds_doc["wrong_bytes"]
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"({elapsed:.0f} s)")
         return 1
     console.print(f"[green bold]demo ok[/] in {elapsed:.0f} s; open the page:")
-    console.print(f"  {_shown(page)}", soft_wrap=True, highlight=False)
+    console.print(f"  {_shown(index)}", soft_wrap=True, highlight=False)
     return 0
 
 

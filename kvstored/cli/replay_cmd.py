@@ -85,7 +85,7 @@ def _show(doc: dict[str, Any], kind: str, as_json: bool, plot: Path | None,
         if plot:
             tool_plots.save(figure(doc), plot)
         if html:
-            from kvstored.replay import html as page
+            from kvstored.replay import page
 
             section = page.replay_section if kind == "replay" else page.multiturn_section
             title = "kvstore replay" + (" --multiturn" if kind == "multiturn" else "")

@@ -31,9 +31,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from kvstored.tools import events
-from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S
-from kvstored.tools.workloads import GrowingContext, IdCounter
 
 import kvstored
 from kvstored.replay.embedded import EmbeddedStore
@@ -42,6 +39,9 @@ from kvstored.replay.report import predicted_rates, tier_rates
 from kvstored.replay.runner import RequestOutcome
 from kvstored.replay.session import replay_trace
 from kvstored.replay.workload import Workload
+from kvstored.tools import events
+from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S
+from kvstored.tools.workloads import GrowingContext, IdCounter
 
 SCHEMA = "kvstored.replay.multiturn/1"
 #: The two runs, in order: label, the settings that make the store so.

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from kvstored.tools.tiered import TierReplay
 
 from kvstored.replay.runner import ReplayRun, RequestOutcome
+from kvstored.tools.tiered import TierReplay
 
 SCHEMA = "kvstored.replay/1"
 

@@ -11,15 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvstored.tools.events import EventTrace
-from kvstored.tools.tiered import TierReplay
-
 from kvstored.errors import UnreachableError
 from kvstored.replay import report
 from kvstored.replay.keys import new_namespace
 from kvstored.replay.predict import Capacities, StorePolicy, capacities, predict
 from kvstored.replay.runner import Replayer, ReplayOptions, ReplayRun
 from kvstored.replay.workload import Workload
+from kvstored.tools.events import EventTrace
+from kvstored.tools.tiered import TierReplay
 
 
 @dataclass

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from kvstored.tools.events import EventTrace
 
 from kvstored.replay.keys import chained_keys
+from kvstored.tools.events import EventTrace
 
 
 @dataclass(frozen=True, slots=True)
