@@ -35,8 +35,12 @@ test: setup engines
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
-lint: setup
+# ruff, and the type checker against its baseline (.basedpyright/baseline.json): a new
+# error fails; fixed ones leave the baseline with `basedpyright --writebaseline`. With the
+# engines installed, so the adapters are checked against the engines' own types.
+lint: setup engines
 	$(BIN)/ruff check .
+	$(BIN)/basedpyright
 
 clean:
 	rm -rf $(VENV) build *.egg-info native/*.so

@@ -1,8 +1,8 @@
 """Build glue that pyproject.toml cannot express on its own.
 
-- The package list: the top-level folders sdk/, backends/, native/ and tools/ are
-  subpackages of ``kvstored`` (see ``package-dir`` in pyproject.toml), and setuptools'
-  automatic discovery does not follow such a mapping into their subfolders.
+- The package list: ``kvstored/sdk``, ``kvstored/backends``, ``kvstored/native`` and
+  ``kvstored/tools`` are symbolic links to the top-level folders of those names
+  (docs/architecture.md says why), and setuptools' discovery does not follow links.
 - The native extensions, compiled through cffi in API mode (``cffi_modules``). Each
   build script decides for itself what the machine supports (liburing or not) and
   never fails the install for a missing optional library.
@@ -10,32 +10,23 @@
   and a wheel carries the compiled extensions, not the sources (tests/test_packaging.py).
 """
 
+import os
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-ROOTS = {
-    "kvstored": "kvstored",
-    "kvstored.sdk": "sdk",
-    "kvstored.backends": "backends",
-    "kvstored.native": "native",
-    "kvstored.tools": "tools",
-}
-
 
 def _packages() -> list[str]:
+    """Every folder under kvstored/ (links followed) that holds an ``__init__.py``."""
     here = Path(__file__).parent
     found = []
-    for name, folder in ROOTS.items():
-        root = here / folder
-        for init in sorted(root.rglob("__init__.py")):
-            rel = init.parent.relative_to(root)
-            if any(part.startswith((".", "_")) and part != "__pycache__" for part in rel.parts):
-                continue
-            if "__pycache__" in rel.parts:
-                continue
-            found.append(".".join([name, *rel.parts]) if rel.parts else name)
+    for folder, subfolders, files in os.walk(here / "kvstored", followlinks=True):
+        subfolders[:] = sorted(d for d in subfolders
+                               if not d.startswith((".", "_")) or d == "__pycache__")
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+        if "__init__.py" in files:
+            found.append(".".join(Path(folder).relative_to(here).parts))
     return found
 
 

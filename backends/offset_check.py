@@ -26,6 +26,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from crc32c import crc32c
+
 from kvstored.backends.offset_journal import write_sync
 from kvstored.backends.offset_layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
 from kvstored.backends.offset_recovery import Entry, read_exact

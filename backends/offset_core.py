@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+
+from kvstored.allocator import OffsetAllocator
 from kvstored.backends.offset_journal import JournalGate, write_sync
 from kvstored.backends.offset_layout import (
     ALIGN,
@@ -125,8 +127,6 @@ from kvstored.sdk.types import (
     WriteResult,
     encode_key,
 )
-
-from kvstored.allocator import OffsetAllocator
 from kvstored.units import format_size
 
 log = logging.getLogger(__name__)

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 
 from crc32c import crc32c
+
 from kvstored.backends.record import (
     ALIGN,
     FLAG_TOMBSTONE,

@@ -39,6 +39,7 @@ import os
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
+
 from kvstored.backends.offset_layout import (
     CKPT_ENTRY,
     JOURNAL_MAGIC,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from crc32c import crc32c
+
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.types import MAX_KEY_BYTES
 

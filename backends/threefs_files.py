@@ -15,6 +15,7 @@ from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
 from crc32c import crc32c
+
 from kvstored.backends.record import VALUE_OFFSET, decode_header, record_size
 from kvstored.backends.threefs_index import Slot
 from kvstored.native import IoEngine, IoError, IoFile

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
+
 from kvstored.sdk.files import fsync_dir, write_atomically
 
 JOURNAL_NAME = "journal.kvj"

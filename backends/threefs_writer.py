@@ -21,6 +21,7 @@ from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
 import cffi
+
 from kvstored.backends.record import VALUE_OFFSET, encode_header, record_size, value_checksum
 from kvstored.backends.threefs_files import scratch
 from kvstored.native import IoEngine, IoError, IoFile

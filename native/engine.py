@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import cffi
+
 from kvstored.native import direct
 from kvstored.native.direct import ALIGN, READ, VECTORED, WRITE, Op, Outcome, Pieces
 from kvstored.native.errors import IoError, log_once

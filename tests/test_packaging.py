@@ -1,9 +1,11 @@
 """Both install modes give one import root, and a regular install has everything.
 
-The editable install maps the top-level folders under ``kvstored`` through a finder that
-also finds what a wheel would leave out, so the regular install is checked where no such
-finder exists: a wheel built from a copy of the tracked sources, installed into a fresh
-venv, run with the working directory outside the repository and no ``PYTHONPATH``.
+The top-level folders sdk/, backends/, native/ and tools/ are reached as kvstored.sdk and
+so on through links in kvstored/ (docs/architecture.md), so the checkout, the editable
+install and a wheel have one import tree. The editable install's finder also finds what
+a wheel would leave out, so the regular install is checked where no such finder exists:
+a wheel built from a copy of the tracked sources, installed into a fresh venv, run with
+the working directory outside the repository and no ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -22,25 +24,30 @@ import pytest
 import kvstored
 
 REPO = Path(__file__).resolve().parents[1]
-#: Top-level folder -> the package it installs as (pyproject's package-dir).
-ROOTS = {"kvstored": "kvstored", "sdk": "kvstored.sdk", "backends": "kvstored.backends",
-         "native": "kvstored.native", "tools": "kvstored.tools"}
+#: Top-level folders that kvstored/ links to, as the package each installs as.
+LINKED = {"sdk": "kvstored.sdk", "backends": "kvstored.backends",
+          "native": "kvstored.native", "tools": "kvstored.tools"}
 #: Not part of the source tree a wheel is built from.
 UNTRACKED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
                                    "__pycache__", "*.so", ".pytest_cache", ".ruff_cache",
                                    ".hypothesis", "bench-results")
 
 
-def test_editable_install_maps_each_folder_under_kvstored():
+def test_each_top_level_folder_is_reached_through_its_link_in_kvstored():
     import kvstored.backends
     import kvstored.native
     import kvstored.sdk
     import kvstored.tools
 
     assert Path(kvstored.__file__).parent == REPO / "kvstored"
-    for folder, name in ROOTS.items():
+    for folder, name in LINKED.items():
+        link = REPO / "kvstored" / folder
+        assert link.is_symlink() and os.readlink(link) == f"../{folder}", link
+        # Imported through the link, so tools that read the checkout (the type checker,
+        # ruff) see the same module path as the interpreter.
         module = sys.modules[name]
-        assert Path(module.__file__).parent == REPO / folder, module.__file__
+        assert Path(module.__file__).parent == link, module.__file__
+        assert Path(module.__file__).resolve().parent == REPO / folder
 
 
 def test_console_scripts_give_useful_help():
@@ -58,11 +65,14 @@ def _copy_sources(target: Path) -> Path:
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                              "--exclude-standard"], cwd=REPO, capture_output=True)
     if listed.returncode != 0:  # not a git checkout: copy the folder, minus build products
-        shutil.copytree(REPO, target, ignore=UNTRACKED)
+        shutil.copytree(REPO, target, ignore=UNTRACKED, symlinks=True)
         return target
     for name in filter(None, listed.stdout.decode().split("\0")):
         source = REPO / name
-        if source.is_file():
+        if source.is_symlink():  # kvstored/sdk and the other links, as links
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(source), target / name)
+        elif source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     return target
@@ -71,11 +81,10 @@ def _copy_sources(target: Path) -> Path:
 def _source_packages() -> set[str]:
     """Every folder holding Python modules, as the package a wheel must install it as."""
     found = set()
-    for folder, package in ROOTS.items():
-        for module in (REPO / folder).rglob("*.py"):
-            parts = module.parent.relative_to(REPO / folder).parts
-            if "__pycache__" not in parts:
-                found.add(".".join([package, *parts]))
+    for folder, subfolders, files in os.walk(REPO / "kvstored", followlinks=True):
+        subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+        if any(f.endswith(".py") for f in files):
+            found.add(".".join(Path(folder).relative_to(REPO).parts))
     return found
 
 

@@ -31,6 +31,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+
 from kvstored.tools.errors import TraceError, TraceNotFoundError
 from kvstored.tools.events import EventTrace
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import click
-from kvstored.tools.errors import ToolError, UsageProblem
 
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.tools.errors import ToolError, UsageProblem
 from kvstored.units import parse_size
 
 FORMAT_CHOICE = click.Choice(["auto", "mooncake", "sessions", "bailian", "binary"])

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import click
+
+from kvstored.cli.params import ExistingFile
 from kvstored.tools import builtin, models, tiered
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
@@ -24,8 +26,6 @@ from kvstored.tools.cli_common import (
 )
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
-
-from kvstored.cli.params import ExistingFile
 from kvstored.units import format_size
 
 # Imported where used, so that a --json run does not load rich, matplotlib or the report

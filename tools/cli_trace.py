@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import click
-from kvstored.tools import reader, report_table, stats, workloads, writers
-from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
-from kvstored.tools.errors import UsageProblem
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.tools import reader, report_table, stats, workloads, writers
+from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
+from kvstored.tools.errors import UsageProblem
 from kvstored.units import format_size
 
 

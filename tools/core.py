@@ -17,6 +17,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
 from kvstored.tools import refsim
 from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace

@@ -14,7 +14,6 @@ from pathlib import Path
 from kvstored.tools import plots
 from kvstored.tools.planning import size_label
 from kvstored.tools.report_table import budget_label, gain_column
-
 from kvstored.units import format_size
 
 _STYLE = """

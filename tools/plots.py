@@ -148,6 +148,7 @@ def plan_heatmap(result: dict, metric: str = "speedup"):
     "speedup") or the modelled TTFT in seconds ("ttft"), every cell annotated, the
     recommended one outlined with its value and cost."""
     import numpy as np
+
     from kvstored.tools.planning import size_label
 
     plt = pyplot()
@@ -195,8 +196,9 @@ def _budget_axis(axis, by_gib: bool, xs: list[float] | None = None,
                  marked: float | None = None) -> None:
     """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB), with a tick at
     every simulated budget (thinned to at most ~8 labels) and always one at ``marked``."""
-    from kvstored.tools.planning import size_label
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    from kvstored.tools.planning import size_label
 
     positive = sorted({x for x in (xs or []) if x > 0})
     if positive:

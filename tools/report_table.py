@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from kvstored.tools.planning import marginal_gains, size_label
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.tools.planning import marginal_gains, size_label
 from kvstored.units import format_size
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
 from kvstored.tools import events
 from kvstored.tools.errors import TraceError, UsageProblem
 from kvstored.tools.ids import IdInterner, fast_keys

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from kvstored.tools import events
 from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
 from kvstored.tools.ids import fast_keys

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from kvstored import __version__
 from kvstored.tools import models, planning, reader, sweep, tiered
 from kvstored.tools.core import POLICIES, Replay, trim_heap
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.events import EventTrace
-
-from kvstored import __version__
 
 ProgressFn = Callable[[float, float, str], None]
 

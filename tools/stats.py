@@ -21,6 +21,7 @@ that reuses the block, a block to the type of the request that first wrote it.
 from __future__ import annotations
 
 import numpy as np
+
 from kvstored.tools.core import Replay, core_available, ffi, lib
 from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace

@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvstored.tools import tiered
 from kvstored.tools.core import PolicySpec, Replay, RunResult
 from kvstored.tools.planning import ideal_speedup

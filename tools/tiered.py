@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kvstored.tools.planning import ideal_speedup
 
 #: Defaults for one serving instance (documented in docs/simulator.md).

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.events import EventTrace, block_weights
 from kvstored.tools.ids import INT_KEY_LIMIT

@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 from crc32c import crc32c
+
 from kvstored.backends.record import ALIGN, VALUE_OFFSET
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import fsync_dir, write_atomically

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from crc32c import crc32c
+
 from kvstored.backends.bucket.state import Slot
 from kvstored.backends.record import (
     ALIGN,

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 import click
-from kvstored.sdk.errors import BackendError
 from rich.console import Console
 from rich.table import Table
+
+from kvstored.sdk.errors import BackendError
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,10 +1,10 @@
 """bucket passes the whole conformance kit: on both io engines, with O_DIRECT, under both
 eviction policies, and with buckets so small that the kit's batches span several."""
 
-import kvstored.native
 import pytest
-from kvstored.sdk.testing import BackendConformance
 
+import kvstored.native
+from kvstored.sdk.testing import BackendConformance
 from tests.conftest import require
 
 

@@ -8,6 +8,7 @@ import pytest
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kvstored.backends.bucket import index
 from kvstored.backends.bucket.index import (
     FLAG_DELETED,

@@ -10,8 +10,9 @@ import os
 import subprocess
 from pathlib import Path
 
-import kvstored.native
 import pytest
+
+import kvstored.native
 from kvstored.backends import open_backend
 from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.backends.record import record_size
@@ -19,7 +20,6 @@ from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
-
 from tests.conftest import require
 
 KiB = 1024

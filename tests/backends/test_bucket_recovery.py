@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.bucket.index import FLAG_DELETED, read_index
 from kvstored.backends.bucket.layout import data_name, index_name

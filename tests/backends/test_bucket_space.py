@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
 from kvstored.backends.record import record_size

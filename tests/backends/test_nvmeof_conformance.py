@@ -12,8 +12,8 @@ import shutil
 import subprocess
 
 import pytest
-from kvstored.sdk.testing import BackendConformance
 
+from kvstored.sdk.testing import BackendConformance
 from tests.backends.test_offset_conformance import NeedsUring, RemoveVolumes
 
 LOOP_IMAGE_SIZE = 256 << 20

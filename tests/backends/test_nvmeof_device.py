@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.nvmeof import device_size, is_block_device
 from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
-
 from tests.backends.test_nvmeof_conformance import LOOP_IMAGE_SIZE, attach_loop, detach_loop
 
 MiB = 1 << 20
@@ -189,7 +189,6 @@ sys.stdin.read()
 def test_kill_9_on_a_device(loops, engine):
     if engine == "uring":
         import kvstored.native
-
         from tests.conftest import require
 
         require("uring", *kvstored.native.uring_status())

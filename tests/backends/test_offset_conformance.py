@@ -7,10 +7,10 @@ of the last three runs.
 
 import shutil
 
-import kvstored.native
 import pytest
-from kvstored.sdk.testing import BackendConformance
 
+import kvstored.native
+from kvstored.sdk.testing import BackendConformance
 from tests.conftest import require
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import mmap
 
-import kvstored.native
 import pytest
+
+import kvstored.native
 from kvstored.backends import open_backend
 from kvstored.native import IoError
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus
-
 from tests.conftest import require
 
 KiB = 1 << 10

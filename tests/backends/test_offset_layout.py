@@ -10,6 +10,7 @@ import pytest
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvstored.backends.offset_layout import (
     JOURNAL_HEADER_SIZE,
     MAX_JOURNAL_ENTRY,

@@ -16,6 +16,7 @@ import sys
 import threading
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.offset_layout import encode_checkpoint
 from kvstored.sdk.errors import (
@@ -359,7 +360,6 @@ sys.stdin.read()
 def test_kill_9_keeps_acknowledged_writes_and_deletes(store_dir, engine):
     if engine == "uring":
         import kvstored.native
-
         from tests.conftest import require
 
         require("uring", *kvstored.native.uring_status())

@@ -26,7 +26,6 @@ from kvstored.backends import open_backend
 from kvstored.backends.offset_layout import journal_blocks
 from kvstored.backends.record import record_size
 from kvstored.sdk.types import WriteOutcome
-
 from tests.backends.test_offset_recovery import crash
 
 BATCH = 200

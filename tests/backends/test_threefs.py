@@ -8,10 +8,10 @@ test_threefs_usrbio.py.
 
 from __future__ import annotations
 
-import kvstored.native
 import pytest
-from kvstored.sdk.testing import BackendConformance
 
+import kvstored.native
+from kvstored.sdk.testing import BackendConformance
 from tests.conftest import require
 
 

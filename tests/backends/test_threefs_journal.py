@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kvstored.backends.threefs_index import NodeIndex, check_name, shard_name, shard_number
 from kvstored.backends.threefs_journal import (
     ENTRY_SIZE,

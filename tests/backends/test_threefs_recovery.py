@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.record import encode_header, record_size, value_checksum
 from kvstored.backends.threefs_index import shard_name

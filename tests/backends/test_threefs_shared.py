@@ -10,6 +10,7 @@ import sys
 import threading
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.threefs import ThreeFsBackend
 from kvstored.sdk.errors import BackendBusyError, InvalidRequestError

@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from kvstored.backends import open_backend
 from kvstored.backends.threefs_usrbio import UsrbioEngine, choose_usrbio
 from kvstored.native import IoError

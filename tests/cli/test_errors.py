@@ -11,15 +11,6 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from kvstored.sdk.errors import (
-    BackendIOError,
-    CapacityError,
-    CorruptionError,
-    InvalidRequestError,
-    UnknownBackendError,
-    ValueTooLargeError,
-)
-from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
 
 from kvstored.cli.errors import (
     QuietError,
@@ -41,6 +32,15 @@ from kvstored.errors import (
     UnauthorizedError,
     UnreachableError,
 )
+from kvstored.sdk.errors import (
+    BackendIOError,
+    CapacityError,
+    CorruptionError,
+    InvalidRequestError,
+    UnknownBackendError,
+    ValueTooLargeError,
+)
+from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,16 +19,16 @@ import textwrap
 import time
 from pathlib import Path
 
-import kvstored.native
 import pytest
+
+import kvstored
+import kvstored.native
 from kvstored.backends import open_backend
 from kvstored.backends.stamp import STAMP_NAME
+from kvstored.capabilities import probe_fuse
 from kvstored.sdk import CapacityError, OpenMode
 from kvstored.sdk.lock import LOCK_NAME
 from kvstored.sdk.testing import payload
-
-import kvstored
-from kvstored.capabilities import probe_fuse
 from tests.conftest import require
 from tests.daemon.harness import BIN, Daemon, kvstore, kvstore_ok
 

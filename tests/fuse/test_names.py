@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from kvstored.sdk.errors import InvalidKeyError
-from kvstored.sdk.types import MAX_KEY_BYTES
 
 from kvstored.fuse.names import (
     MAX_NAME_BYTES,
@@ -17,6 +15,8 @@ from kvstored.fuse.names import (
     key_to_name,
     parse_name,
 )
+from kvstored.sdk.errors import InvalidKeyError
+from kvstored.sdk.types import MAX_KEY_BYTES
 
 # Characters the encoding has to care about, mixed with ordinary and wide ones.
 _ALPHABET = st.one_of(st.sampled_from("/%.\0\n\x7f\x1f# üé€😀aZ0"),

@@ -9,8 +9,8 @@ import os
 
 import pytest
 import trio
-from kvstored.backends import open_backend
 
+from kvstored.backends import open_backend
 from tests.conftest import require
 
 try:

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from kvstored.native import probe_uring
 from kvstored.native.posix import PosixEngine
-
 from tests.conftest import require
 
 ENGINE_NAMES = ("posix", "uring")

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from kvstored.native import probe_uring
 
 from kvstored.cli.tool import main
+from kvstored.native import probe_uring
 from tests.conftest import require
 
 PATTERNS = ["seq-read-1m", "rand-read-256k", "rand-read-4k", "seq-write-1m"]

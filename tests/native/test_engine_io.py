@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from kvstored.native import IoError, IoFile, errors
 
 BLOCK = 4096

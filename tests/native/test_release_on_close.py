@@ -9,8 +9,8 @@ import fcntl
 import os
 
 import pytest
-from kvstored.native import probe_uring
 
+from kvstored.native import probe_uring
 from tests.conftest import require
 
 

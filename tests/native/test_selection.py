@@ -11,6 +11,7 @@ import os
 import sys
 
 import pytest
+
 from kvstored.native import (
     errors,
     get_engine,
@@ -18,7 +19,6 @@ from kvstored.native import (
     selection,
 )
 from kvstored.native.probe import read_io_uring_disabled
-
 from tests.conftest import require
 from tests.native.helpers import run_python, seccomp_supported
 

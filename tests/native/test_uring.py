@@ -8,8 +8,8 @@ import os
 import threading
 
 import pytest
-from kvstored.native import IoFile, probe_uring
 
+from kvstored.native import IoFile, probe_uring
 from tests.conftest import require
 from tests.native.helpers import CAP_IPC_LOCK, run_python, wait_until_drained
 

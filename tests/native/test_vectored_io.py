@@ -9,10 +9,10 @@ import random
 import threading
 
 import pytest
+
 from kvstored.native import IoError, IoFile, direct, probe_uring
 from kvstored.native.engine import MAX_PIECES
 from kvstored.native.posix import IOV_MAX
-
 from tests.conftest import require
 from tests.native.helpers import wait_until_drained
 from tests.native.test_engine_io import BLOCK, aligned, fill, unaligned

@@ -10,14 +10,14 @@ import os
 import pytest
 import trio
 from crc32c import crc32c
-from kvstored.backends.file_per_key import FilePerKeyBackend
-from kvstored.sdk import BackendIOError, CapacityError, WriteOutcome, WriteResult
 from prometheus_client import CollectorRegistry
 
+from kvstored.backends.file_per_key import FilePerKeyBackend
 from kvstored.metrics import NodeMetrics
 from kvstored.node.offload import Offloader
 from kvstored.node.service import _Report
 from kvstored.protocol import OffloadFailed, OffloadFailure
+from kvstored.sdk import BackendIOError, CapacityError, WriteOutcome, WriteResult
 from kvstored.supervisor import Supervisor
 
 MiB = 1 << 20

@@ -2,6 +2,7 @@
 must fail the checks that target its defect (and the honest one must pass them)."""
 
 import pytest
+
 from kvstored.sdk.testing import run_kit
 
 MODULE = "tests.sdk.broken_backends"

@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from kvstored.tools import reader
-from kvstored.tools.core import PolicySpec, Replay
 
 from kvstored.bench import sim as bench_sim
+from kvstored.tools import reader
+from kvstored.tools.core import PolicySpec, Replay
 
 from .conftest import random_requests, write_mooncake
 

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvstored.tools import binfile, reader, writers
 from kvstored.tools.errors import TraceError, UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate

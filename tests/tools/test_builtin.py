@@ -8,10 +8,10 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvstored.tools import builtin, reader, stats, workloads
-from kvstored.tools.errors import UsageProblem
 
 from kvstored.cli.tool import main
+from kvstored.tools import builtin, reader, stats, workloads
+from kvstored.tools.errors import UsageProblem
 
 
 def run(*args):

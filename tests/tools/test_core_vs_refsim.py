@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvstored.tools import core, events
 from kvstored.tools.core import PolicySpec, Replay
 

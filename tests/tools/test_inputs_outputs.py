@@ -8,11 +8,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from kvstored.tools import reader
-from kvstored.tools.errors import TraceError
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.tool import main
+from kvstored.tools import reader
+from kvstored.tools.errors import TraceError
 
 from .conftest import random_requests, write_mooncake
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from kvstored.tools import models, planning
 from kvstored.tools.errors import UsageProblem
 

@@ -8,6 +8,7 @@ is skipped, and the rest of the model tests still run.
 from __future__ import annotations
 
 import pytest
+
 from kvstored.tools import models
 
 calculator = pytest.importorskip("kvcache_sim.calculator")

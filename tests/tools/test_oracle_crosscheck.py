@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvstored.tools import reader, writers
 from kvstored.tools.core import PolicySpec, Replay
 from kvstored.tools.simulate import SimOptions, simulate

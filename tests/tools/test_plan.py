@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+
+from kvstored.cli.tool import main
 from kvstored.tools import events, plan, tiered
 from kvstored.tools.cli_common import parse_gib
 from kvstored.tools.core import PolicySpec, Replay
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions
-
-from kvstored.cli.tool import main
 
 from .conftest import random_requests
 

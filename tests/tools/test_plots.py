@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvstored.tools import plots
 from kvstored.tools.simulate import SimOptions, simulate
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from kvstored.tools import reader
 from kvstored.tools.errors import TraceError, TraceNotFoundError, UsageProblem
 from kvstored.tools.ids import INT_KEY_LIMIT

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from kvstored.tools.simulate import SimOptions, simulate
 
 from .conftest import shared_file

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvstored.tools import events
 from kvstored.tools.core import PolicySpec, Replay
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvstored.tools import events, simulate, tiered
 from kvstored.tools.core import PolicySpec, Replay
 

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from crc32c import crc32c
+
 from kvstored.sdk import (
     Capabilities,
     CapacityError,

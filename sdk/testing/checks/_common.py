@@ -11,6 +11,7 @@ import sys
 import time
 
 from crc32c import crc32c
+
 from kvstored.sdk.testing import _writer
 from kvstored.sdk.testing.kit import Check, Kit, payload, size_for
 from kvstored.sdk.types import (

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import sys
 import threading
+import time
 
 from kvstored.sdk.errors import (
     InvalidRequestError,
@@ -126,10 +128,19 @@ def _race(kit: Kit, backend, orders: dict[str, list[str]], what: str) -> dict[st
 
     threads = [threading.Thread(target=writer, args=(name,), daemon=True,
                                 name=f"kit-{name}") for name in orders]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(DEADLOCK_TIMEOUT)
+    # Hand the interpreter between threads every microsecond instead of every 5 ms, so
+    # that the writers interleave even where claiming a batch's keys takes no I/O at all
+    # (one writer would otherwise claim all its keys before the other starts).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + DEADLOCK_TIMEOUT
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    finally:
+        sys.setswitchinterval(interval)
     if any(t.is_alive() for t in threads):
         kit.abandon(backend)  # its threads hold it: closing it could hang the kit too
         raise AssertionError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crc32c import crc32c
+
 from kvstored.sdk.testing.checks._common import (
     KiB,
     check,
