@@ -48,19 +48,19 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _progress(console: Console, label: str):
-    """A line that counts requests on a terminal; nothing when the output is a file."""
-    if not console.is_terminal:
-        return None
-    last = [0.0]
+class _Progress:
+    """A line that counts requests on a terminal (nothing when the output is a file),
+    redrawn at most four times a second."""
 
-    def update(done: int, total: int) -> None:
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last = 0.0
+
+    def __call__(self, label: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if now - last[0] > 0.25 or done == total:
-            last[0] = now
-            console.print(f"  {label}: {done:,}/{total:,} requests", end="\r")
-
-    return update
+        if self.console.is_terminal and (now - self.last > 0.25 or done == total):
+            self.last = now
+            self.console.print(f"  {label}: {done:,}/{total:,} requests", end="\r")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
     started = time.monotonic()
+    progress = _Progress(console)
 
     console.rule("[bold]1. an embedded store")
     trace = reader.load([TRACE], keep_id_names=False)
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         with kvstored.connect(store.address) as client:
             replayed = replay_trace(client, trace, StorePolicy.from_config(store.config()),
                                     block_bytes=BLOCK_BYTES, master=store.address,
-                                    progress=_progress(console, "replaying"))
+                                    progress=lambda done, total: progress("replaying",
+                                                                          done, total))
     replay_doc = replayed.document
     render_replay(console, replay_doc, windows=False)
     console.print("the store was stopped cleanly (SIGTERM, exit 0)")
@@ -97,10 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{MULTITURN.clients} conversations growing by about "
                   f"{MULTITURN.context_tokens:,} tokens a round, on a DRAM-only store and "
                   "then on DRAM+SSD, each fresh, with the same DRAM")
-    rounds_doc = multiturn.run(MULTITURN, block_bytes=BLOCK_BYTES,
-                               progress=None if not console.is_terminal else
-                               lambda label, done, total: _progress(console, label)(done,
-                                                                                    total))
+    rounds_doc = multiturn.run(MULTITURN, block_bytes=BLOCK_BYTES, progress=progress)
     render_multiturn(console, rounds_doc)
 
     console.rule("[bold]4. plots and page")

@@ -30,6 +30,7 @@ MAX_BLOCK_BYTES = 64 << 20
 
 
 def _size(text: str | None, option: str) -> int | None:
+    """A size option in bytes (None when not given); a bad one is bad usage."""
     if text is None:
         return None
     try:
@@ -174,7 +175,7 @@ def replay(trace, fmt, block_bytes, concurrency, speed, as_fast, window, warmup,
         "--dram": dram, "--ssd": ssd, "--context": context, "--prefill-tps": prefill_tps,
         "--speed": speed, "--window": window, "--namespace": namespace, "--warmup": warmup,
         "--format": fmt})
-    block = _size(block_bytes, "--block-bytes")
+    block = _size(block_bytes, "--block-bytes") or 0
     if block > MAX_BLOCK_BYTES:
         raise QuietError(f"--block-bytes is at most {MAX_BLOCK_BYTES >> 20} MiB",
                          ExitCode.USAGE)

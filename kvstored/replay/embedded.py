@@ -56,7 +56,7 @@ class EmbeddedStore:
         self.settings = dict(settings or {})
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1",
                     **{setting_variable(k): str(v) for k, v in self.settings.items()}}
-        self.address: str | None = None
+        self._address: str | None = None
         self.lines: list[str] = []
         self._home: Path | None = None
         self._proc: subprocess.Popen | None = None
@@ -76,7 +76,7 @@ class EmbeddedStore:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env)
         threading.Thread(target=self._read, daemon=True).start()
         self._banner.wait(START_SECONDS)
-        if self.address is None:
+        if self._address is None:
             self._stop()
             raise EmbeddedStoreError(f"kvstored up ({self.label}) did not start:\n{self.log}")
         return self
@@ -86,10 +86,17 @@ class EmbeddedStore:
         for line in self._proc.stdout:
             self.lines.append(line.rstrip())
             match = BANNER.match(line)
-            if match and self.address is None:
-                self.address = match.group(1)
+            if match and self._address is None:
+                self._address = match.group(1)
                 self._banner.set()
         self._banner.set()
+
+    @property
+    def address(self) -> str:
+        """The master's HOST:PORT (once started)."""
+        if self._address is None:
+            raise EmbeddedStoreError(f"kvstored up ({self.label}) is not running")
+        return self._address
 
     @property
     def log(self) -> str:

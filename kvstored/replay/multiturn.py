@@ -107,7 +107,8 @@ def conversations(spec: MultiturnSpec) -> Conversations:
             context.extend(reply)
         blocks_after.append(len(seen))
     trace = events.build(np.asarray(flat, dtype=np.int64), np.asarray(counts),
-                         inputs, stamps, outputs, spec.block_tokens, "mooncake",
+                         np.asarray(inputs), np.asarray(stamps), np.asarray(outputs),
+                         spec.block_tokens, "mooncake",
                          sources=[f"multiturn {spec.clients}x{spec.rounds}"])
     return Conversations(trace, np.asarray(rounds), blocks_after)
 

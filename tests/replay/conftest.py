@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvstored.tools import events
 
 from kvstored.replay.embedded import EmbeddedStore
+from kvstored.tools import events
 
 
 def trace_of(requests: list[list[int]], block: int = 16, times: list[float] | None = None,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvstored.tools.core import build_trie
 
 from kvstored.replay.keys import chained_keys, check_namespace, new_namespace
 from kvstored.replay.workload import Workload
+from kvstored.tools.core import build_trie
 
 from .conftest import random_trace
 

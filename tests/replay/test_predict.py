@@ -4,11 +4,11 @@ says, and the simulator run with the store's policy."""
 from __future__ import annotations
 
 import pytest
-from kvstored.backends.record import record_size
-from kvstored.tools.tiered import replay_tiers
 
+from kvstored.backends.record import record_size
 from kvstored.config import load_config
 from kvstored.replay.predict import StorePolicy, capacities, predict
+from kvstored.tools.tiered import replay_tiers
 
 from .conftest import random_trace
 

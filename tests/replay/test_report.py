@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvstored.tools.tiered import replay_tiers
 
 from kvstored.replay import report
 from kvstored.replay.runner import ReplayOptions, ReplayRun, RequestOutcome
+from kvstored.tools.tiered import replay_tiers
 
 from .conftest import trace_of
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kvstored.tools.core import Replay
 
 import kvstored
 from kvstored.replay import values
@@ -12,6 +11,7 @@ from kvstored.replay.predict import StorePolicy
 from kvstored.replay.runner import Replayer, ReplayOptions
 from kvstored.replay.session import replay_trace
 from kvstored.replay.workload import Workload
+from kvstored.tools.core import Replay
 
 from .conftest import random_trace
 

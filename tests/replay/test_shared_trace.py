@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kvstored.tools import reader
 
 import kvstored
 from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy
 from kvstored.replay.session import replay_trace
+from kvstored.tools import reader
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic.jsonl"
 
