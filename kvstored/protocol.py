@@ -384,7 +384,9 @@ MASTER_OPS = _ops(
     OpSpec("register", Role.NODE, {"info": Record(
         node=NodeName, address=Tuple(Str(), Port), host=Str(), segment=Str(), token=Str(),
         dram_capacity=Size, ssd_capacity=Size, backend=Opt(Str()), shared=Opt(Bool()),
-        max_value_size=Opt(Size))}),
+        max_value_size=Opt(Size),
+        # How many objects register_objects will send (start-up progress in status).
+        objects=Opt(Size))}),
     OpSpec("register_objects", Role.NODE, {
         "node": NodeName,
         "objects": List(Tuple(Key, Size, Checksum, Tier, Int(-1, 2**63 - 1)))}),

@@ -1,14 +1,13 @@
-"""What ``kvstore sim`` and ``kvstore trace`` share: error handling, progress, options."""
+"""What ``kvstore sim`` and ``kvstore trace`` share: error handling and options (their
+progress bar is :func:`kvstored.cli.progress.progress_bar`)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import click
 
@@ -38,37 +37,6 @@ def reports_errors(command: Callable) -> Callable:
             sys.exit(int(ExitCode.INTERRUPTED))
 
     return wrapper
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] | None]:
-    """A progress callback drawing on stderr, shown only on a terminal and only once the
-    work has taken more than half a second."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console  # only on a terminal: --json runs never load rich
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
-        "{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console, transient=True)
-    started = time.monotonic()
-    task = bar.add_task("starting", total=1.0)
-    shown = False
-
-    def update(done: float, total: float, label: str) -> None:
-        nonlocal shown
-        if not shown and time.monotonic() - started > 0.5:
-            bar.start()
-            shown = True
-        bar.update(task, completed=done / total if total else 0.0, description=label)
-
-    try:
-        yield update
-    finally:
-        if shown:
-            bar.stop()
 
 
 def write_file(path, data: bytes | str) -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from kvstored.cli.connection import (
     client_options,
@@ -57,25 +56,9 @@ def status(client, as_json: bool) -> None:
     if as_json:
         _print_json(reply)
         return
-    tiers = Table("tier", "objects", "logical", "used", "capacity", "use",
-                  title=f"{reply['objects']} objects")
-    for tier, t in reply["tiers"].items():
-        use = t["used_bytes"] / t["capacity_bytes"] if t["capacity_bytes"] else 0
-        tiers.add_row(tier, str(t["objects"]), format_size(t["logical_bytes"]),
-                      format_size(t["used_bytes"]), format_size(t["capacity_bytes"]),
-                      f"{use:.1%}")
-    console.print(tiers)
-    nodes = Table("node", "address", "alive", "backend", "DRAM used", "SSD used",
-                  "SSD objects", "checksum failures", "quarantined")
-    for n in reply["nodes"]:
-        nodes.add_row(n["node"], n["address"], "yes" if n["alive"] else "[red]no[/]",
-                      n["backend"], format_size(n["dram"]["used"]),
-                      format_size(n["ssd"]["used"]), str(n["ssd"]["objects"]),
-                      str(n["corrupt_reads"]), str(n["quarantined"]))
-    console.print(nodes)
-    hits = reply["hit_rate"]
-    console.print(f"hit rate: {hits['total']:.1%} (DRAM {hits['dram']:.1%}, "
-                  f"SSD {hits['ssd']:.1%}) over {sum(reply['lookups'].values())} lookups")
+    from kvstored.cli.status_view import render_status
+
+    render_status(console, reply)
 
 
 @click.command()

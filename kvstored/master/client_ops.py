@@ -37,10 +37,17 @@ class ClientOps:
         live = self._live_nodes()
         nodes = [n for n in live if not n.leaving]
         if not nodes:
-            raise UnreachableError(
-                "every storage node is shutting down; retry once one is back" if live else
-                "no storage node is registered; start one with `kvstored node` (or use "
-                "`kvstored up`)")
+            starting = [n for n in self.nodes.values() if n.alive and not n.registered]
+            if live:
+                why = "every storage node is shutting down; retry once one is back"
+            elif starting:
+                why = (f"node {starting[0].node_id} is starting "
+                       f"({starting[0].starting_detail()}); retry once `kvstore status` "
+                       "shows it ready")
+            else:
+                why = ("no storage node is registered; start one with `kvstored node` (or "
+                       "use `kvstored up`)")
+            raise UnreachableError(why)
         # Every object is checked before any is reserved: a batch is refused whole.
         candidates = [self._nodes_for(nodes, key, size) for key, size in zip(keys, sizes)]
         now = time.monotonic()

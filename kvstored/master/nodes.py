@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class NodePhase(enum.Enum):
+    """Where a node is in its life, as ``kvstore status`` shows it."""
+
+    #: Registered its name, still sending the objects it holds: takes no puts yet.
+    STARTING = "starting"
+    READY = "ready"
+    #: Shutting down: serves reads, takes no new puts.
+    LEAVING = "leaving"
+    #: Missed its heartbeats for master.node_ttl: its replicas were dropped.
+    DEAD = "dead"
 
 
 @dataclass(slots=True)
@@ -28,6 +41,9 @@ class NodeState:
     quarantined: int = 0
     last_heartbeat: float = 0.0
     registered: bool = False
+    #: While it registers: the objects it said it holds, and how many it has sent.
+    inventory: int = 0
+    inventory_sent: int = 0
     alive: bool = True
     #: Shutting down: it serves reads, but takes no new puts.
     leaving: bool = False
@@ -55,9 +71,26 @@ class NodeState:
         return {"addr": list(self.address), "host": self.host_id, "segment": self.segment,
                 "token": self.segment_token}
 
+    @property
+    def phase(self) -> NodePhase:
+        if not self.alive:
+            return NodePhase.DEAD
+        if not self.registered:
+            return NodePhase.STARTING
+        return NodePhase.LEAVING if self.leaving else NodePhase.READY
+
+    def starting_detail(self) -> str:
+        """How far a starting node's registration has got."""
+        return (f"registering its objects with the master: {self.inventory_sent:,} of "
+                f"{self.inventory:,}")
+
     def status(self) -> dict[str, Any]:
+        phase = self.phase
         return {"node": self.node_id, "address": f"{self.address[0]}:{self.address[1]}",
-                "alive": self.alive, "backend": self.backend,
+                "alive": self.alive, "state": phase.value,
+                "registering": {"sent": self.inventory_sent, "objects": self.inventory}
+                if phase is NodePhase.STARTING else None,
+                "backend": self.backend,
                 "dram": {"used": self.dram_used, "capacity": self.dram_capacity},
                 "ssd": {"used": self.ssd_used, "capacity": self.ssd_capacity,
                         "objects": self.ssd_objects},

@@ -162,6 +162,7 @@ class Master(ClientOps, AdminOps):
             dram_capacity=int(info["dram_capacity"]), ssd_capacity=int(info["ssd_capacity"]),
             backend=str(info.get("backend") or ""), shared_ssd=bool(info.get("shared")),
             max_value_size=int(info.get("max_value_size") or 0),
+            inventory=int(info.get("objects") or 0),
             last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s:%s", node_id, host, port)
         # The node checks clients on its data server with the cluster's client token.
@@ -199,6 +200,10 @@ class Master(ClientOps, AdminOps):
             if not self.table.commit(key, node.node_id, tier, size, checksum, offset, now) \
                     and self.table.objects[key].replica(node.node_id, tier) is None:
                 conflicts.append([key, tier])
+        node.inventory_sent += len(h["objects"])
+        # Registration also counts as a sign of life: a large inventory takes longer
+        # than master.node_ttl to send, and its node heartbeats only afterwards.
+        node.last_heartbeat = now
         return {"conflicts": conflicts}, ()
 
     async def op_register_done(self, conn: FramedSocket, h: dict[str, Any]):

@@ -41,6 +41,7 @@ from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.segment import DramSegment, sweep_stale
 from kvstored.node.staging import StagingPool
+from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.protocol import NODE_OPS, Role
 from kvstored.rpc import RpcClient, ServerLimits, Service, serve
 from kvstored.sdk import StorageBackend
@@ -124,6 +125,8 @@ class Node(DataServerOps):
         self.corrupt_reads = 0
         self.quarantined = 0
         self.registered = trio.Event()
+        #: What a starting node is doing, for its log (kvstored.node.startup).
+        self.startup = StartupProgress()
         #: The master's policy.dram_only (told at registration): nothing is offloaded.
         self.dram_only = False
         #: Set by :meth:`leave`: puts are refused while the node shuts down.
@@ -139,8 +142,10 @@ class Node(DataServerOps):
         make_private_dir(ssd_dir)
         options = {"capacity": self.ssd_size, "on_evict": self._on_ssd_evict,
                    **self.backend_options}
-        self.backend = await trio.to_thread.run_sync(
-            lambda: open_backend(self.backend_name, ssd_dir, **options))
+        async with self.startup.logged(StartupStep.RECOVERING_SSD, log, self._who):
+            self.backend = await trio.to_thread.run_sync(
+                lambda: open_backend(self.backend_name, ssd_dir,
+                                     progress=self.startup.update, **options))
         swept = await trio.to_thread.run_sync(sweep_stale)
         if swept:
             log.warning("node: removed %d DRAM segments left by killed nodes: %s",
@@ -183,6 +188,10 @@ class Node(DataServerOps):
             if self.segment is not None:
                 self.segment.close()
 
+    def _who(self) -> str:
+        """How log lines name this node (its name is known once it serves)."""
+        return f"node {self.name}" if self.name else f"node on {self.data_dir}"
+
     def _hello_info(self) -> dict[str, Any]:
         assert self.segment is not None
         return {"node": self.name, "host": host_id(), "segment": self.segment.name,
@@ -215,28 +224,32 @@ class Node(DataServerOps):
         assert self.dram is not None and self.segment is not None and self.address
         self.report.clear()  # a full inventory follows; older reports are moot
         caps = self.backend.capabilities
-        reply = await client.call("register", info={
-            "node": self.name, "address": list(self.address), "host": host_id(),
-            "segment": self.segment.name, "token": self.segment.token.hex(),
-            "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
-            "backend": self.backend_name, "shared": caps.shared,
-            "max_value_size": caps.max_value_size})
-        self.dram_only = bool(reply.get("dram_only", False))
-        self._adopt_client_token(reply.get("client_token"))
         inventory = [[o.key, o.size, o.checksum, DRAM, o.offset] for o in self.dram.committed()]
-        inventory += await trio.to_thread.run_sync(
-            lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
-        for start in range(0, len(inventory), REGISTER_CHUNK):
-            reply = await client.call("register_objects", node=self.name,
-                                      objects=inventory[start:start + REGISTER_CHUNK])
-            for key, tier in reply["conflicts"]:
-                log.warning("node %s: %r conflicts with the cluster's copy; dropping ours",
-                            self.name, key)
-                held = self.dram.get(key) if tier == DRAM else self.backend.stat(key)
-                if held is not None:
-                    ident = held.offset if tier == DRAM else held.checksum
-                    await self._drop(tier, [[key, ident]], report=False)
-        await client.call("register_done", node=self.name)
+        async with self.startup.logged(StartupStep.LISTING, log, self._who):
+            inventory += await trio.to_thread.run_sync(
+                lambda: [[r.key, r.size, r.checksum, SSD, -1] for r in self.backend.scan()])
+        async with self.startup.logged(StartupStep.REGISTERING, log, self._who) as progress:
+            progress.update(0, len(inventory), "objects")
+            reply = await client.call("register", info={
+                "node": self.name, "address": list(self.address), "host": host_id(),
+                "segment": self.segment.name, "token": self.segment.token.hex(),
+                "dram_capacity": self.dram.capacity, "ssd_capacity": self.ssd_size,
+                "backend": self.backend_name, "shared": caps.shared,
+                "max_value_size": caps.max_value_size, "objects": len(inventory)})
+            self.dram_only = bool(reply.get("dram_only", False))
+            self._adopt_client_token(reply.get("client_token"))
+            for start in range(0, len(inventory), REGISTER_CHUNK):
+                chunk = inventory[start:start + REGISTER_CHUNK]
+                reply = await client.call("register_objects", node=self.name, objects=chunk)
+                progress.update(start + len(chunk), len(inventory), "objects")
+                for key, tier in reply["conflicts"]:
+                    log.warning("node %s: %r conflicts with the cluster's copy; dropping "
+                                "ours", self.name, key)
+                    held = self.dram.get(key) if tier == DRAM else self.backend.stat(key)
+                    if held is not None:
+                        ident = held.offset if tier == DRAM else held.checksum
+                        await self._drop(tier, [[key, ident]], report=False)
+            await client.call("register_done", node=self.name)
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
 
     def _adopt_client_token(self, token: Any) -> None:

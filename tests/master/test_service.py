@@ -4,11 +4,13 @@ flush reports only what still fails, and housekeeping survives its own failures.
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import trio
 import trio.testing
 
-from kvstored.errors import NoSpaceError
+from kvstored.errors import NoSpaceError, UnreachableError
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.master.table import SSD
@@ -186,5 +188,39 @@ def test_a_recovery_waiting_for_a_node_that_leaves_returns_at_once():
         assert results["recover"]["missing"] == ["n1"]
         assert set(results["recover"]["reports"]) == {"n2"}
         assert trio.current_time() < 10
+
+    _run(main)
+
+
+def test_a_registering_node_is_starting_takes_no_puts_and_is_not_declared_dead(monkeypatch):
+    """A node sending a large inventory is *starting* (status says how far it got), a
+    put names it instead of saying no node is registered, and sending its objects counts
+    as a sign of life: a registration longer than node_ttl must not drop what it sent."""
+    import kvstored.master.service as service
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(service, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def main() -> None:
+        master = _master()  # node_ttl 10 s
+        await master.op_register(None, {"info": {
+            "node": "n1", "address": ["127.0.0.1", 1], "host": "h", "segment": "s",
+            "token": "00", "dram_capacity": 64 * MiB, "ssd_capacity": 1 << 30,
+            "objects": 30}})
+        for chunk in range(3):  # a chunk every 6 s: 18 s in all, and no heartbeat
+            clock.now += 6.0
+            master.housekeeping(clock.now)
+            await master.op_register_objects(None, {"node": "n1", "objects": [
+                [f"k{chunk}-{i}", 10, 0, SSD, -1] for i in range(10 if chunk < 2 else 5)]})
+            (node,) = (await master.op_status(None, {}))[0]["nodes"]
+            assert node["state"] == "starting" and node["alive"], node
+        assert node["registering"] == {"sent": 25, "objects": 30}
+        with pytest.raises(UnreachableError, match=r"node n1 is starting \(registering its "
+                                                   r"objects with the master: 25 of 30\)"):
+            await master.op_put_target(None, {"keys": ["x"], "sizes": [1]})
+        await master.op_register_done(None, {"node": "n1"})
+        (node,) = (await master.op_status(None, {}))[0]["nodes"]
+        assert node["state"] == "ready" and node["registering"] is None
+        assert len(master.table.objects) == 25
 
     _run(main)
