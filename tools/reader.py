@@ -80,7 +80,7 @@ def _load(paths: list[Path], fmt: str, block_size: int | None, bad: BadLines,
                                "convert them to one first")
         fmt = found.pop()
     if fmt == "sessions":
-        return read_sessions(paths, block_size, bad)
+        return read_sessions(paths, block_size, bad, progress)
     if fmt == "binary":
         traces = [binfile.read(p) for p in paths]
         try:

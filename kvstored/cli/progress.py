@@ -43,16 +43,20 @@ def progress_bar(enabled: bool) -> Iterator[ProgressFn | None]:
     started = time.monotonic()
     task = bar.add_task("starting", total=1.0)
     shown = False
+    phase = ""
 
     def update(done: float, total: float, label: str) -> None:
-        nonlocal shown
+        nonlocal shown, phase
         if not shown and time.monotonic() - started > SHOW_AFTER:
             bar.start()
             shown = True
-        if total > 0:
-            bar.update(task, total=1.0, completed=done / total, description=label)
-        else:
-            bar.update(task, total=None, description=label)
+        # The bar redraws ten times a second on its own; a new phase ("reading the
+        # trace: ...", then "replaying") is drawn at once, so a short one is seen too.
+        new_phase = label.partition(":")[0] != phase
+        phase = label.partition(":")[0]
+        bar.update(task, total=1.0 if total > 0 else None,
+                   completed=done / total if total > 0 else 0.0, description=label,
+                   refresh=shown and new_phase)
 
     try:
         yield update

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 
 from kvstored.cli.connection import (
+    ClientSettings,
     client_options,
     client_settings,
     json_option,
@@ -27,6 +28,7 @@ from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.params import ExistingDirectory, ExistingFile
 from kvstored.cli.program import state
+from kvstored.cli.progress import progress_bar, wait_showing
 from kvstored.errors import NotFoundError
 from kvstored.units import format_size, parse_size
 
@@ -159,8 +161,16 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
     With --wait, exits 1 if an offload failed or the nodes did not finish in time.
     """
     settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=wait) as client:
-        reply = client.call("flush", node=node, wait=wait, timeout=settings.wait_timeout)
+    with open_client(settings, waits=wait) as client, _StatusPoller(settings) as status:
+        def left() -> tuple[float, float, str]:
+            remaining = sum(n.get("queued_offloads", 0) for n in status.nodes(node))
+            status.most = max(status.most, remaining)
+            return (status.most - remaining, status.most,
+                    f"flush: {remaining:,} objects still to write to SSD")
+
+        reply = wait_showing(
+            lambda: client.call("flush", node=node, wait=wait, timeout=settings.wait_timeout),
+            left, enabled=wait and not as_json)
     reply.pop("ok", None)
     if as_json:
         _print_json(reply)
@@ -248,8 +258,17 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
     if backend:
         raise click.UsageError("--backend only applies with --offline DIR")
     settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=True) as client:
-        reply = client.call("recover", node=node, repair=repair, timeout=settings.wait_timeout)
+    with open_client(settings, waits=True) as client, _StatusPoller(settings) as status:
+        def checking() -> tuple[float, float, str]:
+            if status.most == 0:  # the nodes it waits for: counted once
+                status.most = len(status.nodes(node))
+            nodes = f"{status.most} node{'s' * (status.most != 1)}"
+            return 0, 0, f"recover: {nodes} reading back and checking every SSD record"
+
+        reply = wait_showing(
+            lambda: client.call("recover", node=node, repair=repair,
+                                timeout=settings.wait_timeout),
+            checking, enabled=not as_json)
     reports = reply["reports"]
     if as_json:
         _print_json({"reports": reports, "missing": reply["missing"]})
@@ -261,6 +280,32 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
         raise QuietError(f"node {_some(reply['missing'])} did not report back within "
                          f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
                          "its log", ExitCode.FAILURE)
+
+
+class _StatusPoller:
+    """The master's status over a connection of its own (the command's connection is
+    busy waiting), opened at the first poll: what a progress bar shows while a flush or
+    a recover waits on the nodes."""
+
+    def __init__(self, settings: ClientSettings) -> None:
+        self.settings = settings
+        self.client: Any = None
+        #: The largest count seen so far: the bar's whole.
+        self.most = 0
+
+    def nodes(self, only: str | None) -> list[dict[str, Any]]:
+        """The live nodes (only the one named ``only``, if given)."""
+        if self.client is None:
+            self.client = open_client(self.settings)
+        return [n for n in self.client.call("status")["nodes"]
+                if n["alive"] and only in (None, n["node"])]
+
+    def __enter__(self) -> _StatusPoller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.client is not None:
+            self.client.close()
 
 
 def _fail_on_problems(problems: list[dict[str, Any]]) -> None:
@@ -277,9 +322,18 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
     # A backend error (no store there, a damaged stamp, a running node holding it...) is
     # mapped to its exit code by kvstored.cli.errors.
     name = identify(directory, backend, repair=repair)
-    with open_offline(directory, name, repair=repair) as store:
+    with open_offline(directory, name, repair=repair) as store, \
+            progress_bar(enabled=not as_json) as progress:
+        if progress:
+            progress(0, 0, f"recover: checking {directory}")
         report = store.check(repair=repair)
-        records = sum(1 for _ in store.scan(verify=True))
+        total = store.usage().objects
+        records = 0
+        for _ in store.scan(verify=True):
+            records += 1
+            if progress and records % 256 == 0:
+                progress(records, total, f"recover: {records:,} of {total:,} records "
+                                         "read back and verified")
     problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
                  "action": p.action} for p in report.problems]
     if as_json:
