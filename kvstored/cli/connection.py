@@ -24,6 +24,7 @@ import click
 import kvstored
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.cli.params import setting_option
 from kvstored.cli.program import CliState, debug_option, state
 from kvstored.client import Client
 from kvstored.config import load_config
@@ -56,16 +57,16 @@ def client_options(function: Callable) -> Callable:
     """``--master``, ``--token-file``, ``--timeout``, ``--config`` and ``--debug``: on the
     ``kvstore`` group and on each command that talks to a cluster, the command's winning."""
     for option in reversed((
-        click.option("--master", metavar="HOST:PORT", expose_value=False,
-                     callback=_remember("master"),
-                     help="The master's address [client.master, env KVSTORE_MASTER; "
-                          "default 127.0.0.1:7700]."),
-        click.option("--token-file", type=click.Path(dir_okay=False), expose_value=False,
-                     callback=_remember("token_file"),
-                     help="The cluster's shared secret [security.token_file]."),
-        click.option("--timeout", metavar="DURATION", expose_value=False,
-                     callback=_remember("timeout"),
-                     help="Bound of one request, e.g. 10s [client.timeout; default 30s]."),
+        setting_option("--master", key="client.master", metavar="HOST:PORT",
+                       expose_value=False, callback=_remember("master"),
+                       help="The master's address (also $KVSTORE_MASTER)."),
+        setting_option("--token-file", key="security.token_file",
+                       type=click.Path(dir_okay=False), expose_value=False,
+                       callback=_remember("token_file"),
+                       help="The cluster's client token, which its master created."),
+        setting_option("--timeout", key="client.timeout", metavar="DURATION",
+                       expose_value=False, callback=_remember("timeout"),
+                       help="Bound of one request, e.g. 10s."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      expose_value=False, callback=_remember("config_file"),
                      help="A TOML configuration file [default: $KVSTORED_CONFIG]."),

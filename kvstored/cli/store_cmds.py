@@ -26,7 +26,7 @@ from kvstored.cli.connection import (
 )
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingDirectory, ExistingFile
+from kvstored.cli.params import ExistingDirectory, ExistingFile, setting_option
 from kvstored.cli.program import state
 from kvstored.cli.progress import progress_bar, wait_showing
 from kvstored.errors import NotFoundError
@@ -34,9 +34,9 @@ from kvstored.units import format_size, parse_size
 
 console = Console()
 
-wait_timeout_option = click.option(
-    "--wait-timeout", metavar="DURATION",
-    help="How long to wait for the nodes [client.wait_timeout; default 30m].")
+wait_timeout_option = setting_option(
+    "--wait-timeout", key="client.wait_timeout", metavar="DURATION",
+    help="How long to wait for the nodes.")
 
 
 def _print_json(document: Any) -> None:
@@ -83,7 +83,8 @@ def put(client, key: str, source: str) -> None:
 @click.command()
 @click.argument("key")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
-              help="Write here instead of stdout (created only once the value is read).")
+              show_default=True,
+              help="Write here instead of stdout (-) (created only once the value is read).")
 @store_command
 def get(client, key: str, output: str) -> None:
     """Write the value of KEY to stdout or a file."""
