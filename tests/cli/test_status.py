@@ -87,8 +87,9 @@ def test_status_of_a_real_cluster_at_80_columns(spawn, tmp_path):
     nodes = [spawn("node", "--master", master.addr, "--listen", "127.0.0.1:0", "--name", name,
                    "--data", str(tmp_path / f"node{i}"), "--dram", "16MiB", "--ssd", "64MiB",
                    "--backend", "file-per-key") for i, name in enumerate(NAMES)]
-    wait_for(lambda: len(json.loads(kvstore_ok("status", "--json", master=master.addr))
-                         ["nodes"]) == len(NAMES), what="every node registered")
+    wait_for(lambda: [n["state"] for n in json.loads(kvstore_ok(
+        "status", "--json", master=master.addr))["nodes"]] == ["ready"] * len(NAMES),
+        what="every node registered")
     run = kvstore("status", master=master.addr, env={"COLUMNS": "80"})
     assert run.returncode == 0, run.stderr
     _assert_fits_and_whole(run.stdout.decode(), [*NAMES, *(n.addr for n in nodes)])

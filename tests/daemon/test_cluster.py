@@ -35,7 +35,9 @@ def _start_node(spawn, tmp_path, master, name, *extra, dram="32MiB", data=None):
 
 
 def _live_nodes(master: str) -> int:
-    return sum(1 for n in _status(master)["nodes"] if n["alive"])
+    """The nodes that take puts: a node is alive from its hello on, and ready once it has
+    registered its objects (a put placed on it before then is refused)."""
+    return sum(1 for n in _status(master)["nodes"] if n["state"] == "ready")
 
 
 def test_three_nodes_share_one_namespace(spawn, tmp_path):
