@@ -28,15 +28,15 @@ from tests.docs.blocks import (
     OUTPUT_CHECKED,
     PREAMBLE,
     PYTHON_PAGES,
-    ROOT,
     RUN,
     blocks,
     missing_output,
     script,
 )
+from tests.shared_data import SHARED, missing_reason
 
 BIN = Path(sys.executable).parent
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
+SHARED_TRACES = SHARED / "traces"
 
 #: (page, how its first command starts) -> why the block cannot run here.
 SKIP: dict[tuple[str, str], str] = {
@@ -79,7 +79,7 @@ def _skip_reason(block) -> str | None:
     if block.lang == "python" and block.page not in PYTHON_PAGES:
         return "a library example; its page's own test runs it"
     if any(t in block.body for t in NEEDS_SHARED) and not SHARED_TRACES.is_dir():
-        return f"needs the public traces in {SHARED_TRACES} (../shared beside the checkout)"
+        return missing_reason(SHARED_TRACES)
     return None
 
 
