@@ -180,8 +180,11 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
         click.echo(f"flush {state_word}: {reply['queued']} objects offloaded"
                    + (f", {len(reply['failed'])} failed" if reply["failed"] else ""))
     if wait and reply["failed"]:
-        raise QuietError(f"{len(reply['failed'])} objects could not be offloaded; the node "
-                         "logs say why", ExitCode.FAILURE)
+        # The node's reason names the key and what to do (a full disk, a bad record).
+        failed = len(reply["failed"])
+        raise QuietError(f"{failed:,} objects could not be offloaded: {reply['failed'][0][1]}"
+                         + ("; --json lists each with its reason" if failed > 1 else ""),
+                         ExitCode.FAILURE)
     if wait and not reply["done"]:
         raise QuietError(f"{reply.get('remaining', '?')} objects were not durable after "
                          f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "

@@ -130,6 +130,11 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
             report = json.loads(run.stdout)
             assert report["failed"], "offload to a full disk should report failures"
             assert any("full" in reason for _, reason in report["failed"]), report["failed"]
+            # On a terminal's stderr too: what failed and why, not "the node logs say why".
+            told = kvstore("flush", "--wait", master=master.addr)
+            assert told.returncode == 1, told.stderr.decode()
+            assert b"could not be offloaded: " in told.stderr, told.stderr.decode()
+            assert b"file system is full" in told.stderr, told.stderr.decode()
             for key, value in values.items():
                 assert c.get(key) == value, key
             with pytest.raises(NoSpaceError):
