@@ -11,8 +11,9 @@ A fenced block's language says what it is:
 - ``text``, ``toml``, ``json``, ``yaml`` and the rest: shown, never run.
 
 A command that starts a daemon role in the foreground (``kvstored up``, ``master``,
-``node``) or a FUSE mount in the foreground runs in the background, and the next line
-waits until it serves, as an operator's next terminal would.
+``node``) or a FUSE mount in the foreground runs in the background (``$!`` is its pid),
+and the next line waits until it serves (a node: until it has registered its objects),
+as an operator's next terminal would.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def script(block: Block) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Defined before every block: start a daemon and wait for its banner; mount in the
+#: Defined before every block: start a daemon and wait until it serves; mount in the
 #: foreground and wait for the mount; check an expected exit code.
 PREAMBLE = r"""
 __daemon() {
@@ -139,7 +140,10 @@ __daemon() {
     "$@" >"$log" 2>&1 &
     echo $! >>"$KVSTORED_DOCS_LOGS/pids"
     local deadline=$((SECONDS + 60))
-    until grep -qE '^kvstored (up|master|node): (listening on|data server on)' "$log"; do
+    # A node serves from its banner on, and takes puts once it has registered its
+    # objects: wait for that too, as an operator waits for `kvstore status` to say ready.
+    local ready='^kvstored (up|master): listening on|registered [0-9]+ objects with the master'
+    until grep -qE "$ready" "$log"; do
         if ! kill -0 $! 2>/dev/null || [ $SECONDS -gt $deadline ]; then
             echo "did not start: $*"; cat "$log"; return 1
         fi

@@ -36,6 +36,10 @@ from tests.docs.blocks import (
 from tests.shared_data import SHARED, missing_reason
 
 BIN = Path(sys.executable).parent
+
+# One driver runs every page (the simulator's sweeps and the runbook's node_ttl waits
+# among them): minutes, more than the suite's per-test timeout.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 SHARED_TRACES = SHARED / "traces"
 
 #: (page, how its first command starts) -> why the block cannot run here.
@@ -112,7 +116,7 @@ def _driver(work: Path, logs: Path, runs: Path) -> str:
     """One bash script that sets the namespaces up and runs every block in turn."""
     lines = ["set -u", "ip link set lo up",
              "ip addr add 10.0.0.1/32 dev lo", "ip addr add 10.0.0.5/32 dev lo",
-             "mount -t tmpfs -o size=64m kvstored-docs /mnt", f"cd {work}",
+             "mount -t tmpfs -o size=256m kvstored-docs /mnt", f"cd {work}",
              _STOPPED_NODE.format(logs=logs)]
     for index, block in enumerate(RUNNABLE):
         if _skip_reason(block):
@@ -150,7 +154,7 @@ def ran(tmp_path_factory):
     driver = scratch / "driver.sh"
     driver.write_text(_driver(work, logs, runs))
     run = subprocess.run(["unshare", "--net", "--mount", "--fork", "bash", str(driver)],
-                         env=env, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=1100)
     assert run.returncode == 0, run.stdout + run.stderr
     return runs
 
