@@ -4,7 +4,8 @@ clients, measured on a real ``kvstored master`` and ``kvstored node`` (one proce
 For each backend named (file-per-key and bucket by default), on a fresh store:
 
 1. **Puts.** ``--objects`` small objects (``--value-size`` bytes each) are put in batches,
-   then flushed to SSD (``flush --wait``); the put rate is recorded on the way.
+   with a flush to SSD (``flush --wait``) every ``FLUSH_EVERY`` objects so that DRAM
+   always has room; the rate of puts and flushes together is recorded on the way.
 2. **The master's memory per object:** the growth of the master process's resident set
    (VmRSS) from before the first put to after the flush, over the objects it then holds,
    with the replicas it holds per tier (an object put and flushed has a DRAM and an SSD
@@ -56,6 +57,10 @@ from kvstored.units import format_size, parse_size
 
 BACKENDS = ("file-per-key", "bucket")
 PUT_BATCH = 1024
+#: Objects put between two flushes to SSD: the DRAM tier (``DRAM``) holds them whole even
+#: at its 4 KiB granule, so the puts never wait for the offloads to catch up.
+FLUSH_EVERY = 16 * PUT_BATCH
+DRAM = 256 << 20
 #: The object count the first lookup latencies are taken at.
 SMALL_TABLE = 1000
 #: Lookups per round and kind.
@@ -217,15 +222,25 @@ def key_of(index: int) -> str:
     return f"scale/{index:010d}"
 
 
-def put_objects(client: kvstored.Client, first: int, end: int, value: bytes) -> float:
-    """Puts keys ``first..end-1``; returns objects per second."""
+def put_objects(client: kvstored.Client, first: int, end: int, value: bytes,
+                say: Callable[[str], None] | None = None) -> float:
+    """Puts keys ``first..end-1`` and flushes them to SSD; returns objects per second."""
     started = time.perf_counter()
+    step = max(FLUSH_EVERY, (end - first) // 10 // FLUSH_EVERY * FLUSH_EVERY)
     for start in range(first, end, PUT_BATCH):
         keys = [key_of(i) for i in range(start, min(end, start + PUT_BATCH))]
         stored = client.batch_put(keys, [value] * len(keys))
         if not all(stored):
             raise BenchError(f"{stored.count(False)} of {len(keys)} puts from {keys[0]} "
                              f"were refused (is --ssd large enough?)")
+        if (start - first + PUT_BATCH) % FLUSH_EVERY == 0 or start + PUT_BATCH >= end:
+            flushed = client.call("flush", wait=True, timeout=3600)
+            if not flushed.get("done", False):
+                raise BenchError(f"the flush to SSD did not finish: {flushed}")
+            done = start + PUT_BATCH - first
+            if say is not None and done % step == 0:
+                say(f"  {first + done:,} objects put and flushed "
+                    f"({done / (time.perf_counter() - started):.0f}/s)")
     return (end - first) / (time.perf_counter() - started)
 
 
@@ -312,17 +327,14 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
                     say: Callable[[str], None]) -> dict[str, Any]:
     value = np.random.default_rng(7).bytes(value_size)
     ssd = max(64 << 20, objects * (value_size + 4096) * 2)  # a limit, not allocated
-    store = Store(work, backend, dram=64 << 20, ssd=ssd)
+    store = Store(work, backend, dram=DRAM, ssd=ssd)
     try:
         rss_empty = store.master.rss()
         small = min(SMALL_TABLE, objects)
         put_objects(store.client, 0, small, value)
         lookups_small = [time_lookups(store.client, small, seed=r) for r in range(rounds)]
         say(f"{backend}: putting {objects:,} objects of {value_size} B ...")
-        put_rate = put_objects(store.client, small, objects, value) if objects > small else 0.0
-        flushed = store.client.call("flush", wait=True, timeout=3600)
-        if not flushed.get("done", False):
-            raise BenchError(f"{backend}: the flush to SSD did not finish: {flushed}")
+        put_rate = put_objects(store.client, small, objects, value, say) if objects > small else 0.0
         status = store.status()
         rss_full = store.master.rss()
         master = {"rss_empty": rss_empty, "rss_full": rss_full, "objects": status["objects"],
