@@ -61,6 +61,9 @@ PUT_BATCH = 1024
 #: at its 4 KiB granule, so the puts never wait for the offloads to catch up.
 FLUSH_EVERY = 16 * PUT_BATCH
 DRAM = 256 << 20
+#: Disk a small object may take on SSD, padding and index included (the bucket backend
+#: used 6.8 KiB per 256-byte object in a run of 950k): the run needs this much free.
+SSD_PER_OBJECT = 8192
 #: The object count the first lookup latencies are taken at.
 SMALL_TABLE = 1000
 #: Lookups per round and kind.
@@ -308,10 +311,11 @@ def run_clients(store: Store, processes: int, objects: int, seconds: float,
             if worker.is_alive():
                 worker.kill()
     total = sum(f["ops"] for f in figures)
-    if any(f["misses"] for f in figures):
-        raise BenchError(f"{sum(f['misses'] for f in figures)} gets of stored keys missed")
+    # A get of a stored key that misses is a finding, not a reason to drop the run: it
+    # is counted and reported (the store answers a miss rather than wrong bytes).
     return {"ops_per_s": total / seconds, "per_process_ops_per_s": total / seconds / processes,
-            "p50_us": statistics.median(f["p50_us"] for f in figures)}
+            "p50_us": statistics.median(f["p50_us"] for f in figures),
+            "misses": sum(f["misses"] for f in figures), "gets": total}
 
 
 def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -326,7 +330,9 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
                     clients: list[int], seconds: float,
                     say: Callable[[str], None]) -> dict[str, Any]:
     value = np.random.default_rng(7).bytes(value_size)
-    ssd = max(64 << 20, objects * (value_size + 4096) * 2)  # a limit, not allocated
+    # A limit, not an allocation: far above what the objects take, so that no backend
+    # evicts any (the bucket backend accounts about 9 KiB per 256-byte object).
+    ssd = max(1 << 30, objects * (value_size + SSD_PER_OBJECT) * 4)
     store = Store(work, backend, dram=DRAM, ssd=ssd)
     try:
         rss_empty = store.master.rss()
@@ -357,8 +363,10 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
             per_round = [run_clients(store, processes, objects, seconds, seed=r)
                          for r in range(rounds)]
             client_figures[str(processes)] = {"rounds": per_round, "median": _median_of(per_round)}
+            misses = sum(r["misses"] for r in per_round)
             say(f"{backend}: {processes} client process(es): "
-                f"{client_figures[str(processes)]['median']['ops_per_s']:.0f} gets/s")
+                f"{client_figures[str(processes)]['median']['ops_per_s']:.0f} gets/s"
+                + (f"; WARNING: {misses} gets of stored keys missed" if misses else ""))
         return {"put_objects_per_s": put_rate, "master": master,
                 "lookup": {f"at_{small}": _median_of(lookups_small),
                            f"at_{objects}": _median_of(lookups_full)},
@@ -443,6 +451,14 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
     if work_dir is None:
         temporary = Path(tempfile.mkdtemp(prefix="kvstored-bench-scale-"))
         work_dir = temporary
+    work_dir.mkdir(parents=True, exist_ok=True)
+    disk_needed = objects * (value_bytes + SSD_PER_OBJECT)
+    if shutil.disk_usage(work_dir).free < disk_needed:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise BenchError(f"{work_dir} has {format_size(shutil.disk_usage(work_dir).free)} "
+                         f"free; {objects:,} objects may take {format_size(disk_needed)}. "
+                         f"Pass --dir elsewhere or fewer --objects.")
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
     try:

@@ -47,6 +47,7 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
         assert len(figures["rounds"]) == 2
         median = figures["median"]
         assert median["ops_per_s"] > 0 and median["p50_us"] > 0
+        assert all(r["gets"] > 0 and r["misses"] == 0 for r in figures["rounds"])
         assert abs(median["per_process_ops_per_s"] * int(processes)
                    - median["ops_per_s"]) < 1e-6 * median["ops_per_s"] + 1e-9
     assert result["put_objects_per_s"] > 0
