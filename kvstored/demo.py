@@ -102,9 +102,7 @@ def main() -> int:
             ok &= intact == len(keys)
             console.rule("[bold]5. damage one record on disk")
             victim = keys[5]
-            node = next(iter(c._nodes))
-            where = c._node_conn(node).request({"op": "locate", "keys": [victim]})
-            ssd = where["locations"][0]["ssd"]
+            ssd = next(iter(c.locate(victim).values()))["ssd"]
             console.print(f"{victim} is at {ssd['path']} offset {ssd['offset']}")
             with open(ssd["path"], "r+b") as f:
                 f.seek(ssd["offset"] + 4096)

@@ -49,13 +49,13 @@ class LiveSource(Source):
         while True:
             reply = await self._call("list", prefix="", after=cursor, limit=PAGE,
                                      node=node, tier=tier)
-            for key, size, _tiers in reply["objects"]:
+            for key, size in zip(reply["keys"], reply["sizes"]):
                 yield Entry(key, size)
             if not reply["more"]:
                 return
             # A filtered page may hold no object yet have more to come: the master says
             # where it stopped looking.
-            cursor = reply.get("after") or reply["objects"][-1][0]
+            cursor = reply.get("after") or reply["keys"][-1]
 
     async def _stat(self, key: str) -> dict[str, Any]:
         try:
@@ -116,12 +116,12 @@ class LiveSource(Source):
         after = None
         while True:
             reply = await self._call("list", prefix=parsed.prefix, after=after, limit=PAGE)
-            for key, _size, _tiers in reply["objects"]:
+            for key in reply["keys"]:
                 if digest(key) == parsed.digest:
                     return key
-            if not reply["more"] or not reply["objects"]:
+            if not reply["more"] or not reply["keys"]:
                 return None
-            after = reply["objects"][-1][0]
+            after = reply["keys"][-1]
 
     # -- cluster -----------------------------------------------------------------------
 
