@@ -146,7 +146,7 @@ def lost_connection(op: str, where: str, why: BaseException | str) -> Unreachabl
     or the peer answered something that is not the op's reply); the caller has closed
     the connection."""
     text = why if isinstance(why, str) else str(why) or type(why).__name__
-    return UnreachableError(f"{op} on {where} failed: {text}")
+    return UnreachableError(f"{op}: connection to {where} failed: {text}")
 
 
 def _table(*specs: OpSpec[Any, Any]) -> dict[str, OpSpec[Any, Any]]:
@@ -175,8 +175,11 @@ class Hello(Message):
 
 @message
 class HelloReply(Message):
-    service: str
-    role: Role
+    """A server's answer to a hello. Clients need none of its fields to work (a peer may
+    answer with ``ok`` alone); each says something about the server."""
+
+    service: str = ""
+    role: Role = Role.CLIENT
     #: The master's: how often nodes send heartbeats.
     heartbeat_interval: float | None = None
     #: A node's: the most bytes of SSD reads one get may need staged
