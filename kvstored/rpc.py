@@ -411,7 +411,7 @@ class Service:
                 raise UnauthorizedError(f"{op} is a {spec.role.value} operation and this "
                                         f"connection is authenticated as a {conn.role.value}")
             result = await binding.handler(conn, spec.check(header))
-            if result is ANSWERED:
+            if isinstance(result, Answered):
                 return
             response = OpSpec.reply_header(result)
         except StoreError as exc:

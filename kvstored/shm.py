@@ -235,7 +235,8 @@ class _Mapped:
         self._data = None
         mapping, self._mmap = self._mmap, None
         try:
-            mapping.close()
+            if mapping is not None:
+                mapping.close()
         except BufferError:
             # Views handed out are still alive; the mapping is unmapped when the last of
             # them is released or collected. Never unmap memory under a live view.

@@ -65,6 +65,7 @@ class ConnectionClosed(Exception):
 
 def pack_header(header: dict[str, Any], payload_len: int = 0) -> bytes:
     body = msgpack.packb(header, use_bin_type=True)
+    assert body is not None, "packb returns None only when given a stream to write to"
     if len(body) > MAX_HEADER:
         raise FrameError(f"header of {len(body)} bytes exceeds {MAX_HEADER}; split the batch")
     return PREFIX.pack(MAGIC, len(body), payload_len) + body

@@ -23,7 +23,7 @@ import uuid
 import numpy as np
 import pytest
 
-from kvstored.node import segment as segment_module
+from kvstored import shm as segment_module
 from kvstored.shm import (
     DATA_OFFSET,
     FORMAT_VERSION,

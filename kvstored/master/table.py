@@ -207,8 +207,8 @@ class ObjectTable:
     def mark_removing(self, key: str, node: str, tier: Tier) -> Replica | None:
         """Stop new leases on one replica; the caller frees it once unleased."""
         meta = self.objects.get(key)
-        replica = meta.replica(node, tier) if meta else None
-        if replica is None:
+        replica = meta.replica(node, tier) if meta is not None else None
+        if meta is None or replica is None:
             return None
         if replica.state == COMPLETE:
             replica.state = REMOVING
@@ -222,8 +222,8 @@ class ObjectTable:
         checksum); a replica of another version (the key was removed and written again
         meanwhile) is kept. Returns True if the object is now gone."""
         meta = self.objects.get(key)
-        replica = meta.replica(node, tier) if meta else None
-        if replica is None:
+        replica = meta.replica(node, tier) if meta is not None else None
+        if meta is None or replica is None:
             return False
         if ident is not None and ident != (replica.offset if tier == DRAM else meta.checksum):
             return False
