@@ -24,6 +24,7 @@ from rich.console import Console
 
 import kvstored
 from kvstored.config import load_config
+from kvstored.protocol import ReplicaState
 from kvstored.sdk.testing import payload
 
 console = Console(width=max(120, shutil.get_terminal_size().columns))
@@ -59,7 +60,7 @@ def kvstore(master: str, *args: str) -> subprocess.CompletedProcess:
 
 def tiers_of(client, key: str) -> str:
     info = client.stat(key)
-    return "+".join(sorted(r.tier for r in info.replicas if r.state == "complete"))
+    return "+".join(sorted(r.tier for r in info.replicas if r.state is ReplicaState.COMPLETE))
 
 
 def main() -> int:

@@ -17,6 +17,7 @@ from kvstored.client import Client
 from kvstored.errors import NotFoundError
 from kvstored.fuse.names import ParsedName, digest
 from kvstored.fuse.sources import PAGE, Entry, ObjectGone, Source, Space
+from kvstored.protocol import ReplicaState, Tier
 
 _XATTRS = ("key", "tier", "size", "checksum", "replicas", "location", "reads")
 
@@ -69,7 +70,7 @@ class LiveSource(Source):
         except ObjectGone:
             return None
         places = frozenset((r["node"], r["tier"]) for r in obj["replicas"]
-                           if r["state"] == "complete")
+                           if r["state"] == ReplicaState.COMPLETE)
         if not places:
             return None
         return Entry(key, obj["size"], checksum=obj["checksum"], places=places)
@@ -98,9 +99,9 @@ class LiveSource(Source):
                 raise ObjectGone(key)
             return _json(where)
         obj = await self._stat(key)
-        complete = [r for r in obj["replicas"] if r["state"] == "complete"]
+        complete = [r for r in obj["replicas"] if r["state"] == ReplicaState.COMPLETE]
         if name == "tier":
-            tiers = sorted({r["tier"] for r in complete}, key=("dram", "ssd").index)
+            tiers = sorted({r["tier"] for r in complete}, key=list(Tier).index)
             return ",".join(tiers).encode()
         if name == "size":
             return str(obj["size"]).encode()
