@@ -52,6 +52,8 @@ class PolicySpec:
     promote: bool = True         # tiered: copy SSD hits into DRAM
     small_fraction: float = 0.1  # s3fifo: share of the small FIFO
     full_run: bool = False       # replay every request even if underfilled
+    promote_reads: int = 1       # tiered: promote a block on its n-th SSD hit (and later)
+    ssd_fifo: bool = False       # tiered: the SSD evicts oldest first (no trie rule)
 
     @property
     def small_capacity(self) -> int:
@@ -166,6 +168,8 @@ class Replay:
         params.ssd_capacity = spec.ssd_capacity
         params.write_through = int(spec.write_through)
         params.promote = int(spec.promote)
+        params.promote_reads = spec.promote_reads
+        params.ssd_fifo = int(spec.ssd_fifo)
         params.small_capacity = spec.small_capacity
         params.progress = ffi.cast("int64_t *", progress.ctypes.data) \
             if progress is not None else ffi.NULL

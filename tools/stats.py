@@ -137,9 +137,9 @@ def describe(trace: EventTrace, *, warmup: float = 0.5, engine: str = "auto") ->
 def figure(stats: dict, weight: str = "count"):
     """The per-reuse gap histogram (log time axis), and the standard bins of both
     definitions side by side; ``weight`` is "count" or "tokens"."""
-    from kvstored.tools.plots import _pyplot
+    from kvstored.tools.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     gaps = stats["reuseGaps"]
     per_reuse, per_block = gaps["perReuse"], gaps["perBlockMaxGap"]
     key, share_key = ("counts", "share") if weight == "count" else ("tokens", "tokenShare")
