@@ -53,7 +53,8 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     def progress(outcome) -> None:
         if not as_json:
-            mark = "[green]✓[/]" if outcome.passed else "[red]✗[/]"
+            mark = ("[yellow]–[/]" if outcome.not_applicable else
+                    "[green]✓[/]" if outcome.passed else "[red]✗[/]")
             console.print(f" {mark} {outcome.name}", highlight=False)
 
     console.print(f"[bold]kvstored conformance kit[/]: {backend} {options or ''}")
@@ -73,6 +74,10 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
         table.add_column("s", justify="right")
         table.add_column("proves / failure")
         for o in outcomes:
+            if o.not_applicable:
+                table.add_row(o.name, "[yellow]n/a[/]", f"{o.seconds:.2f}",
+                              f"[yellow]not applicable: {o.not_applicable}[/]")
+                continue
             table.add_row(o.name, "[green]pass[/]" if o.passed else "[red]FAIL[/]",
                           f"{o.seconds:.2f}", o.doc if o.passed else f"[red]{o.error}[/]")
         console.print(table)
