@@ -7,11 +7,15 @@ First it opens the backend and prints ``OPEN persistent`` or ``OPEN volatile`` (
 
 ``hold``
     nothing more: it waits for its standard input to close.
+``delete-last``
+    writes batches 0 to ``WRITTEN_BEFORE_DELETE - 1`` (:func:`batch_keys`), printing
+    ``ACK n`` after each batch that returned with every item written, then deletes
+    :func:`deleted_keys` and prints ``DELETED`` once ``batch_delete`` returned, and
+    waits for its standard input to close (so that a delete is the last thing it did).
 ``churn``
-    writes batch 0 (:func:`batch_keys`) and prints ``ACK 0``, deletes its
-    :func:`deleted_keys` and prints ``DELETED`` once ``batch_delete`` returned, then
-    writes batch 1, 2, … printing ``ACK n`` after each batch that returned with every
-    item written, until it is killed.
+    writes batch 0 and prints ``ACK 0``, deletes :func:`deleted_keys` and prints
+    ``DELETED``, then writes batch 1, 2, … printing ``ACK n`` after each, until it is
+    killed.
 
 Keys and values are derived from the batch number, so the parent checks every object
 without being told what was written.
@@ -28,6 +32,7 @@ from kvstored.sdk.testing.kit import BackendSpec, payload, size_for
 
 BATCH = 4
 SIZE_LIMIT = 200_000
+WRITTEN_BEFORE_DELETE = 3
 
 
 def batch_keys(n: int) -> list[str]:
@@ -61,13 +66,18 @@ def main() -> None:
     if program == "hold":
         sys.stdin.read()
         return
-    if not write_batch(backend, 0):
-        print("FAILED the first batch was not written", flush=True)
-        return
-    print("ACK 0", flush=True)
+    before_delete = WRITTEN_BEFORE_DELETE if program == "delete-last" else 1
+    for n in range(before_delete):
+        if not write_batch(backend, n):
+            print(f"FAILED batch {n} was not written", flush=True)
+            return
+        print(f"ACK {n}", flush=True)
     backend.batch_delete(deleted_keys())
     print("DELETED", flush=True)
-    n = 1
+    if program == "delete-last":
+        sys.stdin.read()
+        return
+    n = before_delete
     while True:
         if write_batch(backend, n):
             print(f"ACK {n}", flush=True)
