@@ -53,7 +53,7 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     def progress(outcome) -> None:
         if not as_json:
-            mark = ("[yellow]–[/]" if outcome.not_applicable else
+            mark = ("[yellow]-[/]" if outcome.not_applicable else
                     "[green]✓[/]" if outcome.passed else "[red]✗[/]")
             console.print(f" {mark} {outcome.name}", highlight=False)
 
@@ -68,7 +68,9 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
         print(json.dumps({"backend": backend, "options": raw, "passed": not failed,
                           "checks": [o.__dict__ for o in outcomes]}, indent=1))
     else:
-        table = Table(title=f"{backend}: {len(outcomes) - len(failed)}/{len(outcomes)} passed")
+        skipped = sum(1 for o in outcomes if o.not_applicable)
+        title = f"{backend}: {len(outcomes) - len(failed) - skipped}/{len(outcomes)} passed"
+        table = Table(title=title + (f", {skipped} not applicable" if skipped else ""))
         table.add_column("check")
         table.add_column("result")
         table.add_column("s", justify="right")

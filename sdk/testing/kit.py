@@ -135,7 +135,7 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
-class NotApplicable(Exception):  # noqa: N818  (it is an outcome, not an error)
+class NotApplicable(Exception):
     """Raised by a check that does not apply to this backend, or cannot run on this
     machine; the kit reports it as not applicable, with this reason, never as a pass."""
 

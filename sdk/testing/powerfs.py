@@ -33,10 +33,10 @@ Run as a process (what :class:`kvstored.sdk.testing.powerloss.PowerLossMount` do
 
     python -m kvstored.sdk.testing.powerfs MOUNTPOINT
 
-It prints ``{"ready": MOUNTPOINT}`` once mounted and then obeys one command per line on stdin, answering
-each with one line of JSON: ``cut SURVIVAL SEED`` (power off: the state becomes what the
-disk holds and every operation fails with EIO), ``on`` (power back), ``stats``. End of
-input unmounts and exits. This module is the file system only; it knows nothing of
+It prints ``{"ready": MOUNTPOINT}`` once mounted, then obeys one command per line on
+stdin, answering each with one line of JSON: ``cut SURVIVAL SEED`` (power off: the state
+becomes what the disk holds and every operation fails with EIO), ``on`` (power back),
+``stats``. End of input unmounts and exits. This module is the file system only; it knows nothing of
 backends.
 """
 
@@ -294,7 +294,7 @@ def _serve(mountpoint: str) -> None:
         return entry
 
     class Handle:
-        __slots__ = ("node", "sync", "listing")
+        __slots__ = ("listing", "node", "sync")
 
         def __init__(self, node: Node, sync: bool = False):
             self.node, self.sync, self.listing = node, sync, None

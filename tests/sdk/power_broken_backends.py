@@ -111,3 +111,14 @@ class SkipsDataFlush(BucketBackend):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.engine = _AcknowledgesFlushes(self.engine)
+
+
+class NotPersistent(FilePerKeyBackend):
+    """Honest, but says its objects do not survive a reopen (as a RAM-only backend
+    would): the power-loss checks must report themselves not applicable."""
+
+    @property
+    def capabilities(self):
+        import dataclasses
+
+        return dataclasses.replace(super().capabilities, persistent=False)
