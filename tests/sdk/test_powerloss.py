@@ -213,3 +213,19 @@ def test_not_persistent_is_not_applicable(tmp_path):
     assert {o.name for o in outcomes} == POWER_CHECKS
     for outcome in outcomes:
         assert outcome.not_applicable and "not persistent" in outcome.not_applicable, outcome
+
+
+def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
+    """nvmeof on a loop device writes to the device, not through the power-loss file
+    system: the checks must say so rather than pass."""
+    from tests.backends.test_nvmeof_conformance import attach_loop, detach_loop
+
+    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
+    device = attach_loop(tmp_path / "loop.img")
+    try:
+        outcomes = run_kit("nvmeof", {"engine": "posix", "device": device},
+                           directory=tmp_path, names={"power_cut_keeps_acknowledged"})
+    finally:
+        detach_loop(device)
+    [outcome] = outcomes
+    assert outcome.not_applicable and device in outcome.not_applicable, outcome

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 import threading
@@ -129,6 +130,11 @@ def power_cut(kit: Kit, program: str, survival: float,
                                          f"{CHILD_DEADLINE:.0f} s): {_tail(child_log)}")
                 lines.append(line.strip())
                 _note(cut, lines[-1])
+            foreign = _files_outside(child.pid, mount.mountpoint)
+            if foreign:
+                raise NotApplicable(
+                    f"the backend keeps data outside the power-loss file system "
+                    f"({', '.join(foreign[:3])}), which it cannot make lose power")
             if program == "churn":
                 # land the cut somewhere inside the next batch
                 threading.Event().wait(rng.uniform(0, 0.02))
@@ -144,6 +150,31 @@ def power_cut(kit: Kit, program: str, survival: float,
             yield cut
         finally:
             kit.close_all()
+
+
+def _files_outside(pid: int, mountpoint: Path) -> list[str]:
+    """Block devices and regular files process ``pid`` holds open outside
+    ``mountpoint``: data the power-loss file system never sees."""
+    found = []
+    folder = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    inside = str(mountpoint) + os.sep
+    for name in names:
+        if name in ("0", "1", "2"):
+            continue  # the pipes and log the kit gave it
+        try:
+            target = os.readlink(os.path.join(folder, name))
+            mode = os.stat(os.path.join(folder, name)).st_mode
+        except OSError:
+            continue  # closed meanwhile
+        if not target.startswith("/") or target.startswith(inside):
+            continue  # pipes, sockets, io_uring rings, and the store itself
+        if stat.S_ISBLK(mode) or stat.S_ISREG(mode):
+            found.append(target)
+    return sorted(set(found))
 
 
 def _note(cut: PowerCut, line: str) -> None:
