@@ -183,6 +183,7 @@ def test_o_direct_writes_need_a_flush(mount, kind):
 
 CASES = {
     "SkipsFileFsync": ({}, {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
+    "TrustsSyncedHeaders": ({}, {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
     "SkipsDirectoryFsync": ({}, {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
     "DeletesLazily": ({}, {"power_cut_keeps_acknowledged"}),
     "SkipsDataFlush": ({"engine": "posix"},
