@@ -53,6 +53,9 @@ from dataclasses import asdict, dataclass, field
 
 PAGE = 4096
 ROOT_INODE = 1  # pyfuse3.ROOT_INODE, without importing pyfuse3 for the model alone
+#: One shared all-zero page: glibc's posix_fallocate emulation writes a zero byte into
+#: every block of a preallocated volume, and those pages need no memory of their own.
+ZERO_PAGE = bytes(PAGE)
 
 
 @dataclass
@@ -125,11 +128,12 @@ class Node:
             index, within = divmod(position, PAGE)
             take = min(PAGE - within, len(view))
             if within == 0 and take == PAGE:
-                self.pages[index] = bytes(view[:PAGE])
+                page = bytes(view[:PAGE])
             else:
-                page = bytearray(self.pages.get(index, bytes(PAGE)))
-                page[within:within + take] = view[:take]
-                self.pages[index] = bytes(page)
+                edited = bytearray(self.pages.get(index, ZERO_PAGE))
+                edited[within:within + take] = view[:take]
+                page = bytes(edited)
+            self.pages[index] = ZERO_PAGE if page == ZERO_PAGE else page
             self.dirty.add(index)
             view = view[take:]
             position += take

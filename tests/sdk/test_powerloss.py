@@ -156,6 +156,20 @@ def test_mount_keeps_only_what_was_synced(mount):
     assert counters["cuts"] == 1 and counters["lost_inodes"] == 1
 
 
+def test_o_dsync_writes_are_durable_when_they_return(mount):
+    root = mount.mountpoint
+    fd = os.open(root / "log", os.O_WRONLY | os.O_CREAT | os.O_DSYNC, 0o600)
+    try:
+        os.write(fd, b"synced by the flag")
+    finally:
+        os.close(fd)
+    _fsync_dir(root)
+    assert mount.stats()["sync_opens"] == 1
+    mount.cut(0.0, seed=1)
+    mount.power_on()
+    assert (root / "log").read_bytes() == b"synced by the flag"
+
+
 @pytest.mark.parametrize("kind", ["posix", "uring"])
 def test_o_direct_writes_need_a_flush(mount, kind):
     """O_DIRECT bypasses the page cache, not a drive's write cache: the model loses such
@@ -214,6 +228,37 @@ def test_not_persistent_is_not_applicable(tmp_path):
     assert {o.name for o in outcomes} == POWER_CHECKS
     for outcome in outcomes:
         assert outcome.not_applicable and "not persistent" in outcome.not_applicable, outcome
+
+
+def _kit_without_fuse(tmp_path, environ) -> dict:
+    """Run a power check where /dev/fuse does not exist (an empty /dev in a private
+    mount namespace), and return the kit's JSON report."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("hiding /dev/fuse needs root and unshare (util-linux)")
+    script = (f"mount -t tmpfs none /dev && exec {sys.executable} -m kvstored.sdk.testing "
+              f"file-per-key -k power_cut_after_create --json --dir {tmp_path}")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **environ})
+    assert done.stdout, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_without_fuse_the_checks_are_not_applicable(tmp_path):
+    environ = {"KVSTORED_REQUIRE": ""}
+    report = _kit_without_fuse(tmp_path, environ)
+    [outcome] = report["checks"]
+    assert report["passed"] and "/dev/fuse" in outcome["not_applicable"], outcome
+
+
+def test_without_fuse_the_checks_fail_when_fuse_is_required(tmp_path):
+    report = _kit_without_fuse(tmp_path, {"KVSTORED_REQUIRE": "fuse"})
+    [outcome] = report["checks"]
+    assert not report["passed"] and "KVSTORED_REQUIRE" in outcome["error"], outcome
 
 
 def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
