@@ -92,11 +92,6 @@ class Kit:
         backend.close()
         return self.open(**self._last_extra)
 
-    def adopt(self, backend: StorageBackend) -> StorageBackend:
-        """Close ``backend``, opened elsewhere than on the workspace, with the others."""
-        self._open.append(backend)
-        return backend
-
     def abandon(self, backend: StorageBackend) -> None:
         """Leave ``backend`` open when the check ends (threads the check gave up on still
         use it, so closing it could hang)."""
