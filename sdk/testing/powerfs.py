@@ -208,6 +208,9 @@ class Node:
         self.log.clear()
         last = -(-self.durable_size // PAGE)
         self.pages = {i: p for i, p in self.durable_pages.items() if i < last}
+        index, within = divmod(self.durable_size, PAGE)
+        if within and index in self.pages:  # bytes past the end read as zeros if it grows
+            self.pages[index] = self.pages[index][:within] + bytes(PAGE - within)
         self.durable_pages = dict(self.pages)
         self.size = self.durable_size
         self.dirty.clear()
@@ -287,7 +290,7 @@ def _serve(mountpoint: str) -> None:
         entry.entry_timeout = 0
         entry.attr_timeout = 0
         entry.st_mode = node.mode
-        entry.st_nlink = max(node.nlink, 1 if not node.is_dir else 2)
+        entry.st_nlink = max(node.nlink, 2) if node.is_dir else node.nlink
         entry.st_uid = node.uid
         entry.st_gid = node.gid
         entry.st_rdev = 0

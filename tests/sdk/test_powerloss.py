@@ -114,6 +114,24 @@ def test_partial_survival_is_seeded_and_page_grained():
         "with survival 0.5 some cut must keep the size and tear the data"
 
 
+def test_bytes_past_a_lost_size_do_not_come_back():
+    """A page that reached the disk while the size that covered it did not: when the
+    file grows again those bytes read as zeros, as on a real file system."""
+    model = Model()
+    node = _file(model, ROOT_INODE, b"f")
+    node.write(0, b"a" * 100)
+    node.sync_data()
+    model.node(ROOT_INODE).sync_entries()
+    node.write(100, b"b" * 100)
+    node.durable_pages[0] = node.pages[0]  # the page reached the disk, the size did not
+    node.dirty.clear()
+    model.cut(0.0, seed=1)
+    survivor = model.node(node.ino)
+    assert survivor.size == 100
+    survivor.truncate(200)
+    assert survivor.read(0, 200) == b"a" * 100 + bytes(100)
+
+
 def test_truncate_then_sync_forgets_the_tail():
     model = Model()
     node = _file(model, ROOT_INODE, b"f")
