@@ -35,8 +35,10 @@ Run as a process (what :class:`kvstored.sdk.testing.powerloss.PowerLossMount` do
 
 It prints ``{"ready": MOUNTPOINT}`` once mounted, then obeys one command per line on
 stdin, answering each with one line of JSON: ``cut SURVIVAL SEED`` (power off: the state
-becomes what the disk holds and every operation fails with EIO), ``on`` (power back),
-``stats``. End of input unmounts and exits. This module is the file system only; it knows nothing of
+becomes what the disk holds and every operation fails with EIO), ``arm N SURVIVAL SEED``
+(the same cut, in place of the N-th operation from now that would change something),
+``on`` (power back), ``stats`` (the counters; ``cuts`` tells whether an armed cut
+happened). End of input unmounts and exits. This module is the file system only; it knows nothing of
 backends.
 """
 
@@ -62,6 +64,8 @@ ZERO_PAGE = bytes(PAGE)
 class Counters:
     """What the backend did and what the cut lost; the kit prints these."""
 
+    #: Operations that change something (writes, syncs, namespace changes, truncations).
+    mutations: int = 0
     writes: int = 0
     fsyncs: int = 0
     dir_fsyncs: int = 0
@@ -278,7 +282,8 @@ def _serve(mountpoint: str) -> None:
     import trio
 
     model = Model()
-    state = {"powered": True}
+    #: ``armed``: (mutations left, survival, seed) of a cut set to happen by itself.
+    state: dict = {"powered": True, "armed": None}
 
     def fail(code: int):
         return pyfuse3.FUSEError(code)
@@ -315,12 +320,27 @@ def _serve(mountpoint: str) -> None:
         handles[fh] = Handle(node, sync)
         return fh
 
+    changing = {"setattr", "mkdir", "create", "mknod", "link", "unlink", "rmdir", "rename",
+                "write", "fsync", "fsyncdir"}
+
     def powered(function):
         """Every operation fails with EIO while the power is off, and an OSError from
-        the model becomes the FUSE error of its errno."""
+        the model becomes the FUSE error of its errno. An armed cut happens instead of
+        the operation that changes something once its count runs out."""
+        mutates = function.__name__ in changing
+
         async def wrapper(self, *args, **kwargs):
             if not state["powered"]:
                 raise fail(errno.EIO)
+            if mutates:
+                model.counters.mutations += 1
+                if state["armed"] is not None:
+                    left, survival, seed = state["armed"]
+                    state["armed"] = (left - 1, survival, seed) if left > 1 else None
+                    if left <= 1:
+                        state["powered"] = False
+                        model.cut(survival, seed)
+                        raise fail(errno.EIO)
             try:
                 return await function(self, *args, **kwargs)
             except OSError as exc:
@@ -562,6 +582,9 @@ def _serve(mountpoint: str) -> None:
                 if words[0] == "cut":
                     state["powered"] = False
                     model.cut(float(words[1]), int(words[2]))
+                    answer(asdict(model.counters))
+                elif words[0] == "arm":
+                    state["armed"] = (int(words[1]), float(words[2]), int(words[3]))
                     answer(asdict(model.counters))
                 elif words[0] == "on":
                     state["powered"] = True

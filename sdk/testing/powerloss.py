@@ -99,6 +99,11 @@ class PowerLossMount:
         ``survival``, drawn from ``seed``). Returns the file system's counters."""
         return self._command(f"cut {survival} {seed}")
 
+    def arm(self, mutations: int, survival: float, seed: int) -> dict[str, int]:
+        """Make the same cut happen by itself, in place of the ``mutations``-th
+        operation from now that would change something (a write, a sync, a create, …)."""
+        return self._command(f"arm {mutations} {survival} {seed}")
+
     def power_on(self) -> dict[str, int]:
         return self._command("on")
 

@@ -12,6 +12,7 @@ import uuid
 from kvstored.backends.bucket import BucketBackend
 from kvstored.backends.file_per_key import FilePerKeyBackend, _Entry, object_name
 from kvstored.backends.record import VALUE_OFFSET, encode_header, value_checksum
+from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, make_private_dirs, write_all
 from kvstored.sdk.types import WriteOutcome, WriteResult
 
@@ -105,6 +106,28 @@ class DeletesLazily(FilePerKeyBackend):
     def _close(self):
         self._sync_deletes()
         super()._close()
+
+
+class WritesLayoutUnsynced(FilePerKeyBackend):
+    """Records its layout in a file of its own, fsyncing the directory but not the file,
+    and (rightly) refuses to open a store whose layout file it cannot read: a cut right
+    after the store was created leaves it unopenable."""
+
+    LAYOUT = b"file-per-key layout 1\n"
+
+    def __init__(self, path, **options):
+        super().__init__(path, **options)
+        layout = os.path.join(self.path, "LAYOUT")
+        if os.path.exists(layout):
+            with open(layout, "rb") as f:
+                if f.read() != self.LAYOUT:
+                    self._dir_lock.release()
+                    raise CorruptionError("the layout file is unreadable; move the store "
+                                          "aside", path=layout)
+            return
+        with open(layout, "wb") as f:
+            f.write(self.LAYOUT)
+        fsync_dir(self.path)  # the name is durable, its bytes are not
 
 
 class _AcknowledgesFlushes:

@@ -198,6 +198,20 @@ def test_o_dsync_writes_are_durable_when_they_return(mount):
     assert (root / "log").read_bytes() == b"synced by the flag"
 
 
+def test_an_armed_cut_replaces_the_nth_change(mount):
+    root = mount.mountpoint
+    (root / "before").write_bytes(b"x")  # create, write: two changes
+    _fsync_dir(root)
+    mount.arm(2, 0.0, seed=1)
+    os.mkdir(root / "first")  # change 1: done
+    with pytest.raises(OSError):
+        os.mkdir(root / "second")  # change 2: the power goes instead
+    assert mount.stats()["cuts"] == 1
+    mount.power_on()
+    assert sorted(os.listdir(root)) == ["before"], "the unsynced mkdir went with the power"
+    assert (root / "before").read_bytes() == b"", "its data was never fsync'd"
+
+
 @pytest.mark.parametrize("kind", ["posix", "uring"])
 def test_o_direct_writes_need_a_flush(mount, kind):
     """O_DIRECT bypasses the page cache, not a drive's write cache: the model loses such
@@ -228,6 +242,7 @@ CASES = {
     "TrustsSyncedHeaders": ({}, {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
     "SkipsDirectoryFsync": ({}, {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
     "DeletesLazily": ({}, {"power_cut_keeps_acknowledged"}),
+    "WritesLayoutUnsynced": ({}, {"power_cut_after_create"}),
     "SkipsDataFlush": ({"engine": "posix"},
                        {"power_cut_keeps_acknowledged", "power_cut_tears_nothing"}),
     "SkipsDataFlush-uring-direct": ({"engine": "uring", "direct": True},

@@ -45,6 +45,8 @@ from kvstored.sdk.types import ReadStatus
 POWER_CAPACITY = 32 * MiB
 #: Batches the child must have acknowledged before a cut in the middle of its writes.
 ACKED_BEFORE_CUT = 4
+#: The cut during a store's creation replaces one of its last this many changes.
+CREATION_TAIL = 64
 #: How long the child may take to open the store and reach the moment of the cut.
 CHILD_DEADLINE = 90.0
 
@@ -61,16 +63,27 @@ class PowerCut:
     acked: set[int] = field(default_factory=set)
     deleted: bool = False
     counters: dict[str, int] = field(default_factory=dict)
-    #: What :meth:`reopen` opened, closed when the power_cut context ends.
+    #: What :meth:`reopen` opened, closed by :meth:`close`.
     opened: list[StorageBackend] = field(default_factory=list)
+    #: The file system's count of cuts before this one.
+    cuts_before: int = 0
+    #: Which change (counted from the child's start) the cut replaced, if it was armed.
+    armed: int | None = None
 
     def describe(self) -> str:
         c = self.counters
-        return (f"power cut with seed {self.seed}, survival {self.survival}: "
+        where = f" in place of change {self.armed} of the store's creation" \
+            if self.armed else ""
+        return (f"power cut{where} with seed {self.seed}, survival {self.survival}: "
                 f"{c.get('lost_pages', 0)} unsynced page(s), {c.get('lost_entries', 0)} "
                 f"directory change(s), {c.get('lost_inodes', 0)} file(s) lost; the backend "
                 f"made {c.get('fsyncs', 0)} fsync(s) and {c.get('dir_fsyncs', 0)} directory "
                 f"fsync(s), opened {c.get('direct_opens', 0)} file(s) O_DIRECT")
+
+    def close(self) -> None:
+        """Close what :meth:`reopen` opened (before the file system is unmounted)."""
+        while self.opened:
+            self.opened.pop().close()
 
     def reopen(self) -> StorageBackend:
         try:
@@ -92,49 +105,66 @@ def _power_spec(kit: Kit) -> BackendSpec:
 
 
 @contextmanager
-def power_cut(kit: Kit, program: str, survival: float,
-              ready: Callable[[list[str]], bool]) -> Iterator[PowerCut]:
-    """Run the child ``program`` on a store on the power-loss file system, cut the power
-    once ``ready(lines printed so far)``, kill the child, power on, and yield what
-    happened; the file system stays mounted until the context ends."""
+def power_loss_mount(kit: Kit) -> Iterator[PowerLossMount]:
+    """The power-loss file system, mounted in the workspace while the context is open."""
     reason = fuse_unavailable()
     if reason is not None:
         if fuse_required():
             raise AssertionError(f"FUSE is required (KVSTORED_REQUIRE) for the power-loss "
                                  f"checks but unavailable: {reason}")
         raise NotApplicable(f"the power-loss file system needs FUSE: {reason}")
+    with PowerLossMount(kit.workspace / "powerfs", kit.workspace / "powerfs.log") as mount:
+        yield mount
+
+
+def cut_child(kit: Kit, mount: PowerLossMount, store: str, program: str, survival: float,
+              ready: Callable[[list[str]], bool], *, arm: int | None = None) -> PowerCut:
+    """Run the child ``program`` on the store ``store`` of ``mount``, cut the power once
+    ``ready(lines printed after OPEN)`` (or, with ``arm``, in place of the ``arm``-th
+    operation that changes something, whatever the child is doing), kill the child and
+    power on again."""
     spec = _power_spec(kit)
     seed = _seed()
     rng = random.Random(seed)
-    mount = PowerLossMount(kit.workspace / "powerfs", kit.workspace / "powerfs.log")
-    with mount:
-        cut = PowerCut(mount.mountpoint / "store", spec, seed, survival)
-        child_log = kit.workspace / "child.log"
-        with open(child_log, "wb") as errors:
-            child = subprocess.Popen(
-                [sys.executable, "-m", _power_child.__name__, spec.target,
-                 json.dumps(spec.options), str(cut.store), program],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
-                env=child_env())
-        watchdog = threading.Timer(CHILD_DEADLINE, child.kill)
-        watchdog.start()
-        lines: list[str] = []
-        try:
-            assert child.stdout is not None
-            first = child.stdout.readline().strip()
-            if first == "OPEN volatile":
+    cut = PowerCut(mount.mountpoint / store, spec, seed, survival,
+                   cuts_before=mount.stats()["cuts"])
+    if arm is not None:
+        mount.arm(arm, survival, seed)
+    child_log = kit.workspace / f"{store}.child.log"
+    with open(child_log, "wb") as errors:
+        child = subprocess.Popen(
+            [sys.executable, "-m", _power_child.__name__, spec.target,
+             json.dumps(spec.options), str(cut.store), program],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+            env=child_env())
+    watchdog = threading.Timer(CHILD_DEADLINE, child.kill)
+    watchdog.start()
+    lines: list[str] = []
+    cut_already = False
+    try:
+        assert child.stdout is not None
+        opened = False
+        while not (opened and ready(lines)):
+            line = child.stdout.readline()
+            cut_already = arm is not None and mount.stats()["cuts"] > cut.cuts_before
+            if cut_already:
+                break  # the armed cut happened; the child fails or dies from here on
+            if not line:
+                raise AssertionError(f"the child using the store died (or took over "
+                                     f"{CHILD_DEADLINE:.0f} s): {_tail(child_log)}")
+            line = line.strip()
+            if line == "OPEN volatile":
                 raise NotApplicable("the backend is not persistent (capabilities.persistent "
                                     "is False), so a power cut may lose everything")
-            if first != "OPEN persistent":
+            if line.startswith("FAILED"):
                 raise AssertionError(f"the backend did not open on the power-loss file "
-                                     f"system: {first or _tail(child_log)}")
-            while not ready(lines):
-                line = child.stdout.readline()
-                if not line:
-                    raise AssertionError(f"the child using the store died (or took over "
-                                         f"{CHILD_DEADLINE:.0f} s): {_tail(child_log)}")
-                lines.append(line.strip())
-                _note(cut, lines[-1])
+                                     f"system: {line} {_tail(child_log)}")
+            if line == "OPEN persistent":
+                opened = True
+                continue
+            lines.append(line)
+            _note(cut, line)
+        if not cut_already:
             foreign = _files_outside(child.pid, mount.mountpoint)
             if foreign:
                 raise NotApplicable(
@@ -143,22 +173,32 @@ def power_cut(kit: Kit, program: str, survival: float,
             if program == "churn":
                 # land the cut somewhere inside the next batch
                 threading.Event().wait(rng.uniform(0, 0.02))
-            cut.counters = mount.cut(survival, seed)
-        finally:
-            watchdog.cancel()
-            child.kill()
-            rest, _ = child.communicate()
-        for line in rest.splitlines():
-            _note(cut, line.strip())
-        if program != "hold" and not cut.counters.get("writes"):
-            raise NotApplicable("the backend wrote nothing through the power-loss file "
-                                "system, so a cut there cannot test it")
-        mount.power_on()
+            mount.cut(survival, seed)
+    finally:
+        watchdog.cancel()
+        child.kill()
+        rest, _ = child.communicate()
+    cut.counters = mount.stats()
+    for line in rest.splitlines():
+        _note(cut, line.strip())
+    if program != "hold" and not cut.counters.get("writes"):
+        raise NotApplicable("the backend wrote nothing through the power-loss file "
+                            "system, so a cut there cannot test it")
+    mount.power_on()
+    return cut
+
+
+@contextmanager
+def power_cut(kit: Kit, program: str, survival: float,
+              ready: Callable[[list[str]], bool]) -> Iterator[PowerCut]:
+    """:func:`cut_child` on a fresh power-loss mount; yields what happened, with the file
+    system mounted until the context ends (and what was reopened closed before)."""
+    with power_loss_mount(kit) as mount:
+        cut = cut_child(kit, mount, "store", program, survival, ready)
         try:
             yield cut
         finally:
-            for backend in cut.opened:  # before the file system goes
-                backend.close()
+            cut.close()
 
 
 def _files_outside(pid: int, mountpoint: Path) -> list[str]:
@@ -265,12 +305,33 @@ def power_cut_tears_nothing(kit: Kit) -> None:
         _verify_churn(kit, cut)
 
 
+def _opens_empty(cut: PowerCut) -> None:
+    backend = cut.reopen()
+    found = [record.key for record in backend.scan()]
+    assert not found, f"a store that was never written lists {found[:3]} after a " \
+                      f"{cut.describe()}"
+
+
 @check
 def power_cut_after_create(kit: Kit) -> None:
-    """A power cut right after a new store was opened (keeping a random half of what was
-    not synced) leaves a store that opens, empty, without error."""
-    with power_cut(kit, "hold", 0.5, lambda lines: True) as cut:
-        backend = cut.reopen()
-        found = [record.key for record in backend.scan()]
-        assert not found, f"a store that was never written lists {found[:3]} after a " \
-                          f"{cut.describe()}"
+    """A power cut right after a new store was opened (losing every unsynced write), and
+    one at a random point of its creation (keeping a random half), leave a store that
+    opens, empty, without error."""
+    with power_loss_mount(kit) as mount:
+        after = cut_child(kit, mount, "store", "hold", 0.0, lambda lines: True)
+        try:
+            _opens_empty(after)
+        finally:
+            after.close()
+        # one of the last CREATION_TAIL changes the creation made (counted up to the
+        # first cut): before them a preallocating backend is still filling its volume
+        changes = after.counters["mutations"]
+        at = random.Random(after.seed).randint(max(1, changes - CREATION_TAIL + 1),
+                                               max(changes, 1))
+        midway = cut_child(kit, mount, "created-midway", "hold", 0.5, lambda lines: True,
+                           arm=at)
+        midway.armed = at
+        try:
+            _opens_empty(midway)
+        finally:
+            midway.close()
