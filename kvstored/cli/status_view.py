@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from kvstored.protocol import NodePhase
+from kvstored.protocol.master_api import NodeStatus, StatusReply
 from kvstored.units import format_size
 
 #: Width of the labels of a node's lines ("checksum  ").
@@ -26,20 +28,18 @@ def _share(used: int, capacity: int) -> str:
     return f"{used / capacity:.1%}" if capacity else "-"
 
 
-def _state(node: dict[str, Any]) -> tuple[str, str | None]:
+def _state(node: NodeStatus) -> tuple[str, str | None]:
     """The node's state word, coloured, and what it is doing when it is not ready."""
-    # Replies of masters older than the state field carry only alive and leaving.
-    state = node.get("state") or ("dead" if not node["alive"] else
-                                  "leaving" if node.get("leaving") else "ready")
-    if state == "starting":
-        progress = node.get("registering") or {}
-        detail = (f"registering its objects: {progress.get('sent', 0):,} of "
-                  f"{progress.get('objects', 0):,} sent; it takes puts once ready")
-        return "[yellow]starting[/]", detail
-    if state == "leaving":
-        return "[yellow]leaving[/]", "shutting down: serves reads, takes no new puts"
-    if state == "dead":
-        return "[red]dead[/]", "missed its heartbeats; its replicas were dropped"
+    match node.state:
+        case NodePhase.STARTING:
+            progress = node.registering
+            sent, total = (progress.sent, progress.objects) if progress else (0, 0)
+            return ("[yellow]starting[/]", f"registering its objects: {sent:,} of {total:,} "
+                                           "sent; it takes puts once ready")
+        case NodePhase.LEAVING:
+            return "[yellow]leaving[/]", "shutting down: serves reads, takes no new puts"
+        case NodePhase.DEAD:
+            return "[red]dead[/]", "missed its heartbeats; its replicas were dropped"
     return "[green]ready[/]", None
 
 
@@ -58,45 +58,46 @@ def _line(console: Console, label: str, value: str, *, whole: bool = False) -> N
 
 
 def render_status(console: Console, reply: dict[str, Any]) -> None:
-    """Print the status reply: the tiers, each node, the hit rates."""
-    nodes = reply["nodes"]
-    console.print(f"{reply['objects']:,} objects on {len(nodes)} node"
+    """Print the status reply (its wire map, as ``--json`` prints it): the tiers, each
+    node, the hit rates."""
+    status = StatusReply.from_wire(reply)
+    nodes = status.nodes
+    console.print(f"{status.objects:,} objects on {len(nodes)} node"
                   f"{'' if len(nodes) == 1 else 's'}", highlight=False)
     tiers = Table("tier", "objects", "logical", "used", "capacity", "use", box=None,
                   pad_edge=False, header_style="bold")
     for column in tiers.columns[1:]:
         column.justify = "right"
-    for tier, t in reply["tiers"].items():
-        tiers.add_row(tier, f"{t['objects']:,}", format_size(t["logical_bytes"]),
-                      format_size(t["used_bytes"]), format_size(t["capacity_bytes"]),
-                      _share(t["used_bytes"], t["capacity_bytes"]))
+    for tier, t in status.tiers.items():
+        tiers.add_row(tier, f"{t.objects:,}", format_size(t.logical_bytes),
+                      format_size(t.used_bytes), format_size(t.capacity_bytes),
+                      _share(t.used_bytes, t.capacity_bytes))
     console.print(tiers)
     for node in nodes:
         state, detail = _state(node)
         console.print()
         # The name alone after "node ": copied whole, whatever the width.
-        console.print(f"node {node['node']}", soft_wrap=True, highlight=False,
+        console.print(f"node {node.node}", soft_wrap=True, highlight=False,
                       markup=False, emoji=False)
         _line(console, "state", state)
         if detail:
             _line(console, "", escape(detail))
-        _line(console, "address", node["address"], whole=True)
-        _line(console, "backend", node["backend"] or "-", whole=True)
-        dram, ssd = node["dram"], node["ssd"]
-        _line(console, "DRAM", f"{format_size(dram['used'])} of "
-                               f"{format_size(dram['capacity'])} used "
-                               f"({_share(dram['used'], dram['capacity'])})")
-        _line(console, "SSD", f"{format_size(ssd['used'])} of {format_size(ssd['capacity'])} "
-                              f"used ({_share(ssd['used'], ssd['capacity'])}), "
-                              f"{ssd['objects']:,} objects")
-        _line(console, "checksum", f"{node['corrupt_reads']:,} failed reads, "
-                                   f"{node['quarantined']:,} records quarantined")
-        if node.get("queued_offloads"):
-            _line(console, "offloads", f"{node['queued_offloads']:,} waiting for SSD")
-        if node.get("offload_problem"):
-            _line(console, "problem", f"offloads fail: {escape(node['offload_problem'])}")
-    hits = reply["hit_rate"]
+        _line(console, "address", node.address, whole=True)
+        _line(console, "backend", node.backend or "-", whole=True)
+        dram, ssd = node.dram, node.ssd
+        _line(console, "DRAM", f"{format_size(dram.used)} of {format_size(dram.capacity)} "
+                               f"used ({_share(dram.used, dram.capacity)})")
+        _line(console, "SSD", f"{format_size(ssd.used)} of {format_size(ssd.capacity)} "
+                              f"used ({_share(ssd.used, ssd.capacity)}), "
+                              f"{ssd.objects or 0:,} objects")
+        _line(console, "checksum", f"{node.corrupt_reads:,} failed reads, "
+                                   f"{node.quarantined:,} records quarantined")
+        if node.queued_offloads:
+            _line(console, "offloads", f"{node.queued_offloads:,} waiting for SSD")
+        if node.offload_problem:
+            _line(console, "problem", f"offloads fail: {escape(node.offload_problem)}")
+    hits = status.hit_rate
     console.print()
-    console.print(f"hit rate {hits['total']:.1%} (DRAM {hits['dram']:.1%}, SSD "
-                  f"{hits['ssd']:.1%}) over {sum(reply['lookups'].values()):,} lookups",
+    console.print(f"hit rate {hits.total:.1%} (DRAM {hits.dram:.1%}, SSD "
+                  f"{hits.ssd:.1%}) over {sum(status.lookups.values()):,} lookups",
                   highlight=False)

@@ -108,14 +108,14 @@ def ls(client, prefix: str, as_json: bool) -> None:
     listed: list[Any] = []
     while True:
         reply = client.call("list", prefix=prefix, after=after, limit=1000)
-        for key, size, tiers in reply["objects"]:
+        for key, size, tiers in zip(reply["keys"], reply["sizes"], reply["tiers"]):
             if as_json:
                 listed.append({"key": key, "size": size, "tiers": tiers})
             else:
                 click.echo(f"{size:>12}  {','.join(tiers):<8}  {key}")
-        if not reply["more"] or not reply["objects"]:
+        if not reply["more"] or not reply["keys"]:
             break
-        after = reply["objects"][-1][0]
+        after = reply["keys"][-1]
     if as_json:
         _print_json({"prefix": prefix, "objects": listed})
 
@@ -182,7 +182,8 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
     if wait and reply["failed"]:
         # The node's reason names the key and what to do (a full disk, a bad record).
         failed = len(reply["failed"])
-        raise QuietError(f"{failed:,} objects could not be offloaded: {reply['failed'][0][1]}"
+        raise QuietError(f"{failed:,} objects could not be offloaded: "
+                         f"{reply['failed'][0]['reason']}"
                          + ("; --json lists each with its reason" if failed > 1 else ""),
                          ExitCode.FAILURE)
     if wait and not reply["done"]:

@@ -5,10 +5,10 @@ A node with many objects is busy for seconds before it serves: its backend recov
 object it holds. Until then commands that need it fail, so its log says what it is doing
 and how far it got ("recovering: registering with the master: 50,000 of 200,000
 objects"), and the master shows it as *starting* in ``kvstore status``
-(:class:`kvstored.master.nodes.NodePhase`).
+(:class:`kvstored.protocol.enums.NodePhase`).
 
 This module is the progress record and the log lines; it is not the start-up itself
-(:meth:`kvstored.node.service.Node.run`).
+(:func:`kvstored.node.service.open_node`, :meth:`kvstored.node.service.Node.run`).
 """
 
 from __future__ import annotations

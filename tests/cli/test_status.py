@@ -14,7 +14,13 @@ from rich.console import Console
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.status_view import render_status
 from kvstored.config import credentials_dir
-from kvstored.protocol import Role
+from kvstored.protocol import Role, Tier, ops
+from kvstored.protocol.master_api import (
+    Endpoint,
+    NodeContact,
+    RegisterObjectsRequest,
+    RegisterRequest,
+)
 from kvstored.rpc import RpcClient
 from tests.daemon.harness import BIN, kvstore, kvstore_ok, wait_for
 
@@ -75,11 +81,9 @@ def test_status_fits_80_columns_and_keeps_every_identifier_whole():
     assert "dead" in text and "the SSD tier is full" in text
 
 
-def test_status_of_a_master_without_node_states_still_renders():
-    node = _node("n1", "127.0.0.1:1")
-    del node["state"], node["registering"]
-    node["leaving"] = True
-    assert "leaving" in _rendered(_reply([node]))
+def test_status_shows_a_leaving_node_as_leaving():
+    assert "leaving" in _rendered(_reply([_node("n1", "127.0.0.1:1", state="leaving",
+                                               leaving=True)]))
 
 
 def test_status_of_a_real_cluster_at_80_columns(spawn, tmp_path):
@@ -106,12 +110,13 @@ def test_a_registering_node_shows_as_starting_and_puts_say_why(spawn):
         node = RpcClient((host, port), token=token, role=Role.NODE)
         await node.connect()
         try:
-            await node.call("register", info={
-                "node": "slow-starter", "address": ["127.0.0.1", 1], "host": "h",
-                "segment": "kvstored-none", "token": "00" * 16, "dram_capacity": 64 * MiB,
-                "ssd_capacity": 1 << 30, "backend": "bucket", "objects": 10})
-            await node.call("register_objects", node="slow-starter", objects=[
-                [f"k{i}", 10, 0, "ssd", -1] for i in range(3)])
+            await node.call(ops.REGISTER, RegisterRequest(
+                "slow-starter", NodeContact(Endpoint("127.0.0.1", 1), "h", "kvstored-none",
+                                            "00" * 16),
+                dram_capacity=64 * MiB, ssd_capacity=1 << 30, backend="bucket", objects=10))
+            await node.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
+                "slow-starter", [f"k{i}" for i in range(3)], [10] * 3, [0] * 3,
+                [Tier.SSD] * 3, [-1] * 3))
             # The CLI runs while this session is open, its registration unfinished.
             status = await trio.run_process(
                 [str(BIN / "kvstore"), "--master", master.addr, "status"],

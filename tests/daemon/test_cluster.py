@@ -129,7 +129,7 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
             run = kvstore("flush", "--wait", "--json", master=master.addr)
             report = json.loads(run.stdout)
             assert report["failed"], "offload to a full disk should report failures"
-            assert any("full" in reason for _, reason in report["failed"]), report["failed"]
+            assert any("full" in f["reason"] for f in report["failed"]), report["failed"]
             # On a terminal's stderr too: what failed and why, not "the node logs say why".
             told = kvstore("flush", "--wait", master=master.addr)
             assert told.returncode == 1, told.stderr.decode()
