@@ -111,7 +111,7 @@ def _output_lines(body: str) -> list[str]:
 def script(block: Block) -> str:
     """The bash lines that run ``block`` (the helpers are :data:`PREAMBLE`)."""
     if block.lang == "python":
-        return f"python - <<'KVSTORED_DOCS_PY'\n{block.body}KVSTORED_DOCS_PY\n"
+        return f"__python <<'KVSTORED_DOCS_PY'\n{block.body}KVSTORED_DOCS_PY\n"
     lines = []
     for command in block.commands():
         code = _EXITS.search(command)
@@ -132,12 +132,25 @@ def script(block: Block) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Defined before every block: start a daemon and wait until it serves; mount in the
-#: foreground and wait for the mount; check an expected exit code.
+#: Defined before every block: `kvstore` and `kvstored` through the fork server when
+#: one runs; start a daemon and wait until it serves; mount in the foreground and wait
+#: for the mount; check an expected exit code.
 PREAMBLE = r"""
+if [ -n "${KVSTORED_DOCS_FORKSERVER:-}" ]; then
+    # Commands run as forks of one process that has the programs imported
+    # (tests/docs/forkserver.py); daemons and mounts below run as the installed scripts.
+    kvstore() { "$KVSTORED_DOCS_PYTHON" -I -S "$KVSTORED_DOCS_FORKSERVER" run \
+                "$KVSTORED_DOCS_SOCKET" kvstore "$@"; }
+    kvstored() { "$KVSTORED_DOCS_PYTHON" -I -S "$KVSTORED_DOCS_FORKSERVER" run \
+                 "$KVSTORED_DOCS_SOCKET" kvstored "$@"; }
+    __python() { "$KVSTORED_DOCS_PYTHON" -I -S "$KVSTORED_DOCS_FORKSERVER" run \
+                 "$KVSTORED_DOCS_SOCKET" python; }
+else
+    __python() { python -; }
+fi
 __daemon() {
     local log; log=$(mktemp "$KVSTORED_DOCS_LOGS/daemon.XXXX")
-    "$@" >"$log" 2>&1 &
+    command "$@" >"$log" 2>&1 &
     echo $! >>"$KVSTORED_DOCS_LOGS/pids"
     local deadline=$((SECONDS + 60))
     # A node serves from its banner on, and takes puts once it has registered its
@@ -152,7 +165,7 @@ __daemon() {
 }
 __mount() {
     local point; for point in "$@"; do case $point in /*) break;; esac; done
-    "$@" >"$KVSTORED_DOCS_LOGS/mount.log" 2>&1 &
+    command "$@" >"$KVSTORED_DOCS_LOGS/mount.log" 2>&1 &
     echo $! >>"$KVSTORED_DOCS_LOGS/pids"
     local deadline=$((SECONDS + 30))
     until mountpoint -q "$point"; do

@@ -112,18 +112,36 @@ kill -TERM $stopped && wait $stopped
 """
 
 
+#: The fork server the blocks' `kvstore` and `kvstored` commands run through
+#: (tests/docs/forkserver.py): started first, ready once it prints so.
+_FORK_SERVER = r"""
+"$KVSTORED_DOCS_PYTHON" "$KVSTORED_DOCS_FORKSERVER" serve "$KVSTORED_DOCS_SOCKET" \
+    >{logs}/forkserver.log 2>&1 &
+echo $! >>{logs}/pids
+deadline=$((SECONDS + 120))
+until grep -q '^ready$' {logs}/forkserver.log; do
+    if ! kill -0 $! 2>/dev/null || [ $SECONDS -gt $deadline ]; then
+        echo "the fork server did not start"; cat {logs}/forkserver.log; exit 1
+    fi
+    sleep 0.05  # the poll's interval; the deadline above bounds it
+done
+"""
+
+
 def _driver(work: Path, logs: Path, runs: Path) -> str:
     """One bash script that sets the namespaces up and runs every block in turn."""
     lines = ["set -u", "ip link set lo up",
              "ip addr add 10.0.0.1/32 dev lo", "ip addr add 10.0.0.5/32 dev lo",
              "mount -t tmpfs -o size=256m kvstored-docs /mnt", f"cd {work}",
-             _STOPPED_NODE.format(logs=logs)]
+             _FORK_SERVER.format(logs=logs), _STOPPED_NODE.format(logs=logs)]
     for index, block in enumerate(RUNNABLE):
         if _skip_reason(block):
             continue
         path = runs / f"{index:03d}.sh"
         path.write_text("set -e -o pipefail\n" + PREAMBLE + script(block))
-        lines.append(f"bash {path} >{runs}/{index:03d}.out 2>&1; echo $? >{runs}/{index:03d}.rc")
+        lines.append(f"__t=$EPOCHREALTIME; bash {path} >{runs}/{index:03d}.out 2>&1; "
+                     f"echo $? >{runs}/{index:03d}.rc; "
+                     f"echo $__t $EPOCHREALTIME >{runs}/{index:03d}.time")
     # Stop what the blocks left running: the mounts first, then the daemons, by pid.
     lines += ["for m in $(awk '$2 ~ \"^/mnt/\" {print $2}' /proc/mounts); do "
               "fusermount3 -u -z \"$m\" 2>/dev/null || umount -l \"$m\"; done",
@@ -148,9 +166,16 @@ def ran(tmp_path_factory):
     if SHARED_TRACES.is_dir():
         (work / "traces").symlink_to(SHARED_TRACES)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KVSTORED_", "KVSTORE_", "XDG_"))}
+           if not k.startswith(("KVSTORED_", "KVSTORE_", "XDG_"))
+           and k != "PYTHONDONTWRITEBYTECODE"}
+    # The daemons and the Python blocks start fresh interpreters: their bytecode is
+    # cached in the scratch directory, not compiled again by each.
     env.update(HOME=str(home), PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
-               COLUMNS="80", PYTHONUNBUFFERED="1", KVSTORED_DOCS_LOGS=str(logs))
+               COLUMNS="80", PYTHONUNBUFFERED="1", KVSTORED_DOCS_LOGS=str(logs),
+               PYTHONPYCACHEPREFIX=str(scratch / "pycache"),
+               KVSTORED_DOCS_PYTHON=sys.executable,
+               KVSTORED_DOCS_FORKSERVER=str(Path(__file__).with_name("forkserver.py")),
+               KVSTORED_DOCS_SOCKET=str(scratch / "forkserver.sock"))
     driver = scratch / "driver.sh"
     driver.write_text(_driver(work, logs, runs))
     run = subprocess.run(["unshare", "--net", "--mount", "--fork", "bash", str(driver)],
