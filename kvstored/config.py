@@ -33,27 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvstored.errors import ConfigError
 from kvstored.units import format_size, parse_bool, parse_size
 
 CONFIG_ENV = "KVSTORED_CONFIG"
 ENV_PREFIX = "KVSTORED_"
 #: The ``kvstore`` tool's historical name for the master address; sets client.master.
 TOOL_MASTER_ENV = "KVSTORE_MASTER"
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used. ``problems`` lists each one; the message says
-    what to fix."""
-
-    def __init__(self, problems: str | list[str]):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} problems in the configuration:\n" + "\n".join(
-                f"  - {problem}" for problem in self.problems)
-        super().__init__(message)
-
 
 @dataclass(frozen=True)
 class Origin:

@@ -19,17 +19,13 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from kvstored.config import Config, split_address
+from kvstored.errors import ConfigError
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node
 from kvstored.rpc import ServerLimits, serve
-from kvstored.security import (
-    Credentials,
-    CredentialsError,
-    create_token_file,
-    read_token_file,
-)
+from kvstored.security import Credentials, create_token_file, read_token_file
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +63,12 @@ def _token(cfg: Config, key: str, what: str, *, create: bool) -> str:
         return create_token_file(path)
     try:
         return read_token_file(path, what)
-    except CredentialsError as exc:
+    except ConfigError as exc:
         if cfg.source(key) == "default" and not create:
-            raise CredentialsError(f"{exc}; start the master on this host first (it creates "
+            raise ConfigError(f"{exc}; start the master on this host first (it creates "
                                    f"the file), or copy the master's {what} here, or name "
                                    f"one with {key}") from None
-        raise CredentialsError(f"{exc} ({key} from {cfg.source(key)})") from None
+        raise ConfigError(f"{exc} ({key} from {cfg.source(key)})") from None
 
 
 def master_credentials(cfg: Config) -> Credentials:

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from kvstored.cli.config_cmd import reference_markdown
 from kvstored.cli.daemon import main
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.config import SCHEMA, SETTINGS, ConfigError, load_config, split_address
+from kvstored.config import SCHEMA, SETTINGS, load_config, split_address
+from kvstored.errors import ConfigError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 GiB = 1024**3

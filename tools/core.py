@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kvstored.errors import UnavailableError
 from kvstored.tools import refsim
-from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace
 
 try:

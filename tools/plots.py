@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvstored.tools.errors import UnavailableError
+from kvstored.errors import UnavailableError
 
 
 def _pyplot():

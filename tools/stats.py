@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstored.errors import UnavailableError
 from kvstored.tools.core import Replay, core_available, ffi, lib
-from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace
 
 MINUTE = 60.0

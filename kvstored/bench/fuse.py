@@ -46,8 +46,11 @@ from typing import Any
 import click
 import numpy as np
 
+import kvstored
 from kvstored.bench import BenchError
-from kvstored.cli.exitcodes import ExitCode
+from kvstored.capabilities import probe_fuse
+from kvstored.errors import UnavailableError
+from kvstored.fuse.names import key_to_name
 from kvstored.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -131,13 +134,9 @@ def _read_file(path: Path, buffer: memoryview, chunk: int, drop_cache: bool) -> 
 def fuse_command(size: str, rounds: int, json_out: Path) -> None:
     """One big object read through `kvstore mount` (--direct-io and --page-cache) against
     the client library; writes every round, the medians and the ratios to --json-out."""
-    import kvstored
-    from kvstored.capabilities import probe_fuse
-    from kvstored.fuse.names import key_to_name
-
     available, reason = probe_fuse()
     if not available:
-        raise BenchError(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
+        raise UnavailableError(f"FUSE is unavailable: {reason}")
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:

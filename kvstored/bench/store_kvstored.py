@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import kvstored
+from kvstored.bench import BenchError
 from kvstored.bench.store_workload import (
     GET_OPS,
     Buffers,
-    WorkloadError,
     drop_page_cache,
     keys_for,
     run_op,
@@ -77,7 +77,7 @@ class KvstoredDaemon:
         self._ready.wait(120)
         if self.address is None:
             self.stop()
-            raise WorkloadError("kvstored up did not start:\n" + self.log)
+            raise BenchError("kvstored up did not start:\n" + self.log)
 
     def _read(self) -> None:
         with open(self.log_path, "a") as log:
@@ -107,7 +107,7 @@ class KvstoredDaemon:
         done = subprocess.run([_tool("kvstore"), *args, "--master", self.address, "--json"],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
-            raise WorkloadError(f"kvstore {' '.join(args)} failed ({done.returncode}): "
+            raise BenchError(f"kvstore {' '.join(args)} failed ({done.returncode}): "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
         return json.loads(done.stdout)
 
@@ -130,12 +130,12 @@ class KvstoredTarget:
 
     def put_one(self, key: str, slot: int) -> None:
         if not self.client.put(key, self.buffers.src_slot(slot)):
-            raise WorkloadError(f"put {key!r}: the key already existed")
+            raise BenchError(f"put {key!r}: the key already existed")
 
     def put_many(self, keys: Sequence[str], slots: Sequence[int]) -> None:
         stored = self.client.batch_put(keys, [self.buffers.src_slot(s) for s in slots])
         if not all(stored):
-            raise WorkloadError(f"batch_put: {stored.count(False)} keys already existed")
+            raise BenchError(f"batch_put: {stored.count(False)} keys already existed")
 
     def get_one(self, key: str, slot: int) -> int:
         return self.client.get_into(key, self.buffers.dst_slot(slot))
@@ -225,12 +225,12 @@ class KvstoredRunner:
             if tiers["dram"]["objects"] == 0 and tiers["ssd"]["objects"] >= len(keys):
                 break
             if time.monotonic() > deadline:
-                raise WorkloadError(f"objects still in DRAM after evict --all: {tiers}")
+                raise BenchError(f"objects still in DRAM after evict --all: {tiers}")
             time.sleep(0.2)
         for key in keys[:: max(1, len(keys) // 16)]:  # and ask about a sample directly
             info = client.stat(key)
             # A DRAM replica still "removing" is never handed to readers.
             readable = {r.tier for r in info.replicas if r.state == "complete"} if info else {}
             if readable != {"ssd"}:
-                raise WorkloadError(f"{key!r} is not SSD-only: {info}")
+                raise BenchError(f"{key!r} is not SSD-only: {info}")
         return tiers["ssd"]["objects"]

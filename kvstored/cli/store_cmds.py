@@ -26,9 +26,9 @@ from kvstored.cli.connection import (
 )
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingDirectory, ExistingFile
 from kvstored.cli.program import state
 from kvstored.errors import NotFoundError
+from kvstored.params import ExistingDirectory, ExistingFile
 from kvstored.units import format_size, parse_size
 
 console = Console()

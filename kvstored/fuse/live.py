@@ -16,7 +16,7 @@ import kvstored
 from kvstored.client import Client
 from kvstored.errors import NotFoundError
 from kvstored.fuse.names import ParsedName, digest
-from kvstored.fuse.sources import PAGE, Entry, ObjectGone, Source, Space
+from kvstored.fuse.sources import PAGE, Entry, Source, Space
 
 _XATTRS = ("key", "tier", "size", "checksum", "replicas", "location", "reads")
 
@@ -58,15 +58,12 @@ class LiveSource(Source):
             cursor = reply.get("after") or reply["objects"][-1][0]
 
     async def _stat(self, key: str) -> dict[str, Any]:
-        try:
-            return (await self._call("stat", key=key))["object"]
-        except NotFoundError:
-            raise ObjectGone(key) from None
+        return (await self._call("stat", key=key))["object"]
 
     async def stat(self, key: str) -> Entry | None:
         try:
             obj = await self._stat(key)
-        except ObjectGone:
+        except NotFoundError:
             return None
         places = frozenset((r["node"], r["tier"]) for r in obj["replicas"]
                            if r["state"] == "complete")
@@ -79,7 +76,7 @@ class LiveSource(Source):
         # so a corrupt object reads as gone, never as bad bytes.
         size = await self._blocking(self.client.get_into, key, buffer)
         if size < 0:
-            raise ObjectGone(key)
+            raise NotFoundError("no object", key=key)
         return size
 
     # -- attributes --------------------------------------------------------------------
@@ -95,7 +92,7 @@ class LiveSource(Source):
         if name == "location":
             where = await self._blocking(self.client.locate, key)
             if not where:
-                raise ObjectGone(key)
+                raise NotFoundError("no object", key=key)
             return _json(where)
         obj = await self._stat(key)
         complete = [r for r in obj["replicas"] if r["state"] == "complete"]
