@@ -18,6 +18,7 @@ from typing import Any
 import trio
 from prometheus_client import CollectorRegistry
 
+from kvstored.backends import backend_class, backend_options, coerce_options
 from kvstored.config import Config, split_address
 from kvstored.errors import ConfigError
 from kvstored.master.policy import PolicyConfig
@@ -104,8 +105,6 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
 
 def build_node(cfg: Config, master: tuple[str, int] | None = None,
                registry: CollectorRegistry | None = None, **extra: Any) -> Node:
-    from kvstored.backends import backend_class, backend_options, coerce_options
-
     backend = cfg["node.backend"]
     cls = backend_class(backend)
     raw = cfg["node.backend_options"]

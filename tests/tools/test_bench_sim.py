@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from kvstored.bench import sim as bench_sim
 from kvstored.tools import reader
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
 
 from .conftest import random_requests, write_mooncake
 
