@@ -16,7 +16,6 @@ docs/cli.md. A traceback is printed only with ``--debug`` or ``KVSTORED_DEBUG=1`
 from __future__ import annotations
 
 import errno
-import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import click
 
 from kvstored.bench import BenchError
 from kvstored.cli.exitcodes import ExitCode
+from kvstored.config import DEBUG_ENV
 from kvstored.errors import (
     BadRequestError,
     ConfigError,
@@ -49,9 +49,6 @@ from kvstored.sdk.errors import (
     UnknownBackendError,
 )
 from kvstored.tools.errors import ToolError, TraceError, TraceNotFoundError, UsageProblem
-
-#: Set to 1 (or pass ``--debug``) for a traceback with every error.
-DEBUG_ENV = "KVSTORED_DEBUG"
 
 
 class QuietError(click.ClickException):
@@ -141,10 +138,6 @@ def message_of(exc: BaseException) -> str:
         name = f"{exc.filename}: " if exc.filename is not None else ""
         return f"{name}{exc.strerror}"
     return str(exc) or type(exc).__name__
-
-
-def debug_requested() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def leaves(exc: BaseException) -> Iterator[BaseException]:

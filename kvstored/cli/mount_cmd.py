@@ -9,7 +9,7 @@ import sys
 import click
 
 from kvstored.cli.background import run_in_background
-from kvstored.cli.connection import client_options, client_settings, open_client
+from kvstored.cli.connection import client_options, open_client, reach
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
@@ -81,12 +81,12 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     else:
         from kvstored.fuse.live import LiveSource
 
-        settings = client_settings(state())  # read before a background fork
+        cluster = reach(state())  # read before a background fork
 
         def open_source():
-            return LiveSource(open_client(settings))
+            return LiveSource(open_client(cluster))
 
-        fsname = f"kvstored:{settings.master}"
+        fsname = f"kvstored:{cluster.master}"
     target = os.path.abspath(mountpoint)
 
     def serve(mounted) -> None:

@@ -12,7 +12,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kvstored
 from kvstored.client import Client
 from kvstored.errors import NotFoundError
 from kvstored.fuse.names import ParsedName, digest
@@ -31,12 +30,6 @@ class LiveSource(Source):
     def __init__(self, client: Client, *, threads: int = 8) -> None:
         super().__init__(threads)
         self.client = client
-
-    @classmethod
-    def connect(cls, master: str, *, token: str | None = None,
-                timeout: float = 30.0) -> LiveSource:
-        """Connect now, so that an unreachable master fails before anything is mounted."""
-        return cls(kvstored.connect(master, token=token, timeout=timeout))
 
     async def _call(self, op: str, **args: Any) -> dict[str, Any]:
         return await self._blocking(functools.partial(self.client.call, op, **args))
