@@ -97,7 +97,7 @@ def test_retried_offload_failures_stay_queued_and_flush_reports_only_what_still_
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(flush)
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the flush waits
             assert {t["t"] for t in node.tasks} == {"offload"}
             full = OffloadFailure.NO_SPACE
             await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
@@ -112,12 +112,12 @@ def test_retried_offload_failures_stay_queued_and_flush_reports_only_what_still_
         # A second flush names b again (the node then retries at once); it lands.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(flush)
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the flush waits
             task = [t for t in node.tasks if t["t"] == "offload"][-1]
             assert "b" in task["keys"]
             await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
                 "offloaded": [["b", 2]]}})
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # the flush took b in, waits for c
             await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
                 "offload_failed": [OffloadFailed("c", OffloadFailure.TOO_LARGE,
                                                  "too large").to_wire()]}})
@@ -178,7 +178,7 @@ def test_a_recovery_waiting_for_a_node_that_leaves_returns_at_once():
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(recover)
-            await trio.sleep(1)
+            await trio.testing.wait_all_tasks_blocked()  # the recovery waits on n1 and n2
             await master.op_heartbeat(None, {"node": "n2", "stats": {}, "done": {
                 "recovered": [{"id": 1, "repaired": False, "records_checked": 3,
                                "problems": []}]}})
