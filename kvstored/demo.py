@@ -1,133 +1,128 @@
-"""``make demo``: the main job on the embedded default, end to end, in about a minute.
+"""``make demo``: the product's story in two minutes, on fresh embedded stores.
 
-1. Start ``kvstored up`` (master and node in one process, default backend) on a scratch
-   data directory.
-2. Write KV blocks through the client; they land in DRAM and are offloaded to SSD.
-3. Flush, evict half of them from DRAM, and read everything back: from both tiers.
-4. Stop the daemon (SIGTERM) and start it again: every block is still there.
-5. Damage one record on disk: it reads as a miss, never as bad bytes, and
-   ``kvstore recover --repair`` quarantines it.
+1. Start ``kvstored up`` on a temporary data directory (default settings, default
+   security: the daemon creates the client token and the client finds it).
+2. Replay a small trace that ships in the package (``builtin:multi-turn-chat``) against
+   it as an engine would, every byte read checked, and print the measured hit rates by
+   tier beside the simulator's prediction for the same store; stop the store.
+3. Run the multi-round experiment at a small scale: growing conversations on a DRAM-only
+   store, then on DRAM+SSD; print the per-round table.
+4. Write the PNGs and an HTML page beside them into ``demo-output/`` (or ``--out``), which
+   it keeps, and print where they are.
+
+It needs nothing outside the repository (no ``../shared``). docs/replay.md explains
+every figure; ``kvstore replay --help`` runs the same steps on other traces and stores.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
+import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
 
 import kvstored
-from kvstored.config import load_config
-from kvstored.sdk.testing import payload
+from kvstored.replay import multiturn, page, plots
+from kvstored.replay.embedded import EmbeddedStore
+from kvstored.replay.predict import StorePolicy
+from kvstored.replay.session import replay_trace
+from kvstored.replay.tables import render_multiturn, render_replay
+from kvstored.tools import plots as tool_plots
+from kvstored.tools import reader
+from kvstored.units import format_size
 
-console = Console(width=max(120, shutil.get_terminal_size().columns))
-BIN = Path(sys.executable).parent
-BANNER = re.compile(r"^kvstored up: listening on ([\d.]+:\d+)")
-
-
-def start(data: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([str(BIN / "kvstored"), "up", "--listen", "127.0.0.1:0",
-                             "--data", str(data), "--dram", "256MiB", "--ssd", "2GiB"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    for line in proc.stdout:
-        if line.startswith("kvstored up:"):
-            console.print(f"[dim]{line.rstrip()}[/]")
-        match = BANNER.match(line)
-        if match:
-            # Keep draining its log so the daemon never blocks on a full pipe.
-            import threading
-
-            threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, match.group(1)
-    raise SystemExit(f"kvstored up did not start (exit {proc.wait()})")
+TRACE = "builtin:multi-turn-chat"
+BLOCK_BYTES = 64 << 10
+DRAM = 64 << 20
+SSD = 1 << 30
+MULTITURN = multiturn.MultiturnSpec(clients=20, rounds=10, context_tokens=4096)
 
 
-def kvstore(master: str, *args: str) -> subprocess.CompletedProcess:
-    console.print(f"[bold cyan]$ kvstore {' '.join(args)}[/]")
-    run = subprocess.run([str(BIN / "kvstore"), *args], text=True, capture_output=True,
-                         env={**os.environ, "KVSTORE_MASTER": master, "COLUMNS": "120"})
-    console.print(run.stdout.rstrip() or run.stderr.rstrip())
-    return run
-
-
-def tiers_of(client, key: str) -> str:
-    info = client.stat(key)
-    return "+".join(sorted(r.tier for r in info.replicas if r.state == "complete"))
-
-
-def main() -> int:
-    data = Path(tempfile.mkdtemp(prefix="kvstored-demo-"))
-    keys = [f"model=glm-5.1/prefix-{i // 16:02d}/block-{i:04d}" for i in range(64)]
-    blocks = {k: payload(k, 256 * 1024) for k in keys}
-    ok = True
-    console.rule("[bold]1. start the embedded store")
-    proc, master = start(data)
-    console.print(f"[dim]clients prove who they are with the token the daemon keeps in "
-                  f"{load_config()['security.token_file']} (mode 0600); kvstore and "
-                  "kvstored.connect read it from there (docs/security.md)[/]")
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it."""
     try:
-        console.rule("[bold]2. write 64 KV blocks of 256 KiB")
-        with kvstored.connect(master) as c:
-            assert all(c.batch_put(keys, list(blocks.values())))
-            console.print(f"wrote {len(keys)} blocks; first block is in: {tiers_of(c, keys[0])}")
-            console.rule("[bold]3. flush to SSD, evict half from DRAM, read both tiers")
-            kvstore(master, "flush", "--wait")
-            for prefix in ("model=glm-5.1/prefix-00/", "model=glm-5.1/prefix-01/"):
-                kvstore(master, "evict", "--tier", "dram", "--prefix", prefix)
-            deadline = time.monotonic() + 15
-            while tiers_of(c, keys[0]) != "ssd" and time.monotonic() < deadline:
-                time.sleep(0.1)  # the DRAM copy goes once its read leases expire
-            got = c.batch_get(keys)
-            intact = sum(g == blocks[k] for k, g in zip(keys, got))
-            console.print(f"read back {intact}/{len(keys)} blocks byte for byte; "
-                          f"{keys[0]} is in {tiers_of(c, keys[0])}, "
-                          f"{keys[-1]} is in {tiers_of(c, keys[-1])}")
-            ok &= intact == len(keys)
-        kvstore(master, "status")
-        console.rule("[bold]4. restart the daemon")
-        proc.terminate()
-        proc.wait(30)
-        proc, master = start(data)
-        with kvstored.connect(master) as c:
-            got = c.batch_get(keys)
-            intact = sum(g == blocks[k] for k, g in zip(keys, got))
-            console.print(f"after the restart: {intact}/{len(keys)} blocks intact")
-            ok &= intact == len(keys)
-            console.rule("[bold]5. damage one record on disk")
-            victim = keys[5]
-            node = next(iter(c._nodes))
-            where = c._node_conn(node).request({"op": "locate", "keys": [victim]})
-            ssd = where["locations"][0]["ssd"]
-            console.print(f"{victim} is at {ssd['path']} offset {ssd['offset']}")
-            with open(ssd["path"], "r+b") as f:
-                f.seek(ssd["offset"] + 4096)
-                f.write(b"\xde\xad\xbe\xef")
-            # Read it from SSD (its DRAM copy was dropped by the restart).
-            value = c.get(victim)
-            console.print(f"reading the damaged block gives: {value!r:.40}  (a miss, "
-                          "never bad bytes)")
-            ok &= value is None
-        console.print("the node quarantined the record on its own; the status shows it, and "
-                      "a full rescan finds nothing left to fix:")
-        time.sleep(1)
-        kvstore(master, "status")
-        kvstore(master, "recover", "--repair")
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    if ok:
-        console.print(f"[green bold]demo ok[/] (scratch data in {data})")
-        shutil.rmtree(data, ignore_errors=True)
-        return 0
-    console.print(f"[red bold]demo failed[/] (data kept in {data})")
-    return 1
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+class _Progress:
+    """A line that counts requests on a terminal (nothing when the output is a file),
+    redrawn at most four times a second."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.last = 0.0
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.console.is_terminal and (now - self.last > 0.25 or done == total):
+            self.last = now
+            self.console.print(f"  {label}: {done:,}/{total:,} requests", end="\r")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvstored.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("demo-output"),
+                        help="where the plots and the page go (kept) [demo-output]")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    started = time.monotonic()
+    progress = _Progress(console)
+
+    console.rule("[bold]1. an embedded store")
+    trace = reader.load([TRACE], keep_id_names=False)
+    with EmbeddedStore(dram=DRAM, ssd=SSD, label="demo") as store:
+        console.print(f"kvstored up on {store.address}: {format_size(DRAM)} DRAM, "
+                      f"{format_size(SSD)} SSD (bucket backend), a temporary data "
+                      "directory; the client found the token the daemon created")
+        console.rule(f"[bold]2. replay {TRACE}")
+        console.print(f"{trace.requests:,} requests of a multi-turn chat service, blocks "
+                      f"of {trace.block_size} tokens and {format_size(BLOCK_BYTES)}: "
+                      "prefix_hits, get of the hit prefix (checked byte for byte), put "
+                      "of the rest")
+        with kvstored.connect(store.address) as client:
+            replayed = replay_trace(client, trace, StorePolicy.from_config(store.config()),
+                                    block_bytes=BLOCK_BYTES, master=store.address,
+                                    progress=lambda done, total: progress("replaying",
+                                                                          done, total))
+    replay_doc = replayed.document
+    render_replay(console, replay_doc, windows=False)
+    console.print("the store was stopped cleanly (SIGTERM, exit 0)")
+
+    console.rule("[bold]3. the multi-round experiment")
+    console.print(f"{MULTITURN.clients} conversations growing by about "
+                  f"{MULTITURN.context_tokens:,} tokens a round, on a DRAM-only store and "
+                  "then on DRAM+SSD, each fresh, with the same DRAM")
+    rounds_doc = multiturn.run(MULTITURN, block_bytes=BLOCK_BYTES, progress=progress)
+    render_multiturn(console, rounds_doc)
+
+    console.rule("[bold]4. plots and page")
+    replay_png, rounds_png, index = out / "replay.png", out / "multiturn.png", out / "index.html"
+    tool_plots.save(plots.replay_figure(replay_doc), replay_png)
+    tool_plots.save(plots.multiturn_figure(rounds_doc), rounds_png)
+    page.write(index, "kvstored demo: trace replay and multi-round",
+               [page.replay_section(replay_doc, replay_png.read_bytes()),
+                page.multiturn_section(rounds_doc, rounds_png.read_bytes())],
+               {"replay": replay_doc, "multiturn": rounds_doc})
+    console.print("wrote:")
+    for path in (replay_png, rounds_png, index):
+        # a path on a line of its own, never broken (copy it whole)
+        console.print(f"  {_shown(path)}", soft_wrap=True, highlight=False)
+    wrong = replay_doc["wrong_bytes"] + rounds_doc["wrong_bytes"]
+    elapsed = time.monotonic() - started
+    if wrong:
+        console.print(f"[red bold]demo failed: {wrong:,} bytes read back were wrong[/] "
+                      f"({elapsed:.0f} s)")
+        return 1
+    console.print(f"[green bold]demo ok[/] in {elapsed:.0f} s; open the page:")
+    console.print(f"  {_shown(index)}", soft_wrap=True, highlight=False)
+    return 0
 
 
 if __name__ == "__main__":

@@ -127,6 +127,8 @@ class Replay:
         params.ssd_capacity = spec.ssd_capacity
         params.write_through = int(spec.write_through)
         params.promote = int(spec.promote)
+        params.promote_reads = spec.promote_reads
+        params.ssd_fifo = int(spec.ssd_fifo)
         params.small_capacity = spec.small_capacity
         params.progress = ffi.cast("int64_t *", progress.ctypes.data) \
             if progress is not None else ffi.NULL

@@ -11,7 +11,7 @@ from kvstored.errors import UnavailableError
 from kvstored.tools.planning import size_label
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -47,7 +47,7 @@ def _style(policy: str) -> dict:
 def sim_figure(result: dict):
     """Hit rate and ideal speedup against budget, the ceiling dashed, the recommended
     budget marked with its value; legends beside the axes, never over a curve."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9.5, 7.5), sharex=True)
     points = result["points"]
     by_gib = bool(points) and points[0]["gib"] is not None
@@ -101,7 +101,7 @@ def _ssd_label(result: dict) -> str:
 def tier_figure(result: dict):
     """For tiered runs: hits by tier against the DRAM budget over the stated SSD, and the
     modelled TTFT (axis from 0)."""
-    plt = _pyplot()
+    plt = pyplot()
     points = [p for p in result["points"] if p["mode"] == "fixed_window"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6))
     xs = [_x(p) for p in points]
@@ -146,7 +146,7 @@ def plan_heatmap(result: dict, metric: str = "speedup"):
     """The DRAM x SSD plan as a heatmap of the modelled TTFT speedup (``metric``
     "speedup") or the modelled TTFT in seconds ("ttft"), every cell annotated, the
     recommended one outlined with its value and cost."""
-    plt = _pyplot()
+    plt = pyplot()
     drams, ssds = result["dramGib"], result["ssdGib"]
     by_cell = {(c["dramGib"], c["ssdGib"]): c for c in result["cells"]}
     key = "ttftSpeedup" if metric == "speedup" else "ttftSeconds"
@@ -216,11 +216,11 @@ def _budget_axis(axis, by_gib: bool, xs: list[float] | None = None,
 def save(fig, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def png_bytes(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return buffer.getvalue()

@@ -20,6 +20,8 @@ class PolicySpec:
     promote: bool = True         # tiered: copy SSD hits into DRAM
     small_fraction: float = 0.1  # s3fifo: share of the small FIFO
     full_run: bool = False       # replay every request even if underfilled
+    promote_reads: int = 1       # tiered: promote a block on its n-th SSD hit (and later)
+    ssd_fifo: bool = False       # tiered: the SSD evicts oldest first (no trie rule)
 
     @property
     def small_capacity(self) -> int:

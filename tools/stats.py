@@ -25,7 +25,7 @@ import numpy as np
 from kvstored.errors import UnavailableError
 from kvstored.tools.core import Replay, core_available, ffi, lib
 from kvstored.tools.events import EventTrace
-from kvstored.tools.plots import _pyplot
+from kvstored.tools.plots import pyplot
 
 MINUTE = 60.0
 STANDARD_BINS = [("0-10 min", 0.0, 10 * MINUTE), ("10-20 min", 10 * MINUTE, 20 * MINUTE),
@@ -138,7 +138,7 @@ def describe(trace: EventTrace, *, warmup: float = 0.5, engine: str = "auto") ->
 def figure(stats: dict, weight: str = "count"):
     """The per-reuse gap histogram (log time axis), and the standard bins of both
     definitions side by side; ``weight`` is "count" or "tokens"."""
-    plt = _pyplot()
+    plt = pyplot()
     gaps = stats["reuseGaps"]
     per_reuse, per_block = gaps["perReuse"], gaps["perBlockMaxGap"]
     key, share_key = ("counts", "share") if weight == "count" else ("tokens", "tokenShare")

@@ -115,6 +115,8 @@ class TierReplay:
     request_tokens: np.ndarray      # uint64 [requests]
     request_dram_hit_tokens: np.ndarray
     request_ssd_hit_tokens: np.ndarray
+    promote_reads: int = 1
+    ssd_fifo: bool = False
 
     def _measured(self, array: np.ndarray) -> int:
         return int(array[self.warmup_requests:].sum(dtype=np.uint64))
@@ -166,15 +168,23 @@ class TierReplay:
 
 
 def replay_tiers(trace, dram_blocks: int, ssd_blocks: int, *, write_through: bool = True,
-                 promote: bool = True, warmup: float = 0.0, replay=None) -> TierReplay:
+                 promote: bool = True, warmup: float = 0.0, replay=None,
+                 promote_reads: int = 1, ssd_fifo: bool = False) -> TierReplay:
     """Replay ``trace`` (an EventTrace) on DRAM over SSD with capacities in blocks, every
     request (no warm-up cut-off), and return the hits by tier per request.
+
+    With ``promote``, a block is copied into DRAM on its ``promote_reads``-th SSD-served
+    hit and on every later one (the store's ``policy.promote_reads``, without its time
+    window). ``ssd_fifo`` evicts the SSD oldest write first, whatever hangs below it (the
+    store's backends' default ``fifo``), instead of its least recently used leaf.
 
     ``warmup`` only decides which requests the totals measure. ``replay`` may pass a
     ``Replay`` already built for this trace (with the same warm-up) to skip the trie.
     This is what ``kvstore replay`` predicts a store with those capacities serves."""
     if dram_blocks < 0 or ssd_blocks < 0:
         raise ValueError("capacities must not be negative")
+    if promote_reads < 1:
+        raise ValueError("promote_reads must be at least 1")
     if replay is None:
         replay = Replay(trace, warmup, next_use=False)
     request_tokens = np.add.reduceat(replay.tokens.astype(np.uint64), replay.offsets[:-1]) \
@@ -182,11 +192,13 @@ def replay_tiers(trace, dram_blocks: int, ssd_blocks: int, *, write_through: boo
     if dram_blocks == 0 and ssd_blocks == 0:
         zero = np.zeros(replay.requests, dtype=np.uint64)
         return TierReplay(0, 0, write_through, promote, replay.warmup_requests, False, 0, 0,
-                          0, trace.timestamps, request_tokens, zero, zero.copy())
+                          0, trace.timestamps, request_tokens, zero, zero.copy(),
+                          promote_reads, ssd_fifo)
     run = replay.run(PolicySpec("tiered", dram_blocks, ssd_blocks, write_through, promote,
-                                full_run=True), per_request=True)
+                                full_run=True, promote_reads=promote_reads,
+                                ssd_fifo=ssd_fifo), per_request=True)
     ssd = run.request_ssd_hit_tokens
     return TierReplay(dram_blocks, ssd_blocks, write_through, promote,
                       replay.warmup_requests, not run.underfilled, run.promotions,
                       run.ssd_writes, run.evictions, trace.timestamps, request_tokens,
-                      run.request_hit_tokens - ssd, ssd)
+                      run.request_hit_tokens - ssd, ssd, promote_reads, ssd_fifo)

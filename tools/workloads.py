@@ -31,7 +31,7 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, low: int =
     return int(np.clip(rng.lognormal(np.log(median), sigma), low, high))
 
 
-class _Context:
+class GrowingContext:
     """A growing token context cut into blocks of ``block`` tokens, with the ids an
     engine would give them."""
 
@@ -57,7 +57,9 @@ class _Context:
         return self.full + ([self.partial] if self.partial is not None else [])
 
 
-class _Counter:
+class IdCounter:
+    """Block ids counted up from ``start``: each call gives the next."""
+
     def __init__(self, start: int = 1):
         self.value = start - 1
 
@@ -102,7 +104,7 @@ def multi_turn_chat(seed: int = DEFAULT_SEED, scale: float = 1.0,
                     model: ChatModel = ChatModel()) -> bytes:
     model = replace(model, conversations_per_minute=model.conversations_per_minute * scale)
     rng = np.random.default_rng(seed)
-    ids = _Counter()
+    ids = IdCounter()
     prompts = []
     for tokens in model.system_prompts:
         full = [ids() for _ in range(tokens // model.block)]
@@ -115,8 +117,8 @@ def multi_turn_chat(seed: int = DEFAULT_SEED, scale: float = 1.0,
         if t >= horizon:
             break
         prefix, prefix_tokens = prompts[rng.choice(len(prompts), p=model.system_weights)]
-        context = _Context(model.block, ids, prefix[:prefix_tokens // model.block],
-                           (prefix_tokens // model.block) * model.block)
+        context = GrowingContext(model.block, ids, prefix[:prefix_tokens // model.block],
+                                 (prefix_tokens // model.block) * model.block)
         context.extend(prefix_tokens % model.block)
         at = t
         for _turn in range(rng.geometric(1.0 / model.mean_turns)):
@@ -175,14 +177,14 @@ def coding_agent(seed: int = DEFAULT_SEED, scale: float = 1.0,
     rng = np.random.default_rng(seed)
     records = []
     for number in range(model.sessions):
-        ids = _Counter(0)
+        ids = IdCounter(0)
         system = [ids() for _ in range(model.system_tokens // model.block)]
         sub_system = [ids() for _ in range(model.subagent_system_tokens // model.block)]
         requests: list[dict] = []
-        context = _Context(model.block, ids, system, len(system) * model.block)
+        context = GrowingContext(model.block, ids, system, len(system) * model.block)
         t = 0.0
 
-        def call(ctx: _Context, at: float, kind: str) -> tuple[dict, float]:
+        def call(ctx: GrowingContext, at: float, kind: str) -> tuple[dict, float]:
             reply = _lognormal(rng, model.reply_tokens_median, 0.8, 4, 8192)
             request = {"t": round(at, 3), "in": ctx.tokens, "out": reply, "type": kind,
                        "hash_ids": ctx.ids()}
@@ -196,7 +198,8 @@ def coding_agent(seed: int = DEFAULT_SEED, scale: float = 1.0,
                 request, took = call(context, t, "main")
                 requests.append(request)
                 if rng.random() < model.subagent_share:
-                    sub = _Context(model.block, ids, sub_system, len(sub_system) * model.block)
+                    sub = GrowingContext(model.block, ids, sub_system,
+                                         len(sub_system) * model.block)
                     sub.extend(_lognormal(rng, 400.0, 0.6))
                     offset, group = took, []
                     for _ in range(rng.geometric(1.0 / model.subagent_steps_mean)):
@@ -207,7 +210,7 @@ def coding_agent(seed: int = DEFAULT_SEED, scale: float = 1.0,
                     took = offset
                 t += took
                 if context.tokens > model.compact_at_tokens:
-                    context = _Context(model.block, ids, system, len(system) * model.block)
+                    context = GrowingContext(model.block, ids, system, len(system) * model.block)
                     context.extend(model.summary_tokens)
             pause = rng.exponential(model.break_seconds_mean) \
                 if rng.random() < model.break_share else rng.exponential(
@@ -243,7 +246,7 @@ class RagModel:
 def rag(seed: int = DEFAULT_SEED, scale: float = 1.0, model: RagModel = RagModel()) -> bytes:
     model = replace(model, questions_per_minute=model.questions_per_minute * scale)
     rng = np.random.default_rng(seed)
-    ids = _Counter()
+    ids = IdCounter()
     system = [ids() for _ in range(model.system_tokens // model.block)]
     per_chunk = model.chunk_tokens // model.block
     chunk_ids: dict[tuple[int, ...], list[int]] = {}  # ids of a chunk at a prefix of chunks
@@ -265,7 +268,7 @@ def rag(seed: int = DEFAULT_SEED, scale: float = 1.0, model: RagModel = RagModel
             if key not in chunk_ids:
                 chunk_ids[key] = [ids() for _ in range(per_chunk)]
             full += chunk_ids[key]
-        context = _Context(model.block, ids, full, len(full) * model.block)
+        context = GrowingContext(model.block, ids, full, len(full) * model.block)
         context.extend(_lognormal(rng, model.question_tokens_median, 0.6))
         parent, turn, at, kind = -1, 1, t, "search"
         while True:

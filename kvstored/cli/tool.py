@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
         "status", "put", "get", "ls", "stat", "rm", "flush", "evict", "recover")},
     "bench": "kvstored.cli.bench_cmd:bench",
     "mount": "kvstored.cli.mount_cmd:mount",
+    "replay": "kvstored.cli.replay_cmd:replay",
     "sim": "kvstored.tools.cli_sim:sim",
     "trace": "kvstored.tools.cli_trace:trace",
 }

@@ -552,6 +552,42 @@ def _(w: World) -> Outcome:
                      env={"PATH": str(empty)})
 
 
+@scenario("kvstore", "replay", 0)
+def _(w: World) -> Outcome:
+    return w.kvstore("replay", str(_tiny_trace(w)), "--block-bytes", "4KiB", master=w.cluster)
+
+
+@scenario("kvstore", "replay", 2)
+def _(w: World) -> Outcome:
+    return w.kvstore("replay", str(_tiny_trace(w)), "--multiturn", "2x2")
+
+
+@scenario("kvstore", "replay", 3)
+def _(w: World) -> Outcome:
+    return w.kvstore("replay", str(w.path("absent.jsonl")), master=w.cluster)
+
+
+@scenario("kvstore", "replay", 4)
+def _(w: World) -> Outcome:
+    return w.kvstore("replay", str(_tiny_trace(w)), master=w.closed)
+
+
+@scenario("kvstore", "replay", 5)
+def _(w: World) -> Outcome:
+    """A value of other bytes under the key of a block the replay reads back."""
+    import numpy as np
+
+    from kvstored.replay.keys import chained_keys
+
+    trace = _tiny_trace(w)
+    first = json.loads(trace.read_text().splitlines()[0])["hash_ids"][:1]
+    key = chained_keys("forged", np.array(first))[0]
+    with kvstored.connect(w.cluster) as client:
+        client.put(key, bytes(4096))
+    return w.kvstore("replay", str(trace), "--block-bytes", "4KiB", "--namespace", "forged",
+                     master=w.cluster)
+
+
 # --- the tests -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -162,8 +162,10 @@ def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):  # n
 def _two_nodes(spawn, tmp_path):  # noqa: F811
     master = spawn("master", "--listen", "127.0.0.1:0")
     nodes = {name: _node(spawn, tmp_path, master.addr, name) for name in ("n1", "n2")}
-    wait_for(lambda: sum(n["alive"] for n in _status(master.addr)["nodes"]) == 2,
-             what="two nodes")
+    # A node is listed (alive) as soon as it says hello; it takes puts once registered.
+    for name, node in nodes.items():
+        wait_for(lambda node=node: any("registered" in line and "objects" in line
+                                       for line in node.lines), what=f"{name} registered")
     values = {f"x{i}": os.urandom(50_000) for i in range(40)}
     with kvstored.connect(master.addr, transport="tcp") as c:
         # One batch: each placement counts against its node, so they alternate.

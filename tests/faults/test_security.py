@@ -245,7 +245,9 @@ def test_a_live_node_name_cannot_be_taken_over(start, shared_dir):
                   "file-per-key")
     token, node_token = _token(start), _token(start, "node-token")
     with kvstored.connect(master.addr, token=token) as c:
-        wait_for(lambda: any(n["alive"] for n in c.call("status")["nodes"]), what="n1")
+        # Listed (alive) from its hello on; it takes puts once it has registered its objects.
+        wait_for(lambda: any("registered 0 objects" in line for line in first.lines),
+                 what="n1 registered")
         assert c.put("kept", b"still listed")
     # Even with the node token, a second registration of a live name is refused...
     sock, reader, hello = _hello(master.address, "node", node_token)

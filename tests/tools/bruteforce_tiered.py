@@ -11,7 +11,10 @@ Rules it implements:
   tier) until it refuses one; a new block goes to DRAM, and to the SSD in write-through
   mode or when DRAM refused it; a prefix hit served by the SSD is copied to DRAM with
   promotion; in offload mode a block DRAM evicts is written to the SSD unless it is
-  there (an SSD with nothing to evict drops it);
+  there (an SSD with nothing to evict drops it); with ``promote_reads`` k > 1 only a
+  block served by the SSD at least k times so far is copied; with ``ssd_fifo`` the SSD
+  evicts its oldest write (protected or not, leaf or not), inserts any block, and a hit
+  does not refresh it;
 - warm-up and "underfilled" as for every policy: the first ``warmup`` requests are not
   measured, and the run is underfilled when DRAM (the SSD without DRAM) never filled
   during them.
@@ -35,7 +38,7 @@ class BruteResult:
 
 def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, int],
            warmup: int, dram_cap: int, ssd_cap: int, write_through: bool,
-           promote: bool) -> BruteResult:
+           promote: bool, promote_reads: int = 1, ssd_fifo: bool = False) -> BruteResult:
     """``paths[r]``: the trie nodes of request r (root excluded), ``weights[r]`` their
     tokens, ``parent[node]`` the parent node (0 is the root)."""
     clock = [0]
@@ -51,6 +54,8 @@ def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, i
         return node == 0 or node in dram or node in ssd
 
     def victim(tier: dict[int, int], protected: set[int]) -> int | None:
+        if tier is ssd and ssd_fifo:
+            return min(tier, key=lambda n: tier[n]) if tier else None
         leaves = [n for n in tier if n not in protected
                   and not any(parent[c] == n for c in tier)]
         return min(leaves, key=lambda n: tier[n]) if leaves else None
@@ -66,7 +71,7 @@ def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, i
                 counters["evictions"] += 1
                 if offload_victim and out not in ssd:
                     offload(out, ssd_protected[0])
-        if len(tier) < cap and cached(parent[node]):
+        if len(tier) < cap and (cached(parent[node]) or (tier is ssd and ssd_fifo)):
             tier[node] = tick()
             if tier is ssd:
                 counters["ssd_writes"] += 1
@@ -84,6 +89,7 @@ def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, i
         ssd[node] = tick()
         counters["ssd_writes"] += 1
 
+    ssd_reads: dict[int, int] = {}
     ssd_protected: list[set[int]] = [set()]
     filled = False
     fill_dram = dram_cap > 0
@@ -110,7 +116,9 @@ def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, i
                     ssd_hits += w
             if node in dram:
                 dram[node] = tick()
-            if node in ssd:
+            else:
+                ssd_reads[node] = ssd_reads.get(node, 0) + 1
+            if node in ssd and not ssd_fifo:
                 ssd[node] = tick()
         dram_protected = {n for n in path if n in dram}
         ssd_protected[0] = {n for n in path if n in ssd}
@@ -129,7 +137,8 @@ def tiered(paths: list[list[int]], weights: list[list[int]], parent: dict[int, i
                     placed = placed or ok
                 if not placed:
                     break
-            elif node not in dram and dram_open and promote and i < first_miss:
+            elif node not in dram and dram_open and promote and i < first_miss \
+                    and ssd_reads.get(node, 0) >= promote_reads:
                 if put(dram, dram_cap, node, dram_protected, not write_through):
                     counters["promotions"] += 1
                 else:

@@ -46,7 +46,7 @@ def test_sim_figure(tiered_result):
     assert any(t.startswith("tiered") and "4 GiB SSD" in t for t in labels)
     assert all(_legend_outside(axis, fig) for axis in (top, bottom))
     assert top.get_ylim()[0] == 0 and bottom.get_ylim()[0] == 1
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_tier_figure(tiered_result):
@@ -57,7 +57,7 @@ def test_tier_figure(tiered_result):
     fig.canvas.draw()
     for axis in (left, right):                            # legends below the axes
         assert axis.get_legend().get_window_extent().y1 <= axis.get_window_extent().y0
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)
 
 
 def test_plan_heatmap_marks_the_recommendation():
@@ -73,4 +73,4 @@ def test_plan_heatmap_marks_the_recommendation():
     assert "2.50x" in axis.get_title() and "$12" in axis.get_title()
     assert sorted(t.get_text() for t in axis.texts) == ["1.50x", "2.00x", "2.50x", "3.00x"]
     assert np.isclose(fig.axes[0].images[0].get_array().max(), 3.0)
-    plots._pyplot().close(fig)
+    plots.pyplot().close(fig)

@@ -164,6 +164,71 @@ def _paths(requests):
 
 
 @pytest.mark.parametrize("seed", range(4))
+def test_tiered_promote_reads_matches_a_brute_force_model(seed):
+    """A block promoted on its k-th SSD hit (the store's policy.promote_reads)."""
+    requests = random_requests(seed + 10, requests=80)
+    replay = Replay(_trace(requests), 0.25)
+    paths, parent = _paths(requests)
+    weights = [[1] * len(p) for p in paths]
+    differs = 0
+    for dram, ssd in ((2, 9), (3, 25), (6, 25), (1, 4)):
+        first = None
+        for reads in (1, 2, 3):
+            got = replay.run(PolicySpec("tiered", dram, ssd, True, True, full_run=True,
+                                        promote_reads=reads))
+            want = bruteforce_tiered.tiered(paths, weights, parent, replay.warmup_requests,
+                                            dram, ssd, True, True, reads)
+            where = (seed, dram, ssd, reads)
+            assert (got.hit_tokens, got.ssd_hit_tokens, got.promotions, got.evictions) == (
+                want.hit_tokens, want.ssd_hit_tokens, want.promotions, want.evictions), where
+            if first is None:
+                first = got
+            differs += got.promotions != first.promotions
+    assert differs, "promote_reads never changed a replay: the test proves nothing"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiered_fifo_ssd_matches_a_brute_force_model(seed):
+    """The SSD tier evicting oldest write first, as the store's backends do."""
+    requests = random_requests(seed + 20, requests=80)
+    replay = Replay(_trace(requests), 0.25)
+    paths, parent = _paths(requests)
+    weights = [[1] * len(p) for p in paths]
+    differs = 0
+    for dram, ssd in ((0, 6), (2, 9), (3, 25), (6, 12), (1, 4)):
+        for write_through in (True, False):
+            for reads in (1, 2):
+                lru = replay.run(PolicySpec("tiered", dram, ssd, write_through, True,
+                                            full_run=True, promote_reads=reads))
+                got = replay.run(PolicySpec("tiered", dram, ssd, write_through, True,
+                                            full_run=True, promote_reads=reads,
+                                            ssd_fifo=True))
+                want = bruteforce_tiered.tiered(paths, weights, parent,
+                                                replay.warmup_requests, dram, ssd,
+                                                write_through, True, reads, ssd_fifo=True)
+                where = (seed, dram, ssd, write_through, reads)
+                assert (got.hit_tokens, got.ssd_hit_tokens, got.promotions,
+                        got.ssd_writes, got.evictions) == (
+                    want.hit_tokens, want.ssd_hit_tokens, want.promotions,
+                    want.ssd_writes, want.evictions), where
+                differs += (got.hit_tokens, got.ssd_hit_tokens) != (lru.hit_tokens,
+                                                                     lru.ssd_hit_tokens)
+    assert differs, "FIFO never differed from LRU on the SSD: the test proves nothing"
+
+
+def test_replay_tiers_promote_reads_one_is_promotion_on_the_first_hit():
+    trace = _trace(random_requests(7, requests=120))
+    once = tiered.replay_tiers(trace, 3, 30, promote_reads=1)
+    default = tiered.replay_tiers(trace, 3, 30)
+    later = tiered.replay_tiers(trace, 3, 30, promote_reads=2)
+    assert once.rates() == default.rates() and once.promotions == default.promotions
+    assert later.promotions < once.promotions
+    assert later.promote_reads == 2
+    with pytest.raises(ValueError):
+        tiered.replay_tiers(trace, 3, 30, promote_reads=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_tiered_matches_a_brute_force_model(seed):
     requests = random_requests(seed, requests=60)
     replay = Replay(_trace(requests), 0.5)

@@ -59,6 +59,11 @@ typedef struct {
     uint64_t *request_hit_tokens;  /* optional, SIM_TIERED, n_req entries: prefix-hit
                                       tokens of every request, measured or not */
     uint64_t *request_ssd_hit_tokens; /* optional, SIM_TIERED: the part the SSD served */
+    uint32_t promote_reads;        /* SIM_TIERED with promote: copy a block on its
+                                      promote_reads-th SSD-served hit and every later
+                                      one (0 and 1: the first), as the store counts */
+    int32_t ssd_fifo;              /* SIM_TIERED: the SSD tier evicts in insertion order,
+                                      no trie rule (the store's backends); 0: prefix LRU */
 } sim_params;
 
 typedef struct {
