@@ -282,7 +282,6 @@ def unexplained_lazy_imports(imports: list[Import] = IMPORTS
 #: Violations that work in progress removes: ``(check, importer, imported) -> whose``.
 _PROTOCOL = "issue 10, the protocol work (typed protocol, one client core): "
 _BACKENDS = "issue 10, the backends work (subpackages, the registry in the SDK): "
-_REPLAY = "the replay work (kvstored/demo.py): "
 _VIOLATIONS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     # (checks it fails, importer, imported, whose work removes it)
     (("layer", "lazy"), "kvstored.client.common", "kvstored.node.segment",
@@ -308,7 +307,6 @@ _VIOLATIONS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("cycle", "lazy"), "kvstored.native.probe", "kvstored.native", _BACKENDS + "io engine"),
     (("cycle", "lazy"), "kvstored.native.selection", "kvstored.native.uring",
      _BACKENDS + "io engine"),
-    (("lazy",), "kvstored.demo", "threading", _REPLAY + "a stdlib import in a function"),
 )
 KNOWN: dict[tuple[str, str, str], str] = {
     (check, importer, imported): whose

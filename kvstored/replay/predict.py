@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvstored.backends.bucket.index import index_size
+from kvstored.backends.record import record_size
 from kvstored.tools.events import EventTrace
 from kvstored.tools.tiered import TierReplay, replay_tiers
 
@@ -103,9 +105,6 @@ class Capacities:
 
 
 def _bucket_object_bytes(block_bytes: int, key_bytes: int, options: dict) -> int:
-    from kvstored.backends.bucket.index import index_size
-    from kvstored.backends.record import record_size
-
     keys = int(options.get("bucket_keys", BUCKET_DEFAULTS["bucket_keys"]))
     # A bucket of `keys` objects: their records, its index file rounded up to disk
     # blocks, and the spare block the backend reserves per bucket.
@@ -118,8 +117,6 @@ def capacities(status: dict, block_bytes: int, key_bytes: int,
                policy: StorePolicy) -> Capacities:
     """The blocks of ``block_bytes`` (keys of ``key_bytes``) each tier of the store whose
     master answered ``status`` holds when it starts to evict."""
-    from kvstored.backends.record import record_size
-
     live = [n for n in status["nodes"] if n.get("alive", True)]
     dram_bytes = int(status["tiers"]["dram"]["capacity_bytes"])
     ssd_bytes = int(status["tiers"]["ssd"]["capacity_bytes"])
