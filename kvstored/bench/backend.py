@@ -207,16 +207,19 @@ class Run:
         """fio on the same file system. For a flush, ``fio`` writes a new file once, as
         a backend writes new objects into new space; ``fio-overwrite`` rewrites the
         laid-out read file, which spares the file system its block allocation."""
+        if self.fio is None:
+            raise BenchError("fio_measure needs fio, and none was found")
+        fio = self.fio
         size = self.objects(workload) * workload.object_size
         if workload.kind == "flush" and runner == "fio":
             target = self.root / "fio-new.dat"
             target.unlink(missing_ok=True)
             try:
-                return run_fio(self.fio, workload.fio, target, size, self.runtime,
+                return run_fio(fio, workload.fio, target, size, self.runtime,
                                time_based=False)
             finally:
                 target.unlink(missing_ok=True)
-        return run_fio(self.fio, workload.fio, self.fio_file, size, self.runtime)
+        return run_fio(fio, workload.fio, self.fio_file, size, self.runtime)
 
     def runners(self, workload: Workload, round_number: int) -> list[str]:
         """This round's runners, in an order that rotates so drift favours none."""

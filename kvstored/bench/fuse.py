@@ -66,7 +66,9 @@ def _start_store(home: Path, size: int) -> tuple[subprocess.Popen, str]:
          "--dram", room, "--ssd", room, "--backend", "bucket"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
     lines = []
-    for line in proc.stdout:
+    output = proc.stdout
+    assert output is not None  # stdout=PIPE
+    for line in output:
         lines.append(line)
         found = re.search(r"^kvstored up: listening on ([\d.]+:\d+)", line)
         if found:
@@ -84,12 +86,14 @@ def _mount(path: Path, master: str, *extra: str) -> subprocess.Popen:
     path.mkdir()
     proc = subprocess.Popen([str(BIN / "kvstore"), "mount", str(path), "--master", master,
                              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr
+    assert stderr is not None  # stderr=PIPE
     deadline = time.monotonic() + 60
     while not _mounted(path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise BenchError(f"kvstore mount {path} did not mount: "
-                             f"{proc.stderr.read().decode(errors='replace')}")
+                             f"{stderr.read().decode(errors='replace')}")
         time.sleep(0.05)
     return proc
 

@@ -279,13 +279,12 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-sim-") as tmp:
         work = Path(tmp)
         console.print(f"trace {trace}: {rounds} rounds")
-        label = "original"
+        label, source = "original", trace
         if string_ids:
-            stringified = work / "original-string-ids.jsonl"
-            stringify_jsonl(trace, stringified)
+            source = work / "original-string-ids.jsonl"
+            stringify_jsonl(trace, source)
             label = "original, string ids"
-        results.append(_bench_trace(label, stringified if string_ids else trace, model,
-                                    block_size, rounds, work))
+        results.append(_bench_trace(label, source, model, block_size, rounds, work))
         replicated = work / f"replicated-{replicate}x.jsonl"
         events_written = replicate_jsonl(trace, replicate, replicated)
         if string_ids:

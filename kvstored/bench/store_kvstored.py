@@ -63,7 +63,7 @@ class KvstoredDaemon:
         data.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = data.parent / "kvstored.log"
         self.lines: list[str] = []
-        self.address: str | None = None
+        self._announced: str | None = None  # by the daemon's banner, read by _read
         self._ready = threading.Event()
         self.proc = subprocess.Popen(
             [_tool("kvstored"), "up", "--listen", "127.0.0.1:0", "--data", str(data),
@@ -75,13 +75,16 @@ class KvstoredDaemon:
                  "KVSTORED_NODE_SHUTDOWN_FLUSH_TIMEOUT": "0"})
         threading.Thread(target=self._read, daemon=True).start()
         self._ready.wait(120)
-        if self.address is None:
+        if self._announced is None:
             self.stop()
             raise BenchError("kvstored up did not start:\n" + self.log)
+        self.address: str = self._announced
 
     def _read(self) -> None:
+        output = self.proc.stdout
+        assert output is not None  # stdout=PIPE
         with open(self.log_path, "a") as log:
-            for line in self.proc.stdout:
+            for line in output:
                 log.write(line)
                 log.flush()
                 self.lines.append(line.rstrip())
@@ -90,8 +93,8 @@ class KvstoredDaemon:
 
     def _banner(self, line: str) -> None:
         match = BANNER.search(line)
-        if match and self.address is None:
-            self.address = f"{match.group(1)}:{match.group(2)}"
+        if match and self._announced is None:
+            self._announced = f"{match.group(1)}:{match.group(2)}"
             self._ready.set()
 
     @property
