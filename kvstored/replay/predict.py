@@ -42,6 +42,7 @@ from typing import Any
 
 from kvstored.backends.bucket.index import index_size
 from kvstored.backends.record import record_size
+from kvstored.config import Config
 from kvstored.tools.events import EventTrace
 from kvstored.tools.tiered import TierReplay, replay_tiers
 
@@ -71,13 +72,13 @@ class StorePolicy:
     source: str
 
     @classmethod
-    def from_config(cls, cfg, backend: str | None = None) -> StorePolicy:
+    def from_config(cls, cfg: Config, backend: str | None = None) -> StorePolicy:
         """The settings a daemon started with the configuration ``cfg`` would use
         (``backend``: what the master reports the nodes run, if known)."""
-        return cls(cfg["policy.dram_high_watermark"], cfg["policy.dram_low_watermark"],
-                   cfg["policy.promote_reads"], cfg["policy.dram_only"],
-                   cfg["policy.offload"], backend or cfg["node.backend"],
-                   dict(cfg["node.backend_options"]),
+        policy, node = cfg.policy, cfg.node
+        return cls(policy.dram_high_watermark, policy.dram_low_watermark,
+                   policy.promote_reads, policy.dram_only, policy.offload,
+                   backend or node.backend, dict(node.backend_options),
                    "this process's configuration (the master does not report its policy)")
 
 
