@@ -25,7 +25,7 @@ from pathlib import Path
 from rich.console import Console
 
 import kvstored
-from kvstored.cli.progress import ProgressFn, progress_bar
+from kvstored.progress import ProgressFn, progress_bar
 from kvstored.replay import multiturn, page, plots
 from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy

@@ -12,9 +12,9 @@ import trio
 from kvstored.backends import BUILTIN
 from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import setting_option, shown_default
 from kvstored.cli.program import debug_option
-from kvstored.config import Config, load_config
+from kvstored.cli.settings import setting_option, shown_default
+from kvstored.config import Config, choices_of, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
@@ -48,7 +48,7 @@ def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
         # in it: either way another node runs on it.
         pid = held.pid if isinstance(held, BackendBusyError) else held.holder
         holder = f" (process {pid})" if pid else ""
-        raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
+        raise QuietError(f"data directory {cfg.node.data} is in use by another kvstored "
                          f"node{holder}; stop that node, or give this one another --data",
                          ExitCode.IN_USE) from exc
     click.echo("kvstored: stopped cleanly", err=True)
@@ -74,7 +74,7 @@ default), so that a restart has them; a second Ctrl-C stops at once.
 @setting_option("--ssd", key="node.ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
 @setting_option("--backend", key="node.backend", metavar="NAME",
                 help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
-@setting_option("--offload", key="policy.offload", type=click.Choice(["eager", "watermark"]),
+@setting_option("--offload", key="policy.offload", type=click.Choice(choices_of("policy.offload")),
                 help="When objects go to SSD.")
 @setting_option("--metrics", key="master.metrics", metavar="HOST:PORT",
                 help="Serve Prometheus metrics here.")
@@ -100,9 +100,9 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
         host, port = started["master"]
         click.echo(f"kvstored up: listening on {host}:{port} (node {started['node_name']}, "
                    f"data server {started['node'][0]}:{started['node'][1]})")
-        click.echo(f"kvstored up: data directory {cfg['node.data']}, backend "
-                   f"{cfg['node.backend']}, DRAM {cfg['node.dram']} bytes, SSD "
-                   f"{cfg['node.ssd']} bytes")
+        click.echo(f"kvstored up: data directory {cfg.node.data}, backend "
+                   f"{cfg.node.backend}, DRAM {cfg.node.dram} bytes, SSD "
+                   f"{cfg.node.ssd} bytes")
 
     _run(run_embedded, cfg, banner)
 
@@ -166,4 +166,4 @@ def node(master_address, listen, data, dram, ssd, backend, name, metrics, config
                     "node.metrics": "--metrics",
                     "security.node_token_file": "--node-token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
-        f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))
+        f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg.node.data}"))

@@ -17,19 +17,20 @@ import click
 from rich.console import Console
 
 from kvstored.cli.connection import (
-    ClientSettings,
+    Reach,
     client_options,
-    client_settings,
     json_option,
     open_client,
+    reach,
     store_command,
 )
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingDirectory, ExistingFile, setting_option
 from kvstored.cli.program import state
-from kvstored.cli.progress import progress_bar, wait_showing
+from kvstored.cli.settings import setting_option
 from kvstored.errors import NotFoundError
+from kvstored.params import ExistingDirectory, ExistingFile
+from kvstored.progress import progress_bar, wait_showing
 from kvstored.units import format_size, parse_size
 
 console = Console()
@@ -161,8 +162,9 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
 
     With --wait, exits 1 if an offload failed or the nodes did not finish in time.
     """
-    settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=wait) as client, _StatusPoller(settings) as status:
+    target = reach(state(), wait_timeout=wait_timeout)
+    waited = target.settings.wait_timeout
+    with open_client(target, waits=wait) as client, _StatusPoller(target) as status:
         def left() -> tuple[float, float, str]:
             remaining = sum(n.get("queued_offloads", 0) for n in status.nodes(node))
             status.most = max(status.most, remaining)
@@ -170,7 +172,7 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
                     f"flush: {remaining:,} objects still to write to SSD")
 
         reply = wait_showing(
-            lambda: client.call("flush", node=node, wait=wait, timeout=settings.wait_timeout),
+            lambda: client.call("flush", node=node, wait=wait, timeout=waited),
             left, enabled=wait and not as_json)
     reply.pop("ok", None)
     if as_json:
@@ -188,7 +190,7 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
                          ExitCode.FAILURE)
     if wait and not reply["done"]:
         raise QuietError(f"{reply.get('remaining', '?')} objects were not durable after "
-                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         f"{waited:g} s; wait longer (--wait-timeout) or see "
                          "the node logs", ExitCode.FAILURE)
 
 
@@ -213,7 +215,7 @@ def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> Non
         budget = parse_size(nbytes) if nbytes else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bytes") from None
-    with open_client(client_settings(state())) as client:
+    with open_client(reach(state())) as client:
         reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
                             bytes=budget, dry_run=dry_run, drop=drop)
         # A named key the master did not consider either does not exist or has no copy
@@ -262,8 +264,9 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
         return
     if backend:
         raise click.UsageError("--backend only applies with --offline DIR")
-    settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=True) as client, _StatusPoller(settings) as status:
+    target = reach(state(), wait_timeout=wait_timeout)
+    waited = target.settings.wait_timeout
+    with open_client(target, waits=True) as client, _StatusPoller(target) as status:
         def checking() -> tuple[float, float, str]:
             if status.most == 0:  # the nodes it waits for: counted once
                 status.most = len(status.nodes(node))
@@ -271,8 +274,7 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
             return 0, 0, f"recover: {nodes} reading back and checking every SSD record"
 
         reply = wait_showing(
-            lambda: client.call("recover", node=node, repair=repair,
-                                timeout=settings.wait_timeout),
+            lambda: client.call("recover", node=node, repair=repair, timeout=waited),
             checking, enabled=not as_json)
     reports = reply["reports"]
     if as_json:
@@ -283,7 +285,7 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
     _fail_on_problems([p for r in reports.values() for p in r["problems"]])
     if reply["missing"]:
         raise QuietError(f"node {_some(reply['missing'])} did not report back within "
-                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         f"{waited:g} s; wait longer (--wait-timeout) or see "
                          "its log", ExitCode.FAILURE)
 
 
@@ -292,8 +294,8 @@ class _StatusPoller:
     busy waiting), opened at the first poll: what a progress bar shows while a flush or
     a recover waits on the nodes."""
 
-    def __init__(self, settings: ClientSettings) -> None:
-        self.settings = settings
+    def __init__(self, target: Reach) -> None:
+        self.target = target
         self.client: Any = None
         #: The largest count seen so far: the bar's whole.
         self.most = 0
@@ -301,7 +303,7 @@ class _StatusPoller:
     def nodes(self, only: str | None) -> list[dict[str, Any]]:
         """The live nodes (only the one named ``only``, if given)."""
         if self.client is None:
-            self.client = open_client(self.settings)
+            self.client = open_client(self.target)
         return [n for n in self.client.call("status")["nodes"]
                 if n["alive"] and only in (None, n["node"])]
 

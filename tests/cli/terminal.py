@@ -20,7 +20,7 @@ _ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 #: Runs ``kvstore`` with the progress bar shown at once instead of after half a second,
 #: for work a test cannot make last (the threshold itself is tested in-process).
-EAGER_KVSTORE = ("import sys; import kvstored.cli.progress as p; p.SHOW_AFTER = 0; "
+EAGER_KVSTORE = ("import sys; import kvstored.progress as p; p.SHOW_AFTER = 0; "
                  "from kvstored.cli.tool import main; sys.argv[0] = 'kvstore'; main()")
 
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvstored.cli.daemon import main as kvstored_main
-from kvstored.cli.params import SettingOption, shown_default
+from kvstored.cli.settings import SettingOption, shown_default
 from kvstored.cli.tool import main as kvstore_main
 from kvstored.config import SCHEMA
 

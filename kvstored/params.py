@@ -1,19 +1,20 @@
-"""Parameter types of the CLI whose failures are not bad usage.
+"""click parameter types whose failures are not bad usage, for every command line of the
+package: the CLI's commands, the benchmarks' and the simulator's.
 
 click reports every bad parameter as usage (exit 2), but a path that does not exist is
 NOT_FOUND (exit 3) in docs/cli.md, like a missing key: a script can tell "you typed it
-wrong" from "it is not there".
+wrong" from "it is not there". So a missing path raises :class:`FileNotFoundError`,
+which the CLI's one table (:mod:`kvstored.cli.errors`) ends with NOT_FOUND like any
+other; this module knows no exit code and imports nothing of kvstored.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
 import click
-
-from kvstored.cli.errors import QuietError
-from kvstored.cli.exitcodes import ExitCode
 
 
 class ExistingPath(click.Path):
@@ -36,7 +37,8 @@ class ExistingPath(click.Path):
             else:
                 what = f" ({param.human_readable_name})" if param is not None else ""
             hint = f"; {self.missing_hint.format(path=path)}" if self.missing_hint else ""
-            raise QuietError(f"{path} does not exist{what}{hint}", ExitCode.NOT_FOUND)
+            # No filename: the message already names the path, as the user wrote it.
+            raise FileNotFoundError(errno.ENOENT, f"{path} does not exist{what}{hint}")
         return path
 
 
@@ -52,32 +54,3 @@ class ExistingFile(ExistingPath):
 
     def __init__(self, missing_hint: str = "", **path_options: Any) -> None:
         super().__init__(directory=False, missing_hint=missing_hint, **path_options)
-
-
-class SettingOption(click.Option):
-    """An option that sets a configuration key; :func:`setting_option` makes them."""
-
-    def __init__(self, *args: Any, setting_key: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: The configuration key this option overrides (``node.dram``).
-        self.setting_key = setting_key
-
-
-def shown_default(key: str) -> str:
-    """The default of configuration ``key`` as help texts show it: from the settings
-    table (kvstored/config.py), so that a changed default is never shown stale."""
-    from kvstored.config import SCHEMA, Address, describe_default
-
-    setting = SCHEMA[key]
-    text = describe_default(setting)
-    if text == '""':
-        return "off" if isinstance(setting.kind, Address) else "empty"
-    return text
-
-
-def setting_option(*decls: str, key: str, help: str, **attrs: Any) -> Any:
-    """A click option for configuration key ``key`` (given, it wins over the file and the
-    environment). Its help ends with ``[key; default ...]``, the default read from the
-    settings table. The option's own default is None: "not given"."""
-    return click.option(*decls, cls=SettingOption, setting_key=key,
-                        help=f"{help} [{key}; default {shown_default(key)}]", **attrs)
