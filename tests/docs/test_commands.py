@@ -4,11 +4,15 @@ cannot drift from the code (tests/docs/blocks.py says how a block becomes a scri
 The blocks run in page order in one scratch environment: a network namespace of their
 own (so the documented addresses, 127.0.0.1:7700, 10.0.0.1:7700 and 10.0.0.5:7700, are
 free and reachable, and nothing collides with other tests), a mount namespace with a
-tmpfs on /mnt (so `mkdir -p /mnt/kv` and the FUSE mounts touch nothing outside) and
-one on /var/lib (where a stopped node leaves the data docs/fuse.md mounts offline), a
-scratch $HOME (the daemon's default data directory and token files), and the working
-directory holding `file`, the file the README stores. The README's `kvstored up` starts
-the store that the later blocks use, as a reader's would.
+tmpfs on /mnt (so `mkdir -p /mnt/kv` and the FUSE mounts touch nothing outside), one on
+/dev/shm (the nodes' DRAM segments) and one on /var/lib (where a stopped node leaves the
+data docs/fuse.md mounts offline), a scratch $HOME (the daemon's default data directory
+and token files), and the working directory holding `file`, the file the README stores.
+The README's `kvstored up` starts the store that the later blocks use, as a reader's
+would. The blocks' `kvstore` and `kvstored` commands and Python examples run through a
+fork server that has the programs imported once (tests/docs/forkserver.py): a fresh
+interpreter spends seconds on its imports on a loaded machine, and the pages run some two
+hundred commands.
 
 :data:`SKIP` lists the blocks that cannot run here, each with the reason.
 """
@@ -132,7 +136,11 @@ def _driver(work: Path, logs: Path, runs: Path) -> str:
     """One bash script that sets the namespaces up and runs every block in turn."""
     lines = ["set -u", "ip link set lo up",
              "ip addr add 10.0.0.1/32 dev lo", "ip addr add 10.0.0.5/32 dev lo",
-             "mount -t tmpfs -o size=256m kvstored-docs /mnt", f"cd {work}",
+             "mount -t tmpfs -o size=256m kvstored-docs /mnt",
+             # The DRAM segments are named after the data directory: a /dev/shm of its
+             # own keeps them from those of another run of this test (the same paths)
+             # and from the segments a node's start-up sweeps.
+             "mount -t tmpfs -o size=4g kvstored-docs-shm /dev/shm", f"cd {work}",
              _FORK_SERVER.format(logs=logs), _STOPPED_NODE.format(logs=logs)]
     for index, block in enumerate(RUNNABLE):
         if _skip_reason(block):
