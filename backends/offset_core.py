@@ -800,8 +800,7 @@ class OffsetLayoutBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         results: list[int] = [ReadStatus.MISSING] * len(keys)
         plan: list[tuple[int, str, Entry, memoryview]] = []
         with self._lock:

@@ -71,6 +71,7 @@ Writing a backend
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -98,6 +99,43 @@ from kvstored.sdk.types import (
     WriteResult,
     encode_key,
 )
+
+
+def _is_guarded(function: Callable) -> bool:
+    return getattr(function, "_refused_when_closed", False)
+
+
+def _refused_when_closed(function: Callable) -> Callable:
+    """``function`` (a method), raising BackendClosedError once the backend is closed."""
+
+    @functools.wraps(function)
+    def guarded(self: StorageBackend, *args, **kwargs):
+        self._check_open()
+        return function(self, *args, **kwargs)
+
+    guarded._refused_when_closed = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _scan_refused_when_closed(scan: Callable) -> Callable:
+    """``scan``, refused once closed, whose iterator raises BackendClosedError at the
+    first step after a close."""
+
+    @functools.wraps(scan)
+    def guarded(self: StorageBackend, *args, **kwargs) -> Iterator[ObjectRecord]:
+        self._check_open()
+        return _while_open(self, scan(self, *args, **kwargs))
+
+    guarded._refused_when_closed = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _while_open(backend: StorageBackend,
+                records: Iterator[ObjectRecord]) -> Iterator[ObjectRecord]:
+    for record in records:
+        backend._check_open()
+        yield record
+
 
 #: Called with the keys an eviction removes, after they stopped being visible and
 #: before their space can be reused. It must not call back into the backend.
@@ -130,6 +168,26 @@ class StorageBackend(abc.ABC):
     name: ClassVar[str] = ""
     #: The open modes this backend implements.
     open_modes: ClassVar[frozenset[OpenMode]] = frozenset({OpenMode.READ_WRITE})
+    #: The SDK version (``"MAJOR.MINOR"``, :data:`kvstored.sdk.SDK_VERSION`) this backend
+    #: was written for. Every backend declares it; the kit fails one that does not, or
+    #: whose version this SDK cannot run (docs/sdk.md, "Versions").
+    sdk_version: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Make the clause "after close() every call raises BackendClosedError" hold for
+        the calls a backend cannot easily guard itself: the ``capabilities`` property and
+        ``write_batch_hint`` (usually one-line answers), and every step of a ``scan()``
+        iterator, which may have begun before the close."""
+        super().__init_subclass__(**kwargs)
+        found = cls.__dict__.get("capabilities")
+        if isinstance(found, property) and found.fget and not _is_guarded(found.fget):
+            cls.capabilities = property(_refused_when_closed(found.fget),  # type: ignore[method-assign]
+                                        doc=found.__doc__)
+        for name, guard in (("write_batch_hint", _refused_when_closed),
+                            ("scan", _scan_refused_when_closed)):
+            method = cls.__dict__.get(name)
+            if callable(method) and not _is_guarded(method):
+                setattr(cls, name, guard(method))
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
@@ -311,6 +369,7 @@ class StorageBackend(abc.ABC):
     def write_batch_hint(self) -> WriteBatchHint:
         """How callers should batch writes (see :class:`WriteBatchHint`). Override it
         when the layout prefers other sizes, as a bucket backend does."""
+        self._check_open()
         return WriteBatchHint()
 
     # -- conveniences built on the abstract methods ------------------------------------
@@ -349,6 +408,17 @@ class StorageBackend(abc.ABC):
 
     def delete(self, key: str) -> bool:
         return self.batch_delete([key])[0]
+
+    def _check_read_buffers(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> None:
+        """Validate a read batch up front: one writable buffer per key."""
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers",
+                                      path=self.path)
+        for key, buf in zip(keys, buffers):
+            if memoryview(buf).readonly:
+                raise InvalidRequestError("a read buffer must be writable (a bytearray or a "
+                                          "writable memoryview), not read-only", key=key,
+                                          path=self.path)
 
     def _check_value_sizes(self, items: Sequence[tuple[str, Buffer]]) -> list[bytes]:
         """Validate a write batch up front; return the encoded keys."""

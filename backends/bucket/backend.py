@@ -109,6 +109,7 @@ class BucketBackend(StorageBackend):
     """
 
     name = "bucket"
+    sdk_version = "1.0"
     open_modes = frozenset(OpenMode)
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BUCKETS_DIR,)
@@ -381,8 +382,7 @@ class BucketBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         views = [memoryview(buf).cast("B") for buf in buffers]
         for key, view in zip(keys, views):
             if view.readonly:

@@ -32,7 +32,6 @@ from kvstored.sdk import (
     CapacityError,
     CheckReport,
     EvictionGranularity,
-    InvalidRequestError,
     Location,
     ObjectRecord,
     Problem,
@@ -52,6 +51,7 @@ MAGIC = b"FLAT"
 
 class FlatDirBackend(StorageBackend):
     name = "flatdir"
+    sdk_version = "1.0"
 
     def __init__(self, path, *, capacity=None, max_value_size=256 * 2**20, on_evict=None):
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
@@ -148,8 +148,7 @@ class FlatDirBackend(StorageBackend):
 
     def batch_read(self, keys, buffers):
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError("batch_read needs one buffer per key")
+        self._check_read_buffers(keys, buffers)
         results = []
         for key, buf in zip(keys, buffers):
             with self._lock:
