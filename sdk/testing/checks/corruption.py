@@ -206,7 +206,7 @@ def check_reports_dropped_record(kit: Kit) -> None:
 @check(Clause.CHECK)
 def repair_keeps_evidence(kit: Kit) -> None:
     """check(repair=True) sets a damaged record aside: its bytes (the damage included)
-    are still somewhere under the store's directory afterwards, never deleted."""
+    are still on disk afterwards (in the store or its quarantine), never deleted."""
     backend = kit.open(capacity=32 * MiB)
     items = make_items("ev", 6, 32 * KiB)
     items.append(("evidence", payload("evidence", 40_000)))
@@ -218,7 +218,7 @@ def repair_keeps_evidence(kit: Kit) -> None:
     assert report.problems, "check(repair=True) found nothing to repair"
     assert not backend.contains("evidence"), "the damaged record is still indexed"
     backend.close()
-    assert _somewhere_under(kit.path, window), \
+    assert _somewhere_under(kit.workspace, window), \
         "check(repair=True) deleted the damaged record's bytes instead of quarantining them"
 
 

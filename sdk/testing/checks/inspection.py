@@ -70,40 +70,58 @@ def capabilities_well_formed(kit: Kit) -> None:
 
 @check(Clause.SCAN)
 def scan_yields_each_once(kit: Kit) -> None:
-    """scan() yields every object live when it began exactly once, never a key deleted
+    """scan() yields every object live throughout exactly once, never a key deleted
     before it began, and no key twice, while another thread writes and deletes."""
     backend = kit.open()
     items = make_items("once", 300, 2 * KiB)
     write_all(backend, items)
     dead = [k for k, _ in items[::7]]
     backend.batch_delete(dead)
-    live = {k for k, _ in items} - set(dead)
-    started = threading.Event()
-    stop = threading.Event()
+    # Deleted while the scan runs: they may appear or not, but deleting them must not
+    # make the scan skip or repeat the others.
+    doomed = [k for k, _ in items[1:60:3]]
+    live = {k for k, _ in items} - set(dead) - set(doomed)
+    go, done = threading.Event(), threading.Event()
+    failures: list[str] = []
 
-    def churn() -> None:
-        started.wait()
-        n = 0
-        while not stop.is_set() and n < 200:
-            backend.batch_write(make_items(f"during{n}", 2, 2 * KiB))
-            backend.batch_delete([f"during{n - 1}/0"])
-            n += 1
+    def churn() -> None:  # one step per request: writes two keys, deletes two
+        for n in range(len(doomed)):
+            if not go.wait(STEP_TIMEOUT):
+                return
+            go.clear()
+            try:
+                backend.batch_write(make_items(f"during{n}", 2, 2 * KiB))
+                backend.batch_delete([f"during{n - 1}/0", doomed[n]])
+            except Exception as exc:  # reported below
+                failures.append(f"{type(exc).__name__}: {exc}")
+            done.set()
 
-    thread = threading.Thread(target=churn)
+    thread = threading.Thread(target=churn, daemon=True)
     thread.start()
-    try:
-        seen: list[str] = []
-        for record in backend.scan():
-            started.set()
-            seen.append(record.key)
-    finally:
-        started.set()
-        stop.set()
-        thread.join()
+    seen: list[str] = []
+    steps = 0
+    for record in backend.scan():
+        seen.append(record.key)
+        if len(seen) % 8 == 1 and steps < len(doomed):
+            # Pause the scan between two steps while the other thread writes and deletes.
+            done.clear()
+            go.set()
+            steps += 1
+            if not done.wait(STEP_TIMEOUT):
+                kit.abandon(backend)
+                raise AssertionError("a write and a delete could not finish while a scan "
+                                     "was paused between two steps (scan holds a lock)")
+    go.set()
+    thread.join(STEP_TIMEOUT)
+    assert not failures, failures[:3]
     twice = [k for k, n in Counter(seen).items() if n > 1]
     assert not twice, f"scan() yielded keys more than once: {twice[:5]}"
     assert not live - set(seen), f"scan() missed live keys: {sorted(live - set(seen))[:5]}"
     assert not set(dead) & set(seen), "scan() yielded keys deleted before it began"
+
+
+#: How long scan_yields_each_once waits for one write-and-delete step.
+STEP_TIMEOUT = 20.0
 
 
 def _thread_io() -> tuple[int, int]:
