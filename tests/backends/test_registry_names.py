@@ -1,7 +1,6 @@
-"""An installed entry point named like a built-in backend is refused with a warning; it
-never silently replaces the built-in."""
-
-from __future__ import annotations
+"""The registry: an installed entry point named like a built-in backend is refused with a
+warning (it never silently replaces the built-in), and command-line options are parsed
+by their declared types."""
 
 import importlib.metadata
 import sys
@@ -12,9 +11,11 @@ from kvstored.backends import (
     BUILTIN,
     BackendNameClashWarning,
     backend_class,
+    coerce_options,
     known_backends,
 )
 from kvstored.backends.file_per_key import FilePerKeyBackend
+from kvstored.sdk import InvalidRequestError, OpenMode
 
 
 @pytest.fixture
@@ -45,3 +46,24 @@ def test_other_names_of_the_distribution_still_register(impostor):
     with pytest.warns(BackendNameClashWarning):
         names = known_backends()
     assert "impostor-own" in names
+
+
+class Blueprint(str):
+    """A text option whose type's name happens to contain "int"."""
+
+
+class WithTypedOptions(FilePerKeyBackend):
+    def __init__(self, path, *, blueprint: Blueprint | None = None,
+                 ratio: float = 0.5, strict: bool | None = None, **options) -> None:
+        super().__init__(path, **options)
+
+
+def test_options_are_parsed_by_their_type_not_their_annotation_text():
+    typed = coerce_options(WithTypedOptions, {
+        "blueprint": "print-4KiB", "ratio": "0.25", "strict": "none", "capacity": "4KiB",
+        "auto_evict": "no", "mode": "read-only"})
+    assert typed == {"blueprint": "print-4KiB", "ratio": 0.25, "strict": None,
+                     "capacity": 4096, "auto_evict": False, "mode": OpenMode.READ_ONLY}
+    assert coerce_options(WithTypedOptions, {"strict": "yes"}) == {"strict": True}
+    with pytest.raises(InvalidRequestError, match="ratio"):
+        coerce_options(WithTypedOptions, {"ratio": "lots"})
