@@ -213,6 +213,12 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
+class NotApplicable(Exception):
+    """Raised by a check that finds, once running, that it cannot apply to this backend
+    (a store on a block device cannot be cut short); reported NOT_APPLICABLE with the
+    message, never as a pass."""
+
+
 class CheckStatus(enum.Enum):
     PASSED = "passed"
     FAILED = "failed"
@@ -329,6 +335,8 @@ def run_checks(spec: BackendSpec, checks: list[Check], directory: Path | None = 
             else:
                 try:
                     check.run(spec, workspace)
+                except NotApplicable as exc:
+                    status, error = CheckStatus.NOT_APPLICABLE, str(exc)
                 except Exception as exc:  # the table reports every kind of failure
                     status, error = CheckStatus.FAILED, _failure_text(exc)
             outcome = CheckOutcome(check.name, status, time.perf_counter() - started,

@@ -16,7 +16,15 @@ from kvstored.sdk.testing.checks._common import (
     make_items,
     write_all,
 )
-from kvstored.sdk.testing.kit import Kit, Requirement, flip_byte, payload, read_location, size_for
+from kvstored.sdk.testing.kit import (
+    Kit,
+    NotApplicable,
+    Requirement,
+    flip_byte,
+    payload,
+    read_location,
+    size_for,
+)
 from kvstored.sdk.types import (
     ReadStatus,
 )
@@ -165,6 +173,9 @@ def _truncate_tail(kit: Kit):
     write_all(backend, items)
     where = backend.locate("victim")
     backend.close()
+    if where.device:
+        raise NotApplicable(f"the store is on a block device ({where.path}), which cannot "
+                            "be cut short")
     os.truncate(where.path, where.offset + where.length // 2)
     return kit.open(), items[:-1], where
 
