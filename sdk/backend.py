@@ -84,8 +84,11 @@ Deletes
 Capacity
     A backend opened with ``capacity`` never occupies more than that many bytes of disk,
     as measured by the blocks of its files (``st_blocks``), not only as it counts them:
-    :attr:`~kvstored.sdk.Usage.physical_bytes` counts every block its files take
-    (records, headers, padding, indexes, journals; a preallocated volume counts whole).
+    :attr:`~kvstored.sdk.Usage.physical_bytes` counts the disk its objects and metadata
+    take (records with their headers and padding, indexes, journals), so that whatever
+    its files grow by is counted; a backend that preallocates a volume counts the part
+    in use, and the volume itself fits in the capacity. Small fixed files (the stamp,
+    the lock) are the only disk outside both (the kit allows them 16 KiB).
     When a write does not fit, the backend evicts by its own policy (calling
     ``on_evict`` first) or fails the item with :class:`~kvstored.sdk.CapacityError`.
 

@@ -217,7 +217,8 @@ def check_reports_dropped_record(kit: Kit) -> None:
 @check(Clause.CHECK)
 def repair_keeps_evidence(kit: Kit) -> None:
     """check(repair=True) sets a damaged record aside: its bytes (the damage included)
-    are still on disk afterwards (in the store or its quarantine), never deleted."""
+    are still on disk after the store evicted everything and wrote anew (in a quarantine,
+    not in space it may reuse), never deleted."""
     backend = kit.open(capacity=32 * MiB)
     items = make_items("ev", 6, 32 * KiB)
     items.append(("evidence", payload("evidence", 40_000)))
@@ -228,6 +229,9 @@ def repair_keeps_evidence(kit: Kit) -> None:
     report = backend.check(repair=True)
     assert report.problems, "check(repair=True) found nothing to repair"
     assert not backend.contains("evidence"), "the damaged record is still indexed"
+    # Free and reuse every byte the store may reuse: what survives is what was set aside.
+    backend.evict(10**15)
+    write_all(backend, make_items("after", 12, 64 * KiB))
     backend.close()
     assert _somewhere_under(kit.workspace, window), \
         "check(repair=True) deleted the damaged record's bytes instead of quarantining them"
