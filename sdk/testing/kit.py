@@ -148,8 +148,11 @@ class Kit:
     when the check ends.
     """
 
-    def __init__(self, spec: BackendSpec, workspace: Path) -> None:
+    def __init__(self, spec: BackendSpec, workspace: Path,
+                 requires: frozenset[Requirement] = frozenset()) -> None:
         self.spec = spec
+        self.requires = requires
+        self._judged = False
         self.workspace = workspace
         self.path = workspace / "store"
         self._open: list[StorageBackend] = []
@@ -157,9 +160,16 @@ class Kit:
         self._type: type[StorageBackend] | None = None
 
     def open(self, **extra: Any) -> StorageBackend:
+        """Open the backend on the workspace. The first open of a check also judges the
+        check's requirements on the backend's capabilities: NotApplicable if unmet."""
         self._last_extra = extra
         backend = self.spec.open(self.path, **extra)
         self._open.append(backend)
+        if not self._judged:
+            self._judged = True
+            reason = unmet_requirement(self.requires, self.spec, backend.capabilities)
+            if reason:
+                raise NotApplicable(reason)
         return backend
 
     def reopen(self, backend: StorageBackend) -> StorageBackend:
@@ -169,11 +179,26 @@ class Kit:
     def backend_type(self) -> type[StorageBackend]:
         """The class of the backend under test (opened once on a scratch folder)."""
         if self._type is None:
+            self._type = self._type_without_opening()
+        if self._type is None:
             backend = self.spec.open(self.workspace / "type-probe")
             backend.close()
             shutil.rmtree(self.workspace / "type-probe", ignore_errors=True)
             self._type = type(backend)
         return self._type
+
+    def _type_without_opening(self) -> type[StorageBackend] | None:
+        factory = self.spec.factory
+        if isinstance(factory, type) and issubclass(factory, StorageBackend):
+            return factory
+        if factory is None and self.spec.target is not None:
+            from kvstored.backends import backend_class
+
+            try:
+                return backend_class(self.spec.target)
+            except Exception:  # a factory function's reference: open one to see
+                return None
+        return None
 
     def abandon(self, backend: StorageBackend) -> None:
         """Leave ``backend`` open when the check ends (threads the check gave up on still
@@ -261,48 +286,29 @@ class Check:
         return " ".join(first_paragraph.split())
 
     def run(self, spec: BackendSpec, workspace: Path) -> None:
-        kit = Kit(spec, workspace)
+        kit = Kit(spec, workspace, self.requires)
         try:
             self.function(kit)
         finally:
             kit.close_all()
 
 
-@dataclass
-class Probe:
-    """What the kit learnt from opening the backend once before the checks."""
-
-    capabilities: Capabilities | None
-    backend_type: type[StorageBackend] | None
-    #: Why the backend could not be opened at all (every check then fails with it).
-    failure: str | None = None
-
-    def not_applicable(self, check: Check, spec: BackendSpec) -> str | None:
-        """Why ``check`` does not apply to this backend, or None if it does."""
-        caps = self.capabilities
-        for need in sorted(check.requires, key=lambda r: r.value):
-            if need is Requirement.PERSISTENT and caps is not None and not caps.persistent:
-                return "the backend is not persistent (capabilities.persistent is False)"
-            if need is Requirement.SHARED and caps is not None and not caps.shared:
-                return "the backend is not shared (capabilities.shared is False)"
-            if need is Requirement.CHILD_PROCESS:
-                problem = spec.child_problem()
-                if problem:
-                    return problem
-        return None
-
-
-def probe(spec: BackendSpec, workspace: Path) -> Probe:
-    """Open the backend once on ``workspace`` and note its capabilities and type."""
-    try:
-        backend = spec.open(workspace / "store")
-    except Exception as exc:  # reported as the failure of every check
-        return Probe(None, None, f"the backend could not be opened: {type(exc).__name__}: "
-                                 f"{exc}")
-    try:
-        return Probe(backend.capabilities, type(backend))
-    finally:
-        backend.close()
+def unmet_requirement(requires: frozenset[Requirement], spec: BackendSpec,
+                      capabilities: Capabilities | None) -> str | None:
+    """Why a check needing ``requires`` does not apply, or None if it does. Without
+    ``capabilities`` (nothing opened yet) only what the spec alone tells is judged."""
+    for need in sorted(requires, key=lambda r: r.value):
+        if need is Requirement.CHILD_PROCESS:
+            problem = spec.child_problem()
+            if problem:
+                return problem
+        if capabilities is None:
+            continue
+        if need is Requirement.PERSISTENT and not capabilities.persistent:
+            return "the backend is not persistent (capabilities.persistent is False)"
+        if need is Requirement.SHARED and not capabilities.shared:
+            return "the backend is not shared (capabilities.shared is False)"
+    return None
 
 
 def _failure_text(exc: BaseException) -> str:
@@ -315,22 +321,20 @@ def _failure_text(exc: BaseException) -> str:
 def run_checks(spec: BackendSpec, checks: list[Check], directory: Path | None = None,
                progress: Callable[[CheckOutcome], None] | None = None) -> list[CheckOutcome]:
     """Run ``checks`` against ``spec``, each in a fresh folder under ``directory``; a
-    check whose requirements the backend does not meet is reported NOT_APPLICABLE."""
+    check whose requirements the backend does not meet is reported NOT_APPLICABLE.
+
+    Capabilities are judged on the first backend a check opens (the kit never opens one
+    just to look: a store on a device would be formatted with the wrong options)."""
     base = Path(tempfile.mkdtemp(prefix="kvstored-kit-", dir=directory))
     outcomes = []
     try:
-        (base / "probe").mkdir()
-        found = probe(spec, base / "probe")
-        shutil.rmtree(base / "probe", ignore_errors=True)
         for check in checks:
             workspace = base / check.name
             workspace.mkdir()
             started = time.perf_counter()
             status, error = CheckStatus.PASSED, None
-            reason = found.failure or found.not_applicable(check, spec)
-            if found.failure:
-                status, error = CheckStatus.FAILED, found.failure
-            elif reason:
+            reason = unmet_requirement(check.requires, spec, None)
+            if reason:
                 status, error = CheckStatus.NOT_APPLICABLE, reason
             else:
                 try:
