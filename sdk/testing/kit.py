@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import time
 import traceback
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,7 +92,7 @@ def resolve_factory(target: str) -> BackendFactory:
         if not (isinstance(found, type) and issubclass(found, StorageBackend)):
             if not callable(found):
                 raise TypeError(f"{target} is neither a StorageBackend nor a factory")
-            return found
+            return typing.cast(BackendFactory, found)
     return lambda path, **options: open_backend(target, path, **options)
 
 

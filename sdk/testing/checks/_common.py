@@ -13,9 +13,12 @@ import time
 
 from crc32c import crc32c
 
+from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.testing import _writer
 from kvstored.sdk.testing.kit import Check, Kit, Requirement, payload, size_for
 from kvstored.sdk.types import (
+    Location,
+    ObjectRecord,
     ReadStatus,
     WriteOutcome,
 )
@@ -77,6 +80,20 @@ def roundtrip_of_size(kit: Kit, size: int) -> None:
     assert record is not None and record.size == size, f"stat after write: {record}"
     assert record.checksum == crc32c(value), "stat's checksum is not the CRC-32C of the value"
     assert backend.contains(key)
+
+
+def located(backend: StorageBackend, key: str) -> Location:
+    """``backend.locate(key)``, which must not be None (the key was just written)."""
+    where = backend.locate(key)
+    assert where is not None, f"locate({key!r}) is None for a stored key"
+    return where
+
+
+def stat_of(backend: StorageBackend, key: str) -> ObjectRecord:
+    """``backend.stat(key)``, which must not be None (the key was just written)."""
+    record = backend.stat(key)
+    assert record is not None, f"stat({key!r}) is None for a stored key"
+    return record
 
 
 def write_all(backend, items) -> None:

@@ -13,6 +13,7 @@ from kvstored.sdk.testing.checks._common import (
     check,
     describe,
     kill_writer_midway,
+    located,
     make_items,
     write_all,
 )
@@ -135,7 +136,7 @@ def checksum_every_read(kit: Kit) -> None:
         for _ in range(2):
             kit.assert_value(backend, key, value)
     for key, value in items:
-        where = backend.locate(key)
+        where = located(backend, key)
         flip_byte(where.path, where.offset + where.length // 2)
         damaged = bytearray(value)
         damaged[len(value) // 2] ^= 0xFF
@@ -154,7 +155,7 @@ def failed_read_leaves_no_value_bytes(kit: Kit) -> None:
     backend = kit.open()
     size = 12_345
     write_all(backend, [("dirty", payload("dirty", size)), ("small", payload("small", size))])
-    where = backend.locate("dirty")
+    where = located(backend, "dirty")
     flip_byte(where.path, where.offset + size // 2)
     for key, room, expected in (("dirty", size, ReadStatus.CORRUPT),
                                 ("small", size - 1, ReadStatus.BUFFER_TOO_SMALL)):
@@ -171,7 +172,7 @@ def _truncate_tail(kit: Kit):
     backend = kit.open()
     items = [*make_items("t", 8, 64 * KiB), ("victim", payload("victim", 50_000))]
     write_all(backend, items)
-    where = backend.locate("victim")
+    where = located(backend, "victim")
     backend.close()
     if where.device:
         raise NotApplicable(f"the store is on a block device ({where.path}), which cannot "
@@ -223,7 +224,7 @@ def repair_keeps_evidence(kit: Kit) -> None:
     items = make_items("ev", 6, 32 * KiB)
     items.append(("evidence", payload("evidence", 40_000)))
     write_all(backend, items)
-    where = backend.locate("evidence")
+    where = located(backend, "evidence")
     flip_byte(where.path, where.offset + 20_000)
     window = read_location(replace(where, offset=where.offset + 19_000, length=2_000))
     report = backend.check(repair=True)

@@ -15,7 +15,9 @@ from kvstored.sdk.testing.checks._common import (
     Clause,
     KiB,
     check,
+    located,
     make_items,
+    stat_of,
     write_all,
 )
 from kvstored.sdk.testing.kit import Kit, Requirement, read_location
@@ -179,7 +181,7 @@ def shared_objects_readable_elsewhere(kit: Kit) -> None:
     backend = kit.open()
     items = make_items("shared", 5, 40 * KiB)
     write_all(backend, items)
-    places = [(backend.locate(k), backend.stat(k).checksum) for k, _ in items]
+    places = [(located(backend, k), stat_of(backend, k).checksum) for k, _ in items]
     program = ("import os, sys, json, crc32c\n"
                "for path, offset, length, crc in json.load(sys.stdin):\n"
                "    fd = os.open(path, os.O_RDONLY)\n"

@@ -21,6 +21,7 @@ from kvstored.sdk.testing.checks._common import (
     child_target,
     make_items,
     spec_options,
+    stat_of,
     write_all,
 )
 from kvstored.sdk.testing.kit import Kit, Requirement, payload
@@ -78,6 +79,7 @@ def deletes_survive_kill(kit: Kit) -> None:
         [sys.executable, "-m", _deleter.__name__, child_target(kit), spec_options(kit),
          str(kit.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=child_env())
+    assert child.stdout is not None
     try:
         line = child.stdout.readline()
     finally:
@@ -196,14 +198,14 @@ def seq_grows_across_reopen(kit: Kit) -> None:
     seqs = []
     for n in range(6):
         write_all(backend, [(f"seq/{n}", payload(f"seq/{n}", 500))])
-        seqs.append(backend.stat(f"seq/{n}").seq)
+        seqs.append(stat_of(backend, f"seq/{n}").seq)
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), f"seqs do not rise: {seqs}"
     backend.batch_delete(["seq/5"])  # the highest seq is gone: it must not be handed out
     backend = kit.reopen(backend)
-    again = [backend.stat(f"seq/{n}").seq for n in range(5)]
+    again = [stat_of(backend, f"seq/{n}").seq for n in range(5)]
     assert again == seqs[:5], f"a reopen changed the seqs: {seqs[:5]} -> {again}"
     write_all(backend, [("seq/after", b"later")])
-    after = backend.stat("seq/after").seq
+    after = stat_of(backend, "seq/after").seq
     assert after > max(again), f"a write after reopen got seq {after}, not above the " \
                                f"stored objects' {max(again)}"
 
