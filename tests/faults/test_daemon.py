@@ -203,10 +203,11 @@ def test_a_killed_node_makes_its_keys_miss_and_the_rest_of_the_batch_succeed(
 
 def _forge(c, key: str) -> None:
     """Overwrite ``key``'s DRAM bytes through this client's mapping, after its seal."""
-    size, _, replicas = c.call("lookup", keys=[key])["objects"][0]
-    node, tier, offset = replicas[0]
+    found = c.call("lookup", keys=[key])
+    size, replicas = found["sizes"][0], found["replicas"]
+    node, tier, offset = replicas["nodes"][0], replicas["tiers"][0], replicas["offsets"][0]
     assert tier == "dram"
-    mapping = c.segments.mapping(node, c._nodes[node])
+    mapping = c.segments.mapping(node, c.nodes[node])
     mapping.view(offset, size)[:16] = b"forged by client"
 
 
