@@ -40,12 +40,12 @@ Atomicity and durability
     Each item of :meth:`~StorageBackend.batch_write` either becomes durable and visible,
     or is reported failed and leaves nothing visible, not even after a crash. "Durable"
     means the bytes and whatever index points at them are on stable storage (fsync'd,
-    fdatasync'd, or written O_DIRECT and flushed) before the call returns. A process
-    killed in the middle of a batch leaves every object of that batch either complete
-    and correct or absent, and every acknowledged object readable. The kit proves this
-    against process death (SIGKILL of a real child process); it does not cut the power,
-    so it cannot see a missing fsync whose data the page cache still holds: that part is
-    on the backend's author (and on the power-loss layer, when the kit has one).
+    fdatasync'd, or written O_DIRECT and flushed, and so is the directory of every file
+    created, renamed or unlinked) before the call returns. A process killed, or the
+    power cut, in the middle of a batch leaves every object of that batch either
+    complete and correct or absent, and every acknowledged object readable. The kit
+    checks both: it kills real child processes with SIGKILL, and it cuts the power under
+    a file system that loses every write not made durable (docs/sdk.md, "Power loss").
 
 Write-once
     Objects are immutable. Writing a key that exists reports
@@ -77,9 +77,9 @@ Records that check
 
 Deletes
     A deleted key is gone for good, durably when ``batch_delete`` returns: it must not
-    reappear after a close, a reopen, a process killed right after the call, or a
-    recovery scan. The same holds for keys ``evict`` removed. A key deleted or evicted
-    and written again reads its new bytes, never the old ones.
+    reappear after a close, a reopen, a process killed right after the call, a power
+    cut, or a recovery scan. The same holds for keys ``evict`` removed. A key deleted
+    or evicted and written again reads its new bytes, never the old ones.
 
 Capacity
     A backend opened with ``capacity`` never occupies more than that many bytes of disk,

@@ -268,9 +268,16 @@ class CheckOutcome:
         """True unless the check failed (a check that does not apply is no failure)."""
         return self.status is not CheckStatus.FAILED
 
+    @property
+    def not_applicable(self) -> str | None:
+        """Why the check does not apply, or None if it ran."""
+        return self.error if self.status is CheckStatus.NOT_APPLICABLE else None
+
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status.value, "clause": self.clause,
-                "seconds": round(self.seconds, 3), "doc": self.doc, "error": self.error}
+                "seconds": round(self.seconds, 3), "doc": self.doc,
+                "error": None if self.not_applicable else self.error,
+                "not_applicable": self.not_applicable}
 
 
 @dataclass(frozen=True)
