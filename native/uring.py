@@ -34,7 +34,7 @@ from kvstored.native.errors import IoError, log, log_once
 from kvstored.units import format_size
 
 try:
-    from kvstored.native import _batch
+    from kvstored.native import _batch  # pyright: ignore[reportAttributeAccessIssue]  (C, no stub)
 except ImportError:  # an optional extension (setup.py): the general path does it all
     _batch = None
 

@@ -18,9 +18,9 @@ from kvstored.client.connection import Connection
 from kvstored.client.core import Call, ClientCore, Effect, Greet, ObjectInfo, Pause, Step, drive
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError
+from kvstored.errors import BadRequestError, ConfigError
 from kvstored.protocol.master_api import NodeContact
-from kvstored.security import CredentialsError, find_client_token
+from kvstored.security import find_client_token
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ class Client:
                  connect_timeout: float | None = None) -> None:
         try:
             found = find_client_token(token, token_file)
-        except CredentialsError as exc:
+        except ConfigError as exc:
             raise BadRequestError(str(exc)) from None
         self.core = ClientCore(master, transport=transport, token=found)
         self.timeout = timeout
