@@ -4,15 +4,20 @@ A backend is named in three ways:
 
 - a built-in name (:data:`BUILTIN`);
 - a name registered by a third-party distribution under the entry-point group
-  ``kvstored.backends`` (``mybackend = "my_pkg.backend:MyBackend"``);
+  ``kvstored.backends`` (``mybackend = "my_pkg.backend:MyBackend"``); one named like a
+  built-in is ignored with a :class:`BackendNameClashWarning`, never shadows it;
 - directly, as ``"module:Class"``.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
 import inspect
 import os
+import types
+import typing
+import warnings
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -35,9 +40,27 @@ BUILTIN: dict[str, str] = {
 }
 
 
+class BackendNameClashWarning(UserWarning):
+    """An installed entry point takes the name of a built-in backend: it is ignored."""
+
+
 def _registered() -> dict[str, str]:
-    """Built-in names plus installed entry points; built-ins win a name clash."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Built-in names plus installed entry points. An entry point named like a built-in
+    is refused (the built-in keeps its name) with a :class:`BackendNameClashWarning`
+    naming the distribution, so that installing a package never silently replaces the
+    backend a configuration names."""
+    found: dict[str, str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN:
+            if ep.value != BUILTIN[ep.name]:
+                dist = getattr(ep.dist, "name", None) or "an installed distribution"
+                warnings.warn(
+                    f"{dist} registers a backend named {ep.name!r} ({ep.value}), the name "
+                    f"of a built-in backend; it is ignored and {ep.name!r} stays "
+                    f"{BUILTIN[ep.name]}. Rename its entry point in the "
+                    f"{ENTRY_POINT_GROUP!r} group", BackendNameClashWarning, stacklevel=3)
+            continue
+        found[ep.name] = ep.value
     return {**found, **BUILTIN}
 
 
@@ -107,29 +130,60 @@ def open_backend(name: str, path: str | os.PathLike, *,
     return cls.open(path, **options)
 
 
-def coerce_options(cls: type[StorageBackend], raw: dict[str, str]) -> dict[str, Any]:
-    """Turn ``{"capacity": "4GiB", "policy": "lru"}`` from a command line into typed
-    options, using the annotations of ``cls``'s constructor."""
+def option_types(cls: type[StorageBackend]) -> dict[str, Any]:
+    """The declared type of each keyword option of ``cls`` (its own and the common ones),
+    resolved from the constructors' annotations (not from their text)."""
+    types: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            hints = typing.get_type_hints(init)
+        except (NameError, TypeError):  # an annotation that does not resolve: no type
+            hints = {}
+        for param in inspect.signature(init).parameters.values():
+            if param.kind is inspect.Parameter.KEYWORD_ONLY:
+                types[param.name] = hints.get(param.name, Any)
+    return types
+
+
+def _coerce(kind: Any, text: str) -> Any:
+    """``text`` parsed as ``kind`` (``X | None`` accepts "none" and "")."""
     from kvstored.units import parse_bool, parse_size
 
-    valid = {name: param for name, param in backend_options(cls).items()
+    members = typing.get_args(kind) if typing.get_origin(kind) in (
+        typing.Union, types.UnionType) else (kind,)
+    if type(None) in members and text.lower() in ("none", ""):
+        return None
+    concrete = [m for m in members if m is not type(None)]
+    kind = concrete[0] if len(concrete) == 1 else Any
+    if kind is bool:
+        return parse_bool(text)
+    if kind is int:
+        return parse_size(text)
+    if kind is float:
+        return float(text)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return kind(text)
+    return text
+
+
+def coerce_options(cls: type[StorageBackend], raw: dict[str, str]) -> dict[str, Any]:
+    """Turn ``{"capacity": "4GiB", "policy": "lru"}`` from a command line into typed
+    options, by the types of ``cls``'s constructor parameters: ``bool`` (yes/no, on/off),
+    ``int`` (sizes such as 4GiB), ``float``, enums (by value), ``X | None`` ("none"), and
+    text for anything else."""
+    # The hooks (on_evict, progress) are the program's to pass, never a user's option.
+    valid = {name: kind for name, kind in option_types(cls).items()
              if name not in PROGRAM_HOOKS}
     typed: dict[str, Any] = {}
     for key, text in raw.items():
-        param = valid.get(key)
-        if param is None:
+        if key not in valid:
             raise InvalidRequestError(f"unknown option {key!r} for {cls.name or cls.__name__}; "
                                       f"valid options: {', '.join(sorted(valid))}")
-        annotation = str(param.annotation)
         try:
-            if "bool" in annotation:
-                typed[key] = parse_bool(text)
-            elif "int" in annotation:
-                typed[key] = None if text.lower() in ("none", "") else parse_size(text)
-            elif "float" in annotation:
-                typed[key] = float(text)
-            else:
-                typed[key] = text
+            typed[key] = _coerce(valid[key], text)
         except ValueError as exc:
             raise InvalidRequestError(f"option {key}={text!r}: {exc}") from None
     return typed

@@ -117,6 +117,7 @@ class FilePerKeyBackend(StorageBackend):
     """
 
     name = "file-per-key"
+    sdk_version = "1.0"
     open_modes = frozenset(OpenMode)
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = ("objects", "tmp")
@@ -376,8 +377,7 @@ class FilePerKeyBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         results: list[int] = []
         for key, buf in zip(keys, buffers):
             with self._lock:

@@ -479,6 +479,11 @@ class OffsetLayoutBackend(StorageBackend):
         self.last_recovery = {"objects": len(found.entries), "journal_entries": found.replayed,
                               "replayed_records": found.records, "notes": list(found.notes)}
         self._seq = found.last_seq
+        # What recovery dropped (records cut off or overlapped) is reported by the next
+        # check(): an open that loses an acknowledged record must never look clean.
+        self.open_problems.extend(
+            Problem(ProblemKind.INDEX_MISMATCH, note, None, self._file.path,
+                    "dropped from the index at open") for note in found.notes)
         self._journal = JournalGate(self._engine, self._file, self._geometry, self._lock,
                                     self._snapshot_locked, generation=found.generation,
                                     checkpoint_bytes=self.checkpoint_bytes)
@@ -800,8 +805,7 @@ class OffsetLayoutBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         results: list[int] = [ReadStatus.MISSING] * len(keys)
         plan: list[tuple[int, str, Entry, memoryview]] = []
         with self._lock:
@@ -836,13 +840,16 @@ class OffsetLayoutBackend(StorageBackend):
         return results
 
     def _verify(self, key: str, entry: Entry, head, value, got_head, got_value) -> int:
+        view = memoryview(value).cast("B")
         if isinstance(got_head, IoError) or isinstance(got_value, IoError):
             log.warning("%s: reading %r failed: %s", self.path, key,
                         got_head if isinstance(got_head, IoError) else got_value)
+            view[:] = bytes(view.nbytes)  # nothing of a failed read stays in the buffer
             return ReadStatus.IO_ERROR
         problem = record_problem(key, entry, head, value, got_head, got_value)
         if problem is None:
             return entry.size
+        view[:] = bytes(view.nbytes)  # never leave bytes that failed in the caller's buffer
         self.corrupt_reads += 1
         log.warning("%s: %s of key %r at offset %d; reported as a miss (run "
                     "check(repair=True) to quarantine it)", self.path, problem, key,

@@ -290,7 +290,7 @@ _VIOLATIONS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     # (checks it fails, importer, imported, whose work removes it)
     *((("layer", "lazy"), f"kvstored.sdk.testing.{module}", "kvstored.backends",
        _BACKENDS + "the registry is an SDK concept")
-      for module in ("kit", "__main__", "checks.opening")),
+      for module in ("kit", "__main__")),
     *((("lazy",), "kvstored.sdk.testing.__main__", imported, _BACKENDS + "the kit's CLI")
       for imported in ("kvstored.sdk.testing", "kvstored.sdk.testing.kit")),
     (("lazy",), "kvstored.sdk.backend", "kvstored.sdk.errors", _BACKENDS + "the SDK's ABC"),

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
-from kvstored.backends.file_per_key import FilePerKeyBackend
-from kvstored.sdk import ReadStatus
+from kvstored.backends.file_per_key import FilePerKeyBackend, _Entry
+from kvstored.backends.record import VALUE_OFFSET, decode_header
+from kvstored.backends.threefs import ThreeFsBackend
+from kvstored.sdk import (
+    DEFAULT_MAX_VALUE_SIZE,
+    InvalidRequestError,
+    ReadStatus,
+    Usage,
+    encode_key,
+)
+from kvstored.sdk.pins import ReadPins
 
 
 class SkipsChecksum(FilePerKeyBackend):
@@ -119,3 +129,358 @@ class TakesNoLock(FilePerKeyBackend):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._dir_lock.release()
+
+
+# -- one realistic defect per contract clause (issue 11) ---------------------------------
+
+
+class ChecksumFirstReadOnly(FilePerKeyBackend):
+    """Integrity: verifies a key's checksum on its first read and trusts it afterwards
+    (a "verified" flag kept to save CPU)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._verified: set[str] = set()
+
+    def _read_one(self, key, entry, buf):
+        if key in self._verified:
+            target = memoryview(buf).cast("B")[:entry.size]
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.preadv(fd, [target], VALUE_OFFSET)
+            finally:
+                os.close(fd)
+            return entry.size
+        got = super()._read_one(key, entry, buf)
+        if got >= 0:
+            self._verified.add(key)
+        return got
+
+
+class CacheKeptOnEviction(FilePerKeyBackend):
+    """Deletes: a read cache that deletes invalidate but evictions do not, so a key
+    evicted and written again with new bytes of the same size reads the old ones."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._cache: dict[str, bytes] = {}
+
+    def batch_read(self, keys, buffers):
+        results = super().batch_read(keys, buffers)
+        for i, (key, buf) in enumerate(zip(keys, buffers)):
+            if results[i] < 0:
+                continue
+            cached = self._cache.get(key)
+            if cached is not None and len(cached) == results[i]:
+                buf[:len(cached)] = cached
+            else:
+                self._cache[key] = bytes(buf[:results[i]])
+        return results
+
+    def batch_delete(self, keys):
+        for key in keys:
+            self._cache.pop(key, None)
+        return super().batch_delete(keys)
+
+
+class TruncatedFileNames(FilePerKeyBackend):
+    """Keys: names a key's file after its first 200 bytes (to stay under NAME_MAX), so
+    two long keys sharing a prefix land in one file."""
+
+    def _publish(self, staged, results):
+        for item in staged:
+            item.key_bytes = item.key_bytes[:200]
+        super()._publish(staged, results)
+
+
+class LazyDeletes(FilePerKeyBackend):
+    """Deletes: forgets deleted and evicted keys at once but unlinks their files only at
+    close, so a process killed before then brings them back."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._doomed: list = []
+
+    def _unlink(self, entries):
+        self._doomed.extend(entries)
+
+    def _close(self):
+        FilePerKeyBackend._unlink(self, self._doomed)
+        super()._close()
+
+
+class PinsIgnoredWhenFull(FilePerKeyBackend):
+    """Pins: evict() skips pinned keys, but the eviction a write does to make room does
+    not look at the pins."""
+
+    def _reserve_locked(self, key, need):
+        pins, self._pins = self._pins, ReadPins()
+        try:
+            return super()._reserve_locked(key, need)
+        finally:
+            self._pins = pins
+
+
+class UncountedHeaders(FilePerKeyBackend):
+    """Capacity: counts a value's bytes as its disk use, without the 4 KiB header block
+    and the padding, so the files outgrow the capacity."""
+
+    def _footprint(self, size):
+        return size
+
+    def _write_tmp(self, key, key_bytes, value):
+        tmp, entry = super()._write_tmp(key, key_bytes, value)
+        entry.physical = entry.size
+        return tmp, entry
+
+
+class LogicalDriftsOnEviction(FilePerKeyBackend):
+    """Usage: the eviction path drops objects without taking their bytes off
+    logical_bytes (deletes do it right)."""
+
+    def _evict_locked(self, nbytes, on_evict):
+        logical = self._logical
+        victims = super()._evict_locked(nbytes, on_evict)
+        self._logical = logical
+        return victims
+
+
+class EvictsEverything(FilePerKeyBackend):
+    """Eviction: evict(n) ignores n and empties the store."""
+
+    def evict(self, nbytes, on_evict=None):
+        return super().evict(10**18, on_evict)
+
+
+class EvictsOneObject(FilePerKeyBackend):
+    """Eviction: evict(n) removes one object, whatever n, and reports success."""
+
+    def _evict_locked(self, nbytes, on_evict):
+        return super()._evict_locked(1, on_evict)
+
+
+class AdmitsShortRecords(FilePerKeyBackend):
+    """Records that check: the open trusts the header's length without comparing it with
+    the file's, so a record cut short at the tail is indexed, admitted and scanned."""
+
+    def _read_entry(self, path):
+        with open(path, "rb", buffering=0) as f:
+            st = os.fstat(f.fileno())
+            header = decode_header(f.read(VALUE_OFFSET), path=str(path))
+        return header.key, _Entry(str(path), header.value_len, header.value_crc, header.seq,
+                                  header.write_ns, st.st_blocks * 512)
+
+
+class DropsShortRecordsSilently(FilePerKeyBackend):
+    """Check and repair: the open deletes the records that do not check, so check()
+    afterwards finds nothing and reports the store clean."""
+
+    def _recover(self):
+        if not self.read_only:
+            for path in list(self._record_files()):
+                try:
+                    self._read_entry(path)
+                except Exception:
+                    path.unlink()
+        super()._recover()
+
+
+class RepairDeletesEvidence(FilePerKeyBackend):
+    """Check and repair: repair deletes the bad record's file instead of moving it to
+    the quarantine."""
+
+    def _problem(self, report, repair, kind, detail, key, path):
+        from kvstored.sdk import Problem
+
+        if repair:
+            os.unlink(path)
+        report.problems.append(Problem(kind, detail, key, str(path),
+                                       "deleted" if repair else None))
+
+
+class StatAfterClose(FilePerKeyBackend):
+    """After close: stat() and locate() forgot their closed check (they answer None)."""
+
+    def stat(self, key):
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._record(key, entry)
+
+    def locate(self, key):
+        with self._lock:
+            entry = self._index.get(key)
+        return None if entry is None else self._location(entry)
+
+
+class UsageStatsFiles(FilePerKeyBackend):
+    """Blocking: usage() sums st_blocks over the object files (exact, but disk I/O on the
+    node's event loop)."""
+
+    def usage(self):
+        self._check_open()
+        with self._lock:
+            entries = list(self._index.values())
+        physical = sum(os.stat(e.path).st_blocks * 512 for e in entries)
+        return Usage(sum(e.size for e in entries), physical, len(entries), self.capacity)
+
+
+class StatReadsHeader(FilePerKeyBackend):
+    """Blocking: stat() re-reads the record header to report fresh figures."""
+
+    def stat(self, key):
+        record = super().stat(key)
+        if record is not None:
+            with open(record.location.path, "rb", buffering=0) as f:
+                f.read(64)
+        return record
+
+
+class FailsWholeBatch(FilePerKeyBackend):
+    """Batch failures: when one item of a batch fails, it fails (and removes) them all."""
+
+    def batch_write(self, items):
+        from kvstored.sdk import WriteOutcome, WriteResult
+
+        results = super().batch_write(items)
+        failed = next((r for r in results if r.outcome is WriteOutcome.FAILED), None)
+        if failed is None:
+            return results
+        self.batch_delete([r.key for r in results if r.outcome is WriteOutcome.WRITTEN])
+        return [WriteResult(key, WriteOutcome.FAILED, failed.error) for key, _ in items]
+
+
+class TooLargeOnlyAlone(FilePerKeyBackend):
+    """Errors: checks max_value_size only for a batch of one."""
+
+    def _check_value_sizes(self, items):
+        if len(items) == 1:
+            return super()._check_value_sizes(items)
+        return [encode_key(key) for key, _ in items]
+
+
+class KeepsWriteBuffers(FilePerKeyBackend):
+    """Buffers: keeps a zero-copy view of each written value as a read cache, so a
+    caller reusing its buffer changes what reads return."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._views: dict[str, memoryview] = {}
+
+    def batch_write(self, items):
+        results = super().batch_write(items)
+        for (key, value), result in zip(items, results):
+            if result.outcome.value == "written":
+                self._views[key] = memoryview(value)
+        return results
+
+    def batch_read(self, keys, buffers):
+        results = super().batch_read(keys, buffers)
+        for i, key in enumerate(keys):
+            view = self._views.get(key)
+            if results[i] >= 0 and view is not None:
+                buffers[i][:view.nbytes] = view
+        return results
+
+
+class ReadOnlyBufferUnchecked(FilePerKeyBackend):
+    """Buffers: checks only the number of read buffers, so a read-only buffer fails
+    inside the I/O with a BufferError."""
+
+    def _check_read_buffers(self, keys, buffers):
+        if len(keys) != len(buffers):
+            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+
+
+class LeavesCorruptBytes(FilePerKeyBackend):
+    """Buffers: a read that fails its checksum leaves the bad bytes in the buffer."""
+
+    def _read_one(self, key, entry, buf):
+        got = super()._read_one(key, entry, buf)
+        if got == ReadStatus.CORRUPT:
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                os.preadv(fd, [memoryview(buf).cast("B")[:entry.size]], VALUE_OFFSET)
+            finally:
+                os.close(fd)
+        return got
+
+
+class SeqRestartsAtOpen(FilePerKeyBackend):
+    """Sequence numbers: the counter restarts at 0 at every open."""
+
+    def _recover(self):
+        super()._recover()
+        self._seq = 0
+
+
+class ScanPagesByPosition(FilePerKeyBackend):
+    """Scan: pages through the index by position, re-reading it per page, so a delete
+    during the scan shifts later keys out of the next page (missed) or into it twice."""
+
+    def scan(self, *, verify=False):
+        self._check_open()
+        start = 0
+        while True:
+            with self._lock:
+                page = list(self._index.items())[start:start + 32]
+            if not page:
+                return
+            for key, entry in page:
+                yield self._record(key, entry)
+            start += len(page)
+
+
+class NoSdkVersion(FilePerKeyBackend):
+    """Versions: declares no SDK version."""
+
+    sdk_version = None
+
+
+class TargetsNextMajor(FilePerKeyBackend):
+    """Versions: declares an SDK major version this SDK is not."""
+
+    sdk_version = "2.0"
+
+
+class OverwritesExisting(FilePerKeyBackend):
+    """Write-once: a write of an existing key deletes the old object and writes anew."""
+
+    def batch_write(self, items):
+        present = [key for key, hit in zip([k for k, _ in items],
+                                           self.batch_contains([k for k, _ in items])) if hit]
+        if present:
+            self.batch_delete(present)
+        return super().batch_write(items)
+
+
+class IgnoresMaxValueOption(FilePerKeyBackend):
+    """Capabilities: reports the default max_value_size, not the one it was opened with."""
+
+    @property
+    def capabilities(self):
+        caps = super().capabilities
+        return type(caps)(caps.shared, caps.eviction, caps.aligned_values, caps.persistent,
+                          DEFAULT_MAX_VALUE_SIZE, caps.read_only_open)
+
+
+class SharedLocationOffByHeader(ThreeFsBackend):
+    """Sharing: locate() gives the record's offset, not the value's, so another node
+    reading there gets the header."""
+
+    def locate(self, key):
+        where = super().locate(key)
+        return None if where is None else replace(where, offset=where.record_offset)
+
+
+class ClaimsNotPersistent(FilePerKeyBackend):
+    """Not defective: says it is not persistent, so the checks that need persistence
+    must be reported not applicable (and the rest must pass)."""
+
+    @property
+    def capabilities(self):
+        return replace(super().capabilities, persistent=False)
+
+
+def make_file_per_key(path, **options):
+    """A module-level factory: what check_backend takes, importable by a child."""
+    return FilePerKeyBackend(path, **options)
