@@ -33,7 +33,7 @@ from kvstored.client.core import (
 from kvstored.client.read import MISSING, ReadStats
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError, ConfigError, StoreError, UnauthorizedError
-from kvstored.protocol import HelloReply
+from kvstored.protocol import HelloReply, Tier
 from kvstored.protocol.master_api import NodeContact
 from kvstored.rpc import RpcClient
 from kvstored.security import find_client_token
@@ -133,8 +133,9 @@ class AsyncClient:
     async def get_into(self, key: str, buf: Any) -> int:
         return (await self.batch_get_into([key], [buf]))[0]
 
-    async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
-        return await self._run(self.core.read_into(keys, buffers))
+    async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                             tiers: list[Tier | None] | None = None) -> list[int]:
+        return await self._run(self.core.read_into(keys, buffers, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from kvstored.client.core import Call, ClientCore, Effect, Greet, ObjectInfo, Pa
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError, ConfigError
+from kvstored.protocol import Tier
 from kvstored.protocol.master_api import NodeContact
 from kvstored.security import find_client_token
 
@@ -109,9 +110,12 @@ class Client:
         """Read ``key`` into ``buf``; the number of bytes written, or -1 if missing."""
         return self.batch_get_into([key], [buf])[0]
 
-    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
-        """Read many objects into caller buffers; per key the length, or -1 if missing."""
-        return self._run(self.core.read_into(keys, buffers))
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                       tiers: list[Tier | None] | None = None) -> list[int]:
+        """Read many objects into caller buffers; per key the length, or -1 if missing.
+        ``tiers``, if given, is filled with the tier each key was read from (None where
+        missing)."""
+        return self._run(self.core.read_into(keys, buffers, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

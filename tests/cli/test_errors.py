@@ -176,9 +176,15 @@ NEVER_REACH_THE_CLI = {
     "kvstored.wire.FrameError": "the clients turn it into UnreachableError or "
                                 "CorruptDataError; servers close the connection",
     "kvstored.wire.ConnectionClosed": "the clients turn it into UnreachableError",
-    "kvstored.node.segment.SegmentUnavailable": "the client falls back to TCP",
-    "kvstored.node.segment.SegmentExistsError": "kvstored node/up say the data directory "
-                                                "is in use (run_cmd), exit 8",
+    "kvstored.shm.SegmentUnavailable": "the client falls back to TCP",
+    "kvstored.shm.SegmentExistsError": "kvstored node/up say the data directory is in use "
+                                       "(run_cmd), exit 8",
+    "kvstored.sdk.testing.kit.NotApplicable": "the kit reports the check not applicable, "
+                                              "with the reason",
+    "kvstored.sdk.testing.powerloss.PowerFsError": "the kit reports the power check as "
+                                                   "failed, with the message",
+    "kvstored.backends.BackendNameClashWarning": "a warning, not an error: the built-in "
+                                                 "keeps its name",
     "kvstored.fuse.errors.InvalidName": "the mount answers ENOENT",
     "kvstored.backends.threefs_journal.JournalFormatError": "3fs recovery reports it as a "
                                                             "problem",
