@@ -21,11 +21,13 @@ import warnings
 from importlib.metadata import entry_points
 from typing import Any
 
-from kvstored.sdk.backend import StorageBackend
+from kvstored.sdk.backend import OpenProgress, StorageBackend
 from kvstored.sdk.errors import InvalidRequestError, ReadOnlyError, UnknownBackendError
 from kvstored.sdk.types import OpenMode
 
 ENTRY_POINT_GROUP = "kvstored.backends"
+#: Options a program passes (callables), which no configuration can set.
+PROGRAM_HOOKS = frozenset({"on_evict", "progress"})
 DEFAULT_BACKEND = "bucket"
 
 #: Built-in backends: name -> "module:Class".
@@ -96,16 +98,22 @@ def backend_options(cls: type[StorageBackend]) -> dict[str, inspect.Parameter]:
     return options
 
 
-def open_backend(name: str, path: str | os.PathLike, **options: Any) -> StorageBackend:
+def open_backend(name: str, path: str | os.PathLike, *,
+                 progress: OpenProgress | None = None, **options: Any) -> StorageBackend:
     """Open the backend ``name`` on ``path``.
 
     Unknown names raise :class:`UnknownBackendError`, which lists the known ones;
     unknown options raise :class:`InvalidRequestError`, which lists the valid ones. A
     ``mode`` the backend does not list in ``open_modes`` raises :class:`ReadOnlyError`
     before anything is opened; ``mode`` reaches the backend only when it is not
-    read-write, so backends that know no other mode need not accept it.
+    read-write, so backends that know no other mode need not accept it. ``progress``
+    (``progress(done, total, unit)``, from the opening thread) is told how far the
+    open-time recovery has got, by a backend whose constructor takes ``progress``;
+    others open without saying.
     """
     cls = backend_class(name)
+    if progress is not None and "progress" in inspect.signature(cls.__init__).parameters:
+        options["progress"] = progress
     valid = backend_options(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -166,7 +174,9 @@ def coerce_options(cls: type[StorageBackend], raw: dict[str, str]) -> dict[str, 
     options, by the types of ``cls``'s constructor parameters: ``bool`` (yes/no, on/off),
     ``int`` (sizes such as 4GiB), ``float``, enums (by value), ``X | None`` ("none"), and
     text for anything else."""
-    valid = option_types(cls)
+    # The hooks (on_evict, progress) are the program's to pass, never a user's option.
+    valid = {name: kind for name, kind in option_types(cls).items()
+             if name not in PROGRAM_HOOKS}
     typed: dict[str, Any] = {}
     for key, text in raw.items():
         if key not in valid:

@@ -9,7 +9,7 @@ files). Prove a backend with the conformance kit, :mod:`kvstored.sdk.testing`.
 ``docs/sdk.md`` is the tutorial.
 """
 
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback, OpenProgress, StorageBackend
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendBusyError,
@@ -69,6 +69,7 @@ __all__ = [
     "MissingStoreError",
     "ObjectRecord",
     "OpenMode",
+    "OpenProgress",
     "Problem",
     "ProblemKind",
     "Quarantine",

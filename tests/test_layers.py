@@ -36,9 +36,9 @@ PACKAGES = {"kvstored": "kvstored", "sdk": "kvstored.sdk", "backends": "kvstored
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Pure helpers that import nothing of kvstored: sizes, the offset allocator, the
-    # version, the click parameter types every command line shares.
+    # version, the click parameter types every command line shares, the progress bar.
     ("base", ("kvstored.units", "kvstored.allocator", "kvstored.__version__",
-              "kvstored.params", "kvstored.address")),
+              "kvstored.params", "kvstored.address", "kvstored.progress")),
     # The backend SDK: a distribution of its own for backend authors, so it imports
     # nothing else of kvstored (see ALLOWED).
     ("sdk", ("kvstored.sdk",)),

@@ -53,7 +53,7 @@ from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buck
 from kvstored.backends.record import align_up, record_size
 from kvstored.backends.stamp import claim_directory
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback, OpenProgress, StorageBackend
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
 from kvstored.sdk.files import fsync_dir, make_private_dirs
@@ -106,6 +106,8 @@ class BucketBackend(StorageBackend):
     ``engine`` (None), ``direct`` (None)
         The io engine (``auto``, ``uring`` or ``posix``; None: ``KVSTORED_IO_ENGINE``)
         and whether data files use O_DIRECT (None: ``KVSTORED_IO_DIRECT``).
+    ``progress`` (None)
+        An :data:`~kvstored.sdk.OpenProgress` told of every bucket recovery loads.
     """
 
     name = "bucket"
@@ -121,7 +123,7 @@ class BucketBackend(StorageBackend):
                  policy: str = "fifo", bucket_bytes: int = 256 * MiB, bucket_keys: int = 500,
                  bucket_age: float = 5.0, high_watermark: float = 0.90,
                  low_watermark: float = 0.80, engine: str | None = None,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, progress: OpenProgress | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
         if policy not in ("fifo", "lru"):
@@ -171,7 +173,8 @@ class BucketBackend(StorageBackend):
             if not self.read_only:
                 make_private_dirs(self.buckets_dir)
             self._block = max(4096, os.statvfs(self.root).f_bsize)
-            found = recover(self.buckets_dir, self.quarantine, read_only=self.read_only)
+            found = recover(self.buckets_dir, self.quarantine, read_only=self.read_only,
+                            progress=progress)
         except BaseException as exc:
             self._dir_lock.release()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
