@@ -62,9 +62,10 @@ ROOT_INODE = 1  # pyfuse3.ROOT_INODE, without importing pyfuse3 for the model al
 #: every block of a preallocated volume, and those pages need no memory of their own.
 ZERO_PAGE = bytes(PAGE)
 #: The operations a fault can be injected into, by their FUSE names: ``write``, ``fsync``
-#: (a file's fsync and fdatasync alike), ``fsyncdir``, and the namespace changes that
-#: allocate (``create`` also stands for ``mknod``: both make a file).
-FAULTABLE = frozenset({"write", "fsync", "fsyncdir", "create", "mkdir", "rename", "setattr"})
+#: (a file's fsync and fdatasync alike), ``fdatasync`` (that alone), ``fsyncdir``, and the
+#: namespace changes that allocate (``create`` also stands for ``mknod``: both make a file).
+FAULTABLE = frozenset({"write", "fsync", "fdatasync", "fsyncdir", "create", "mkdir",
+                       "rename", "setattr"})
 
 
 @dataclass
@@ -371,7 +372,8 @@ def _serve(mountpoint: str) -> None:
             if not state["powered"]:
                 raise fail(errno.EIO)
             fault: Fault | None = state["fault"]
-            if fault is not None and kind in fault.operations:
+            if fault is not None and (kind in fault.operations or (
+                    kind == "fsync" and args[1] and "fdatasync" in fault.operations)):
                 model.counters.faults += 1
                 if fault.left is not None:
                     fault.left -= 1
