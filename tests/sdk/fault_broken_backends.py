@@ -17,9 +17,16 @@ from kvstored.sdk.files import PRIVATE_FILE, make_private_dirs, write_all
 from kvstored.sdk.types import WriteOutcome
 
 
-class IgnoresFsyncErrors(FilePerKeyBackend):
-    """Treats a failing fsync as advisory ("the data is written, the sync is only a
-    hint"): it reports WRITTEN for objects that never reached stable storage."""
+class _WritesRecords(FilePerKeyBackend):
+    """file-per-key's record write with its two error-path steps as methods, for the
+    defects below to get wrong: the record's sync, and what is done with the file when
+    the write fails."""
+
+    def _sync_record(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def _discard(self, tmp: str, key_bytes: bytes) -> None:
+        os.unlink(tmp)
 
     def _write_tmp(self, key, key_bytes, value):
         view = memoryview(value).cast("B")
@@ -37,17 +44,25 @@ class IgnoresFsyncErrors(FilePerKeyBackend):
             write_all(fd, encode_header(key_bytes, view.nbytes, seq, checksum,
                                         write_ns=write_ns), 0)
             write_all(fd, view, VALUE_OFFSET)
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass  # the bytes are in the page cache; the sync is only a hint
+            self._sync_record(fd)
             physical = os.fstat(fd).st_blocks * 512
         except OSError as exc:
             os.close(fd)
-            os.unlink(tmp)
+            self._discard(tmp, key_bytes)
             raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
         os.close(fd)
         return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+
+
+class IgnoresFsyncErrors(_WritesRecords):
+    """Treats a failing fsync as advisory ("the data is written, the sync is only a
+    hint"): it reports WRITTEN for objects that never reached stable storage."""
+
+    def _sync_record(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # the bytes are in the page cache; the sync is only a hint
 
 
 class RaisesWriteErrors(FilePerKeyBackend):
@@ -89,41 +104,19 @@ class EvictsSilentlyWhenFull(FilePerKeyBackend):
             raise
 
 
-class LeavesFailedObjects(FilePerKeyBackend):
-    """When a record's fsync fails it reports the item FAILED but keeps the file, moved
-    into place ("a retry need not rewrite it"): a reopen finds an object the caller was
-    told was not written."""
+class LeavesFailedObjects(_WritesRecords):
+    """When a record's write or fsync fails it reports the item FAILED but keeps the
+    file, moved into place ("a retry need not rewrite it"): a reopen finds an object the
+    caller was told was not written."""
 
-    def _write_tmp(self, key, key_bytes, value):
-        view = memoryview(value).cast("B")
-        checksum = value_checksum(view)
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        write_ns = time.time_ns()
-        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
+    def _discard(self, tmp: str, key_bytes: bytes) -> None:
+        shard, sub, name = object_name(key_bytes)
+        folder = self.objects_dir / shard / sub
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
-        except OSError as exc:
-            raise from_oserror(exc, key=key, action="creating the object file") from exc
-        try:
-            write_all(fd, encode_header(key_bytes, view.nbytes, seq, checksum,
-                                        write_ns=write_ns), 0)
-            write_all(fd, view, VALUE_OFFSET)
-            os.fsync(fd)
-            physical = os.fstat(fd).st_blocks * 512
-        except OSError as exc:
-            os.close(fd)
-            shard, sub, name = object_name(key_bytes)
-            folder = self.objects_dir / shard / sub
-            try:
-                make_private_dirs(folder)
-                os.rename(tmp, folder / name)  # kept for a retry
-            except OSError:
-                os.unlink(tmp)
-            raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
-        os.close(fd)
-        return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+            make_private_dirs(folder)
+            os.rename(tmp, folder / name)  # kept for a retry
+        except OSError:
+            os.unlink(tmp)
 
 
 class _IgnoresFlushErrors:
