@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import trio
 import trio.testing
 
@@ -68,3 +69,15 @@ def test_a_long_step_logs_how_far_it_got_and_when_it_finished(caplog):
 
 def test_a_quick_step_logs_nothing(caplog):
     assert _run_step(0.5, caplog) == []
+
+
+def test_a_step_that_fails_raises_its_own_error_not_a_group():
+    # The master session's log line and retry must see the refusal itself ("belongs to a
+    # live node"), not the ticker nursery's ExceptionGroup around it.
+    async def main() -> None:
+        with pytest.raises(ValueError, match="refused"):
+            async with StartupProgress().logged(StartupStep.REGISTERING,
+                                                logging.getLogger("t"), lambda: "n1"):
+                raise ValueError("refused")
+
+    trio.run(main)
