@@ -25,11 +25,11 @@ DEFAULT_BACKEND = "bucket"
 
 #: Built-in backends: name -> "module:Class".
 BUILTIN: dict[str, str] = {
-    "file-per-key": "kvstored.backends.file_per_key:FilePerKeyBackend",
-    "offset": "kvstored.backends.offset:OffsetBackend",
-    "nvmeof": "kvstored.backends.nvmeof:NvmeofBackend",
-    "3fs": "kvstored.backends.threefs:ThreeFsBackend",
-    "bucket": "kvstored.backends.bucket:BucketBackend",
+    "file-per-key": "kvstored.backends.file_per_key.backend:FilePerKeyBackend",
+    "offset": "kvstored.backends.offset.backend:OffsetBackend",
+    "nvmeof": "kvstored.backends.nvmeof.backend:NvmeofBackend",
+    "3fs": "kvstored.backends.threefs.backend:ThreeFsBackend",
+    "bucket": "kvstored.backends.bucket.backend:BucketBackend",
 }
 
 

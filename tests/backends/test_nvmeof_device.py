@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from kvstored.backends import open_backend
-from kvstored.backends.nvmeof import device_size, is_block_device
+from kvstored.backends.nvmeof.device import device_size, is_block_device
 from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidRequestError
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
@@ -70,7 +70,7 @@ def test_capacity_may_use_part_of_the_device_not_more(loops):
 
 
 def test_device_in_use_is_refused(loops, monkeypatch):
-    import kvstored.backends.nvmeof as nvmeof
+    import kvstored.backends.nvmeof.backend as nvmeof
 
     monkeypatch.setattr(nvmeof, "BUSY_WAIT", 0.1)
     device = loops()
@@ -88,7 +88,7 @@ def test_a_device_released_while_waiting_is_opened(loops, monkeypatch, caplog):
     deferred release) is waited for, with one log line, and then opened."""
     import threading
 
-    import kvstored.backends.nvmeof as nvmeof
+    import kvstored.backends.nvmeof.backend as nvmeof
 
     monkeypatch.setattr(nvmeof, "BUSY_NOTICE", 0.05)
     device = loops()

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from kvstored.backends import open_backend
-from kvstored.backends.offset_layout import encode_checkpoint
+from kvstored.backends.offset.layout import encode_checkpoint
 from kvstored.sdk.errors import (
     BackendBusyError,
     CapacityError,

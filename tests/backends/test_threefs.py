@@ -46,8 +46,8 @@ def test_big_batches_are_pipelined_in_order(tmp_path, engine, direct):
     through the I/O threads piece by piece; every value lands in its own place and every
     result is in its item's slot."""
     from kvstored.backends import open_backend
-    from kvstored.backends.threefs_files import PIPELINE_CHUNK
-    from kvstored.backends.threefs_writer import PIECE_BYTES
+    from kvstored.backends.threefs.files import PIPELINE_CHUNK
+    from kvstored.backends.threefs.writer import PIECE_BYTES
     from kvstored.sdk.testing import payload
 
     if engine == "uring":

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstored.backends.threefs_index import NodeIndex, check_name, shard_name, shard_number
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.index import NodeIndex
+from kvstored.backends.threefs.journal import (
     ENTRY_SIZE,
     HEADER_SIZE,
     Entry,
@@ -20,6 +20,7 @@ from kvstored.backends.threefs_journal import (
     parse,
     read_file,
 )
+from kvstored.backends.threefs.layout import check_name, shard_name, shard_number
 from kvstored.sdk.errors import InvalidRequestError
 
 keys = st.text(min_size=1, max_size=40).filter(lambda k: len(k.encode()) <= 1024)

@@ -15,8 +15,8 @@ import pytest
 
 from kvstored.backends import open_backend
 from kvstored.backends.record import encode_header, record_size, value_checksum
-from kvstored.backends.threefs_index import shard_name
-from kvstored.backends.threefs_journal import JOURNAL_NAME, Entry, Kind
+from kvstored.backends.threefs.journal import JOURNAL_NAME, Entry, Kind
+from kvstored.backends.threefs.layout import shard_name
 from kvstored.sdk.errors import CapacityError, CorruptionError
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, WriteOutcome

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
-from kvstored.backends.offset_journal import write_sync
-from kvstored.backends.offset_layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
-from kvstored.backends.offset_recovery import Entry, read_exact
+from kvstored.backends.offset.journal import write_sync
+from kvstored.backends.offset.layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
+from kvstored.backends.offset.recovery import Entry, read_exact
 from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up
 from kvstored.native import IoError
 from kvstored.sdk.errors import BackendError, CorruptionError
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
 
 if TYPE_CHECKING:
-    from kvstored.backends.offset_core import OffsetLayoutBackend
+    from kvstored.backends.offset.volume import OffsetLayoutBackend
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _check_checkpoint(backend: OffsetLayoutBackend, report: CheckReport, repair:
 
 def _check_records(backend: OffsetLayoutBackend, chunk: list[tuple[str, Entry]],
                    report: CheckReport, repair: bool) -> None:
-    from kvstored.backends.offset_core import record_problem
+    from kvstored.backends.offset.volume import record_problem
 
     keys = [key for key, _ in chunk]
     quarantined: list[tuple[str, Entry]] = []

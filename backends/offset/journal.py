@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from kvstored.backends.offset_layout import ALIGN, Geometry, encode_checkpoint, encode_journal
+from kvstored.backends.offset.layout import ALIGN, Geometry, encode_checkpoint, encode_journal
 from kvstored.native import IoEngine, IoError, IoFile
 from kvstored.sdk.errors import BackendError, from_oserror
 

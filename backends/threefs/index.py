@@ -1,4 +1,4 @@
-"""One node's index in the ``3fs`` backend: its journal replayed, and the names of its files.
+"""One node's index in the ``3fs`` backend: its journal replayed, and its shard files.
 
 The owning node and every node that reads it build the same :class:`NodeIndex` by
 applying the same journal entries in file order, so what a reader believes about a node
@@ -7,54 +7,10 @@ is exactly what that node believes, as of the bytes the reader has seen.
 
 from __future__ import annotations
 
-import re
-import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvstored.backends.record import record_size
-from kvstored.backends.threefs_journal import Entry, Kind, entry_size
-from kvstored.sdk.errors import InvalidRequestError
-
-SHARD_PREFIX = "shard-"
-SHARD_SUFFIX = ".dat"
-#: Node and cluster names become directory names: keep them to a portable alphabet.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_name(kind: str, name: str) -> str:
-    """Return ``name`` if it is a usable cluster or node name, else raise a clear error."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidRequestError(
-            f"{kind} {name!r} is not a valid name: use 1 to 128 letters, digits, '.', '_' "
-            f"or '-', starting with a letter or digit (it becomes a directory name)")
-    return name
-
-
-def default_node_id() -> str:
-    """The host name, which is unique per machine in any sane cluster."""
-    name = socket.gethostname() or "localhost"
-    try:
-        return check_name("node_id", name)
-    except InvalidRequestError:
-        raise InvalidRequestError(
-            f"the host name {name!r} cannot serve as the node id; pass node_id=…") from None
-
-
-def shard_name(number: int) -> str:
-    return f"{SHARD_PREFIX}{number:08d}{SHARD_SUFFIX}"
-
-
-def shard_number(name: str) -> int | None:
-    """The number in a shard file name, or None if ``name`` is not one."""
-    if not (name.startswith(SHARD_PREFIX) and name.endswith(SHARD_SUFFIX)):
-        return None
-    digits = name[len(SHARD_PREFIX):-len(SHARD_SUFFIX)]
-    return int(digits) if digits.isdigit() else None
-
-
-def shard_path(node_dir: Path, number: int) -> Path:
-    return node_dir / shard_name(number)
+from kvstored.backends.threefs.journal import Entry, Kind, entry_size
 
 
 @dataclass(slots=True)
@@ -154,3 +110,21 @@ class NodeIndex:
             out.append(Entry(Kind.PUT, key, slot.shard, slot.seq, slot.offset, slot.size,
                              slot.write_ns, slot.checksum))
         return out
+
+
+@dataclass(slots=True)
+class Shard:
+    """One of this node's shard files, as the writer tracks it."""
+
+    number: int
+    path: str
+    #: Bytes allocated: the next record goes here.
+    end: int
+    #: Write batches with records placed here and not yet published.
+    inflight: int = 0
+    #: Reads in progress: the file must outlive them.
+    readers: int = 0
+    last_access: float = 0.0
+    #: The file was extended to ``shard_bytes`` ahead of the data (see
+    #: ``ThreeFsBackend._rotate_locked``) and still has to be cut back to ``end``.
+    sized_ahead: bool = False

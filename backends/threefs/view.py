@@ -24,9 +24,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends.threefs_files import HandleCache, ReadRequest, read_records
-from kvstored.backends.threefs_index import NodeIndex, Slot, check_name, shard_path
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.files import HandleCache, ReadRequest, read_records
+from kvstored.backends.threefs.index import NodeIndex, Slot
+from kvstored.backends.threefs.journal import (
     HEADER_SIZE,
     JOURNAL_NAME,
     JournalFormatError,
@@ -34,6 +34,7 @@ from kvstored.backends.threefs_journal import (
     parse,
     read_file,
 )
+from kvstored.backends.threefs.layout import check_name, shard_path
 from kvstored.native import IoEngine
 from kvstored.native.errors import log_once
 from kvstored.sdk.errors import InvalidRequestError

@@ -20,7 +20,7 @@ A *volume* is one preallocated file (the ``offset`` backend) or a block device (
   delete. An entry is live when its uuid matches and its ``seq`` exceeds the
   checkpoint's; it restarts at its first block after every checkpoint.
 
-This module only encodes and decodes; :mod:`kvstored.backends.offset_core` does the I/O.
+This module only encodes and decodes; :mod:`kvstored.backends.offset.volume` does the I/O.
 Every structure carries the volume uuid, so stale structures of an earlier format of the
 same device are never taken for current ones.
 """

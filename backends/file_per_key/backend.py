@@ -1,17 +1,7 @@
 """``file-per-key``: one file per object, for debugging and as the SDK's worked example.
 
-Layout under the backend directory::
-
-    KVSTORED-BACKEND.json          the stamp (backend name, layout version)
-    KVSTORED-LOCK                  flock'd while the store is open (kvstored.sdk.lock)
-    objects/ab/cd/<hash>.kvr       one record per object (see backends/record.py)
-    tmp/                           writes in flight; emptied at a read-write open
-    quarantine/                    records that check(repair=True) moved aside
-
-``<hash>`` is the hex BLAKE2b-256 of the key's UTF-8 bytes; ``ab`` and ``cd`` are its
-first two bytes. The key itself is only stored inside the record, so no key can name a
-path. A file holds exactly one record: the 4 KiB header block, then the value, with no
-tail padding. docs/format.md has the byte layout.
+The directory layout and file names are in :mod:`.layout`, open-time recovery in
+:mod:`.recovery`, check and repair in :mod:`.check`.
 
 Writes go to ``tmp/``, are fsync'd, renamed into place, and the shard directory is
 fsync'd before the object becomes visible. Deletes unlink and fsync the directory before
@@ -25,7 +15,6 @@ reports them), and no folder is created. Every open mode of the SDK is supported
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -36,6 +25,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvstored.backends.file_per_key.check import check_store
+from kvstored.backends.file_per_key.layout import (
+    LAYOUT_VERSION,
+    OBJECTS_DIR,
+    QUARANTINE_DIR,
+    TMP_DIR,
+    object_name,
+)
+from kvstored.backends.file_per_key.recovery import Entry, recover
 from kvstored.backends.record import (
     VALUE_OFFSET,
     align_up,
@@ -65,7 +63,6 @@ from kvstored.sdk.types import (
     ObjectRecord,
     OpenMode,
     Problem,
-    ProblemKind,
     ReadStatus,
     Usage,
     WriteOutcome,
@@ -74,20 +71,6 @@ from kvstored.sdk.types import (
 )
 
 log = logging.getLogger(__name__)
-
-LAYOUT_VERSION = 1
-SUFFIX = ".kvr"
-
-
-@dataclass(slots=True)
-class _Entry:
-    path: str
-    size: int
-    checksum: int
-    seq: int
-    write_ns: int
-    physical: int
-
 
 @dataclass(slots=True)
 class _Staged:
@@ -99,13 +82,7 @@ class _Staged:
     tmp: str
     #: The room reserved for it (released when it is indexed, or fails).
     estimate: int
-    entry: _Entry
-
-
-def object_name(key_bytes: bytes) -> tuple[str, str, str]:
-    """(shard, subshard, file name) of a key: the path never contains the key."""
-    digest = hashlib.blake2b(key_bytes, digest_size=32).hexdigest()
-    return digest[:2], digest[2:4], digest + SUFFIX
+    entry: Entry
 
 
 class FilePerKeyBackend(StorageBackend):
@@ -119,7 +96,7 @@ class FilePerKeyBackend(StorageBackend):
     name = "file-per-key"
     open_modes = frozenset(OpenMode)
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
-    layout_markers = ("objects", "tmp")
+    layout_markers = (OBJECTS_DIR, TMP_DIR)
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
@@ -133,15 +110,15 @@ class FilePerKeyBackend(StorageBackend):
         self.policy = policy
         self.auto_evict = auto_evict
         self.root = Path(self.path)
-        self.objects_dir = self.root / "objects"
-        self.tmp_dir = self.root / "tmp"
-        self.quarantine_dir = self.root / "quarantine"
+        self.objects_dir = self.root / OBJECTS_DIR
+        self.tmp_dir = self.root / TMP_DIR
+        self.quarantine_dir = self.root / QUARANTINE_DIR
         self.quarantine = Quarantine(self.quarantine_dir)
         #: Reads that failed their checksum since open (exported as a metric).
         self.corrupt_reads = 0
 
         self._lock = threading.Lock()
-        self._index: dict[str, _Entry] = {}
+        self._index: dict[str, Entry] = {}
         # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
         # key to the end on every read.
         self._order: OrderedDict[str, None] = OrderedDict()
@@ -170,71 +147,13 @@ class FilePerKeyBackend(StorageBackend):
     # -- open-time recovery ------------------------------------------------------------
 
     def _recover(self) -> None:
-        dropped = 0
-        for leftover in self._leftovers():
-            if self.read_only:
-                continue  # reported by check(); the next read-write open removes it
-            # A write in flight when the process died: never acknowledged, so dropping
-            # it is the correct outcome, not a loss.
-            leftover.unlink()
-            dropped += 1
-        if dropped:
-            fsync_dir(self.tmp_dir)
-            log.info("%s: removed %d unfinished write(s) from %s", self.name, dropped,
-                     self.tmp_dir)
-        loaded: list[tuple[str, _Entry]] = []
-        for path in self._record_files():
-            try:
-                key, entry = self._read_entry(path)
-            except (CorruptionError, OSError) as exc:
-                log.warning("%s: leaving out %s: %s (run check to repair)", self.name, path, exc)
-                continue
-            loaded.append((key, entry))
-        loaded.sort(key=lambda item: item[1].seq)
-        for key, entry in loaded:
+        found = recover(self.objects_dir, self.tmp_dir, read_only=self.read_only)
+        for key, entry in found:
             self._index[key] = entry
             self._order[key] = None
             self._physical += entry.physical
             self._logical += entry.size
             self._seq = max(self._seq, entry.seq)
-
-    def _leftovers(self) -> list[Path]:
-        """Files in ``tmp/``: writes that never finished (or, while open, in flight)."""
-        try:
-            return sorted(self.tmp_dir.iterdir())
-        except FileNotFoundError:
-            return []
-
-    def _record_files(self) -> Iterator[Path]:
-        if not self.objects_dir.is_dir():
-            return  # a read-only open of a store that never stored anything
-        for shard in sorted(os.scandir(self.objects_dir), key=lambda e: e.name):
-            if not shard.is_dir():
-                yield Path(shard.path)
-                continue
-            for sub in sorted(os.scandir(shard.path), key=lambda e: e.name):
-                if not sub.is_dir():
-                    yield Path(sub.path)
-                    continue
-                for item in os.scandir(sub.path):
-                    yield Path(item.path)
-
-    def _read_entry(self, path: Path) -> tuple[str, _Entry]:
-        """Parse one record file's header and check that it belongs where it is."""
-        with open(path, "rb", buffering=0) as f:
-            st = os.fstat(f.fileno())
-            head = f.read(VALUE_OFFSET)
-        header = decode_header(head, path=str(path))
-        expected = object_name(header.key.encode())
-        if path.name != expected[2] or path.parent.name != expected[1]:
-            raise CorruptionError("record is in the wrong file for its key", key=header.key,
-                                  path=path)
-        if st.st_size != VALUE_OFFSET + header.value_len:
-            raise CorruptionError(
-                f"file is {st.st_size} bytes, the record says {VALUE_OFFSET + header.value_len}",
-                key=header.key, path=path)
-        return header.key, _Entry(str(path), header.value_len, header.value_crc, header.seq,
-                                  header.write_ns, st.st_blocks * 512)
 
     # -- lifecycle and capabilities ----------------------------------------------------
 
@@ -307,7 +226,7 @@ class FilePerKeyBackend(StorageBackend):
         with self._lock:
             self._reserved -= amount
 
-    def _write_tmp(self, key: str, key_bytes: bytes, value: Buffer) -> tuple[str, _Entry]:
+    def _write_tmp(self, key: str, key_bytes: bytes, value: Buffer) -> tuple[str, Entry]:
         view = memoryview(value).cast("B")
         checksum = value_checksum(view)
         with self._lock:
@@ -331,7 +250,7 @@ class FilePerKeyBackend(StorageBackend):
             os.unlink(tmp)
             raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
         os.close(fd)
-        return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+        return tmp, Entry("", view.nbytes, checksum, seq, write_ns, physical)
 
     def _publish(self, staged: list[_Staged], results: list) -> None:
         """Rename staged files into place, fsync their directories, then index them."""
@@ -397,7 +316,7 @@ class FilePerKeyBackend(StorageBackend):
                 self._pins.release([key])
         return results
 
-    def _read_one(self, key: str, entry: _Entry, buf: memoryview) -> int:
+    def _read_one(self, key: str, entry: Entry, buf: memoryview) -> int:
         head = bytearray(VALUE_OFFSET)
         target = memoryview(buf).cast("B")[:entry.size]
         try:
@@ -430,7 +349,7 @@ class FilePerKeyBackend(StorageBackend):
             return self._corrupt(key, entry, "value")
         return entry.size
 
-    def _corrupt(self, key: str, entry: _Entry, part: str) -> int:
+    def _corrupt(self, key: str, entry: Entry, part: str) -> int:
         self.corrupt_reads += 1
         log.warning("%s: %s of key %r in %s failed its check; reported as a miss "
                     "(run check(repair=True) to quarantine it)", self.name, part, key, entry.path)
@@ -447,11 +366,11 @@ class FilePerKeyBackend(StorageBackend):
             entry = self._index.get(key)
         return None if entry is None else self._record(key, entry)
 
-    def _record(self, key: str, entry: _Entry) -> ObjectRecord:
+    def _record(self, key: str, entry: Entry) -> ObjectRecord:
         return ObjectRecord(key, entry.size, entry.checksum, self._location(entry),
                             entry.write_ns / 1e9, entry.seq)
 
-    def _location(self, entry: _Entry) -> Location:
+    def _location(self, entry: Entry) -> Location:
         return Location(entry.path, VALUE_OFFSET, entry.size, 0, VALUE_OFFSET + entry.size)
 
     def locate(self, key: str) -> Location | None:
@@ -487,7 +406,7 @@ class FilePerKeyBackend(StorageBackend):
         self._unlink([entry for entry in removed if entry is not None])
         return [entry is not None for entry in removed]
 
-    def _forget_locked(self, key: str) -> _Entry | None:
+    def _forget_locked(self, key: str) -> Entry | None:
         entry = self._index.pop(key, None)
         if entry is not None:
             del self._order[key]
@@ -495,7 +414,7 @@ class FilePerKeyBackend(StorageBackend):
             self._logical -= entry.size
         return entry
 
-    def _unlink(self, entries: list[_Entry]) -> None:
+    def _unlink(self, entries: list[Entry]) -> None:
         dirs = set()
         for entry in entries:
             try:
@@ -534,63 +453,9 @@ class FilePerKeyBackend(StorageBackend):
             self._check_writable()
         else:
             self._check_open()
-        report = CheckReport(repaired=repair)
-        report.problems.extend(self.open_problems)
-        if repair:
-            self.open_problems = []
-        with self._lock:
-            index = dict(self._index)
-        seen: set[str] = set()
-        for leftover in self._leftovers():
-            if self.read_only:
-                report.problems.append(Problem(
-                    ProblemKind.TORN_WRITE, "a write that never finished", None,
-                    str(leftover), "left in place (opened read-only); the next read-write "
-                    "open removes it"))
-                continue
-            self._problem(report, repair, ProblemKind.TORN_WRITE, "unfinished write", None,
-                          leftover)
-        for path in self._record_files():
-            report.records_checked += 1
-            try:
-                key, entry = self._read_entry(path)
-                if value_checksum(_read_value(path, entry.size)) != entry.checksum:
-                    raise CorruptionError("value fails its checksum", key=key, path=path)
-            except CorruptionError as exc:
-                with self._lock:
-                    owner = next((k for k, e in self._index.items() if e.path == str(path)), None)
-                    if repair and owner is not None:
-                        self._forget_locked(owner)
-                self._problem(report, repair, ProblemKind.CORRUPT_RECORD, exc.message,
-                              exc.key or owner, path)
-                continue
-            except OSError as exc:
-                self._problem(report, repair, ProblemKind.CORRUPT_RECORD, str(exc), None, path)
-                continue
-            seen.add(key)
-            known = index.get(key)
-            if known is None:
-                action = None
-                if repair:
-                    with self._lock:
-                        self._adopt_locked(key, entry)
-                    action = "added to the index"
-                report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from "
-                                               "the index", key, str(path), action))
-        with self._lock:
-            still_indexed = {k: e for k, e in self._index.items() if k in index}
-        for key, entry in still_indexed.items():
-            if key not in seen and not os.path.exists(entry.path):
-                action = None
-                if repair:
-                    with self._lock:
-                        self._forget_locked(key)
-                    action = "dropped from the index"
-                report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, "indexed record "
-                                               "has no file", key, entry.path, action))
-        return report
+        return check_store(self, repair)
 
-    def _adopt_locked(self, key: str, entry: _Entry) -> None:
+    def _adopt_locked(self, key: str, entry: Entry) -> None:
         if key in self._index:
             return
         self._index[key] = entry
@@ -598,18 +463,3 @@ class FilePerKeyBackend(StorageBackend):
         self._physical += entry.physical
         self._logical += entry.size
         self._seq = max(self._seq, entry.seq)
-
-    def _problem(self, report: CheckReport, repair: bool, kind: ProblemKind, detail: str,
-                 key: str | None, path: Path) -> None:
-        action = f"quarantined to {self.quarantine.move_aside(path, detail)}" if repair else None
-        report.problems.append(Problem(kind, detail, key, str(path), action))
-
-
-def _read_value(path: Path, size: int) -> bytearray:
-    buf = bytearray(size)
-    with open(path, "rb", buffering=0) as f:
-        f.seek(VALUE_OFFSET)
-        got = f.readinto(buf)
-    if got != size:
-        raise CorruptionError(f"value is short ({got} of {size} bytes)", path=path)
-    return buf

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from kvstored.backends.offset_layout import (
+from kvstored.backends.offset.layout import (
     CKPT_ENTRY,
     JOURNAL_MAGIC,
     SLOT_HEADER_SIZE,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import cffi
 
 from kvstored.backends.record import VALUE_OFFSET, encode_header, record_size, value_checksum
-from kvstored.backends.threefs_files import scratch
+from kvstored.backends.threefs.files import scratch
 from kvstored.native import IoEngine, IoError, IoFile
 
 #: Records are gathered into writes of at most this many bytes.

@@ -3,8 +3,8 @@
 A subclass says where the volume is (:meth:`OffsetLayoutBackend._attach`); this class
 does the rest: formatting, the index, placement with
 :class:`~kvstored.allocator.OffsetAllocator`, reads, deletes and eviction. Recovery is in
-:mod:`.offset_recovery`, the journal gate and checkpoints in :mod:`.offset_journal`,
-``check`` in :mod:`.offset_check`, the byte layout in :mod:`.offset_layout` and
+:mod:`.recovery`, the journal gate and checkpoints in :mod:`.journal`,
+``check`` in :mod:`.check`, the byte layout in :mod:`.layout` and
 docs/format.md.
 
 Write path, per batch
@@ -63,8 +63,8 @@ from pathlib import Path
 from crc32c import crc32c
 
 from kvstored.allocator import OffsetAllocator
-from kvstored.backends.offset_journal import JournalGate, write_sync
-from kvstored.backends.offset_layout import (
+from kvstored.backends.offset.journal import JournalGate, write_sync
+from kvstored.backends.offset.layout import (
     ALIGN,
     JOURNAL_PUT,
     MAX_ENTRY_PAYLOAD,
@@ -81,7 +81,7 @@ from kvstored.backends.offset_layout import (
     peek_slot,
     tombstone_bytes,
 )
-from kvstored.backends.offset_recovery import (
+from kvstored.backends.offset.recovery import (
     Entry,
     Recovered,
     find_geometry,
@@ -899,7 +899,7 @@ class OffsetLayoutBackend(StorageBackend):
     # -- check and repair ---------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        from kvstored.backends.offset_check import check_volume
+        from kvstored.backends.offset.check import check_volume
 
         if repair:
             self._check_writable()

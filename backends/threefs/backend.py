@@ -1,25 +1,19 @@
 """``3fs``: a backend shared by a cluster, on a 3FS mount (or any shared file system).
 
-Layout under the directory given (a 3FS mount point, or a folder on it)::
-
-    <cluster>/KVSTORED-BACKEND.json      the stamp (backend "3fs", layout 1)
-    <cluster>/<node-id>/journal.kvj      the node's index (backends/threefs_journal.py)
-    <cluster>/<node-id>/shard-NNNNNNNN.dat   records (backends/record.py), appended
-    <cluster>/<node-id>/KVSTORED-LOCK    flock'd while a process has this node open
-    <cluster>/<node-id>/quarantine/      what check(repair=True) moved or copied aside
+The directory layout and the names are in :mod:`.layout`.
 
 Each node writes only under its own directory, so no two nodes ever write one file; any
 node reads any node's records directly (``capabilities.shared``), finding them through
 that node's journal. The SDK calls that describe "what is stored" (``scan``, ``stat``,
 ``contains``, ``usage``, ``locate``, ``evict``, ``check``, deletes) concern this node's
-objects; ``batch_read`` also finds other nodes' objects (see backends/threefs_view.py for
+objects; ``batch_read`` also finds other nodes' objects (see view.py for
 when they become visible), and :meth:`ThreeFsBackend.find`, :meth:`~ThreeFsBackend.nodes`
 and :meth:`~ThreeFsBackend.scan_cluster` expose the rest of the cluster.
 
 A batch is written as: records appended to the node's active shard (one engine
 submission), the shard fsync'd, the journal entries appended and fsync'd, and only then
 the objects are visible and acknowledged. Data I/O goes through 3FS's USRBIO where it is
-available (backends/threefs_usrbio.py), else through kvstored's io engine.
+available (usrbio.py), else through kvstored's io engine.
 
 Every open mode of the SDK is supported. Read-only, nothing under the path is created or
 changed (the journal's torn tail and the shards' sparse tails are left, the lock is taken
@@ -39,25 +33,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends import threefs_check
 from kvstored.backends.record import (
     VALUE_OFFSET,
     record_size,
 )
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
-from kvstored.backends.threefs_files import (
+from kvstored.backends.threefs.check import check_node
+from kvstored.backends.threefs.files import (
     HandleCache,
     ReadRequest,
     read_records,
 )
-from kvstored.backends.threefs_index import (
-    NodeIndex,
-    Slot,
-    check_name,
-    default_node_id,
-    shard_path,
-)
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.index import NodeIndex, Shard, Slot
+from kvstored.backends.threefs.journal import (
     ENTRY_SIZE,
     HEADER_SIZE,
     JOURNAL_NAME,
@@ -68,9 +56,16 @@ from kvstored.backends.threefs_journal import (
     Kind,
     entry_size,
 )
-from kvstored.backends.threefs_usrbio import choose_usrbio
-from kvstored.backends.threefs_view import ClusterView
-from kvstored.backends.threefs_writer import Placed, write_records
+from kvstored.backends.threefs.layout import (
+    LAYOUT_VERSION,
+    check_name,
+    default_node_id,
+    shard_path,
+)
+from kvstored.backends.threefs.recovery import recover
+from kvstored.backends.threefs.usrbio import choose_usrbio
+from kvstored.backends.threefs.view import ClusterView
+from kvstored.backends.threefs.writer import Placed, write_records
 from kvstored.native import IoError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
 from kvstored.sdk.claims import WriteClaims
@@ -105,29 +100,10 @@ from kvstored.sdk.types import (
 
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 1
 DEFAULT_SHARD_BYTES = 256 << 20
 MIN_SHARD_BYTES = 64 << 10
 #: Compact the journal once its dead entries outweigh its live ones by this much.
 COMPACT_MIN_DEAD_BYTES = 1 << 20
-
-
-@dataclass(slots=True)
-class _Shard:
-    """One of this node's shard files, as the writer tracks it."""
-
-    number: int
-    path: str
-    #: Bytes allocated: the next record goes here.
-    end: int
-    #: Write batches with records placed here and not yet published.
-    inflight: int = 0
-    #: Reads in progress: the file must outlive them.
-    readers: int = 0
-    last_access: float = 0.0
-    #: The file was extended to ``shard_bytes`` ahead of the data (see _rotate_locked)
-    #: and still has to be cut back to ``end``.
-    sized_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +126,7 @@ class ThreeFsBackend(StorageBackend):
                       most an eighth of ``capacity``, so eviction has several to choose)
     ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read)
     ``auto_evict``    let a write that does not fit evict shards (default True)
-    ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see threefs_usrbio)
+    ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see usrbio.py)
     ``shared_reads``  let ``batch_read`` find other nodes' objects (default True)
     ``engine``, ``direct``  the io engine for POSIX I/O through the mount
     """
@@ -206,8 +182,8 @@ class ThreeFsBackend(StorageBackend):
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
         self._index = NodeIndex()
-        self._shards: dict[int, _Shard] = {}
-        self._active: _Shard | None = None
+        self._shards: dict[int, Shard] = {}
+        self._active: Shard | None = None
         self._claims = WriteClaims(self._lock)
         self._seq = 0
         self._next_shard = 1
@@ -224,7 +200,7 @@ class ThreeFsBackend(StorageBackend):
         self.journal_damage: list[tuple[int, int]] = []
         try:
             self._claim()
-            threefs_check.recover(self)
+            recover(self)
         except BaseException as exc:
             self._io_threads.shutdown()
             if self.journal is not None:
@@ -300,7 +276,7 @@ class ThreeFsBackend(StorageBackend):
     def write_batch_hint(self) -> WriteBatchHint:
         # Each batch costs two fsyncs (shard, journal), in series by design; on a shared
         # file system they are network round trips. Big batches amortise them; staging
-        # memory stays bounded (threefs_writer), and the age bound keeps trickles moving.
+        # memory stays bounded (writer.py), and the age bound keeps trickles moving.
         return WriteBatchHint(max_bytes=min(256 << 20, self.shard_bytes), max_keys=2048,
                               max_age=0.5)
 
@@ -423,7 +399,7 @@ class ThreeFsBackend(StorageBackend):
             self._stuck = exc
             raise
 
-    def _place_locked(self, size: int) -> _Shard:
+    def _place_locked(self, size: int) -> Shard:
         shard = self._active
         if shard is None or (shard.end and shard.end + size > self.shard_bytes):
             shard = self._rotate_locked()
@@ -432,7 +408,7 @@ class ThreeFsBackend(StorageBackend):
         self._data_bytes += size
         return shard
 
-    def _rotate_locked(self) -> _Shard:
+    def _rotate_locked(self) -> Shard:
         """Seal the active shard and start the next: journal it first, then create it."""
         number = self._next_shard
         self._seq += 1
@@ -452,14 +428,14 @@ class ThreeFsBackend(StorageBackend):
             self.files.release(file)
         fsync_dir(self.node_dir)
         previous = self._active
-        shard = self._shards[number] = _Shard(number, path, 0, last_access=time.monotonic(),
+        shard = self._shards[number] = Shard(number, path, 0, last_access=time.monotonic(),
                                               sized_ahead=True)
         self._active = shard
         if previous is not None:
             self._trim_locked(previous)
         return shard
 
-    def _trim_locked(self, shard: _Shard) -> None:
+    def _trim_locked(self, shard: Shard) -> None:
         """Cut a sealed shard's sparse tail once no write is in flight in it."""
         if not shard.sized_ahead or shard.inflight or shard is self._active:
             return
@@ -526,7 +502,7 @@ class ThreeFsBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         """Read this node's objects, and with ``shared_reads`` other nodes' objects too
-        (a miss refreshes the view of the other nodes first; see threefs_view)."""
+        (a miss refreshes the view of the other nodes first; see view.py)."""
         self._check_open()
         if len(keys) != len(buffers):
             raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
@@ -754,7 +730,7 @@ class ThreeFsBackend(StorageBackend):
                 raise from_oserror(exc, path=self.journal.path, action="evicting") from exc
             return victims
 
-    def _droppable(self, shard: _Shard, *, empty_only: bool = False) -> bool:
+    def _droppable(self, shard: Shard, *, empty_only: bool = False) -> bool:
         if shard.inflight or shard.readers:
             return False
         keys = self._index.shards.get(shard.number, set())
@@ -763,7 +739,7 @@ class ThreeFsBackend(StorageBackend):
         return not any(self._pins.is_pinned(k) for k in keys)
 
     def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
-        def order(shard: _Shard):
+        def order(shard: Shard):
             empty = not self._index.shards.get(shard.number)
             age = shard.number if self.policy == "fifo" else shard.last_access
             return (not empty, age)
@@ -779,7 +755,7 @@ class ThreeFsBackend(StorageBackend):
                                      self._index.shards.get(shard.number, ()))
         return self._drop_locked(chosen, on_evict)
 
-    def _drop_locked(self, shards: list[_Shard], on_evict: EvictionCallback | None) -> list[str]:
+    def _drop_locked(self, shards: list[Shard], on_evict: EvictionCallback | None) -> list[str]:
         """Drop whole shards: journal it, tell ``on_evict``, then delete the files."""
         if not shards:
             return []
@@ -812,7 +788,7 @@ class ThreeFsBackend(StorageBackend):
             self._check_writable()
         else:
             self._check_open()
-        return threefs_check.check(self, repair)
+        return check_node(self, repair)
 
 
 def _location(node_dir: Path, slot: Slot) -> Location:
@@ -857,5 +833,3 @@ def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
                 raise
         time.sleep(0.02)  # polled with a deadline: the other node is mid-rename
 
-
-__all__ = ["JOURNAL_NAME", "SharedObject", "ThreeFsBackend"]

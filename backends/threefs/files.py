@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from kvstored.backends.record import VALUE_OFFSET, decode_header, record_size
-from kvstored.backends.threefs_index import Slot
+from kvstored.backends.threefs.index import Slot
 from kvstored.native import IoEngine, IoError, IoFile
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import PRIVATE_FILE
