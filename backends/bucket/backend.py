@@ -41,6 +41,9 @@ from kvstored.backends.bucket.check import Checker
 from kvstored.backends.bucket.handles import ReadHandles
 from kvstored.backends.bucket.index import (
     FLAG_DELETED,
+    FLAG_QUARANTINED,
+    FLAGS_GONE,
+    IndexEntry,
     encode_index,
     index_size,
     write_indexes,
@@ -571,6 +574,54 @@ class BucketBackend(StorageBackend):
         else:
             self._check_open()
         return self._checker.run(repair)
+
+    # What check.py needs of the store (its CheckedStore), and nothing else: these are
+    # not part of the SDK contract.
+
+    def loaded_buckets(self) -> list[Bucket]:
+        with self._lock:
+            return list(self._buckets.values())
+
+    def busy_bucket_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._buckets) | self._writing | self._removing
+
+    def index_entries(self, bucket: Bucket) -> list[IndexEntry]:
+        with self._lock:
+            return [slot.entry() for slot in bucket.slots]
+
+    def rewrite_index(self, bucket: Bucket) -> None:
+        self._rewrite_indexes([bucket])
+
+    def read_back(self, slots: Sequence[Slot]) -> list[ReadOutcome | None]:
+        return self._read_slots(slots)
+
+    def drop_records(self, bucket: Bucket, slots: Sequence[Slot]) -> None:
+        with self._lock:
+            for slot in slots:
+                if slot.flags & FLAGS_GONE:
+                    continue  # deleted meanwhile: already out of the index
+                if self._keys.get(slot.key) is slot:
+                    del self._keys[slot.key]
+                bucket.forget(slot, FLAG_QUARANTINED)
+                self._logical -= slot.size
+            emptied = not bucket.live and not bucket.retired
+            if emptied:
+                self._retire_locked(bucket)
+        if emptied:
+            self._remove_files([bucket])
+        else:
+            self._rewrite_indexes([bucket])
+
+    def counted_physical(self, bucket: Bucket) -> int | None:
+        with self._lock:
+            return None if bucket.retired else bucket.physical
+
+    def correct_physical(self, bucket: Bucket, actual: int) -> None:
+        with self._lock:
+            if not bucket.retired:
+                self._physical += actual - bucket.physical
+                bucket.physical = actual
 
 
 def _unlink_quietly(path: str) -> None:

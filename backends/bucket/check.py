@@ -23,25 +23,66 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from kvstored.backends.bucket.index import FLAG_QUARANTINED, FLAGS_GONE, read_index
+from kvstored.backends.bucket.index import IndexEntry, read_index
 from kvstored.backends.bucket.layout import list_buckets
+from kvstored.backends.bucket.records import ReadOutcome
 from kvstored.backends.bucket.state import Bucket, Slot, chunked
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
-
-if TYPE_CHECKING:
-    from kvstored.backends.bucket.backend import BucketBackend
 
 #: Values read per engine submission while checking.
 CHECK_CHUNK_BYTES = 32 * 1024 * 1024
 
 
+class CheckedStore(Protocol):
+    """What the checks need of the backend, and nothing more (BucketBackend has it)."""
+
+    @property
+    def buckets_dir(self) -> str: ...
+    @property
+    def quarantine(self) -> Quarantine: ...
+
+    def loaded_buckets(self) -> list[Bucket]:
+        """The buckets that make up the store now."""
+        ...
+
+    def busy_bucket_ids(self) -> set[int]:
+        """Ids of the buckets whose files are in use: loaded, being written or removed."""
+        ...
+
+    def index_entries(self, bucket: Bucket) -> list[IndexEntry]:
+        """What ``bucket``'s index file should hold, from memory (hold its meta_lock)."""
+        ...
+
+    def rewrite_index(self, bucket: Bucket) -> None:
+        """Make ``bucket``'s index file say what memory says, durably."""
+        ...
+
+    def read_back(self, slots: Sequence[Slot]) -> list[ReadOutcome | None]:
+        """Read and verify ``slots``; None for a slot no longer visible."""
+        ...
+
+    def drop_records(self, bucket: Bucket, slots: Sequence[Slot]) -> None:
+        """Take ``slots`` (copied to the quarantine) out of the store, durably."""
+        ...
+
+    def counted_physical(self, bucket: Bucket) -> int | None:
+        """The disk bytes usage counts for ``bucket``; None once it left the store."""
+        ...
+
+    def correct_physical(self, bucket: Bucket, actual: int) -> None:
+        """Count ``actual`` disk bytes for ``bucket`` from now on."""
+        ...
+
+
 class Checker:
     """Runs the checks above against one open backend."""
 
-    def __init__(self, backend: BucketBackend, recovery_problems: list[Problem],
+    def __init__(self, backend: CheckedStore, recovery_problems: list[Problem],
                  unindexed: set[int] = frozenset()) -> None:
         self.backend = backend
         self._recovery_problems = list(recovery_problems)
@@ -56,9 +97,7 @@ class Checker:
             if repair:
                 self._recovery_problems.clear()
             self._check_files(report, repair)
-            with self.backend._lock:
-                buckets = list(self.backend._buckets.values())
-            for bucket in buckets:
+            for bucket in self.backend.loaded_buckets():
                 self._check_index(bucket, report, repair)
                 self._check_records(bucket, report, repair)
                 self._check_blocks(bucket, report, repair)
@@ -69,8 +108,7 @@ class Checker:
     def _check_files(self, report: CheckReport, repair: bool) -> None:
         backend = self.backend
         listing = list_buckets(backend.buckets_dir)
-        with backend._lock:
-            busy = set(backend._buckets) | backend._writing | backend._removing
+        busy = backend.busy_bucket_ids()
         found: list[tuple[ProblemKind, str, str]] = []
         for bucket_id, entry in listing.tmp:
             if bucket_id not in busy:  # a known bucket's temporary file is a rewrite
@@ -104,8 +142,7 @@ class Checker:
         with bucket.meta_lock:
             if bucket.files_gone:
                 return
-            with backend._lock:
-                expected = [slot.entry() for slot in bucket.slots]
+            expected = backend.index_entries(bucket)
             try:
                 _, on_disk = read_index(bucket.index_path)
                 detail = _compare(expected, on_disk)
@@ -117,17 +154,15 @@ class Checker:
             return
         action = None
         if repair:
-            backend._rewrite_indexes([bucket])
+            backend.rewrite_index(bucket)
             action = "rewritten from memory"
         report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail,
                                        path=bucket.index_path, action=action))
 
     def _check_records(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
-        with self.backend._lock:
-            slots = bucket.live_slots()
         bad: list[tuple[Slot, str]] = []
-        for chunk in chunked(slots, CHECK_CHUNK_BYTES):
-            for slot, outcome in zip(chunk, self.backend._read_slots(chunk)):
+        for chunk in chunked(bucket.live_slots(), CHECK_CHUNK_BYTES):
+            for slot, outcome in zip(chunk, self.backend.read_back(chunk)):
                 if outcome is None:
                     continue  # deleted or evicted meanwhile
                 report.records_checked += 1
@@ -160,21 +195,7 @@ class Checker:
             where = backend.quarantine.copy_out(f"{bucket.id:016x}-{slot.offset:x}", raw, note)
             actions[id(slot)] = f"quarantined to {where}, dropped from the index"
             dropped.append(slot)
-        with backend._lock:
-            for slot in dropped:
-                if slot.flags & FLAGS_GONE:
-                    continue  # deleted meanwhile: already out of the index
-                if backend._keys.get(slot.key) is slot:
-                    del backend._keys[slot.key]
-                bucket.forget(slot, FLAG_QUARANTINED)
-                backend._logical -= slot.size
-            emptied = not bucket.live and not bucket.retired
-            if emptied:
-                backend._retire_locked(bucket)
-        if emptied:
-            backend._remove_files([bucket])
-        else:
-            backend._rewrite_indexes([bucket])
+        backend.drop_records(bucket, dropped)
         return actions
 
     def _check_blocks(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
@@ -187,13 +208,11 @@ class Checker:
                           + os.stat(bucket.index_path).st_blocks) * 512
             except FileNotFoundError:
                 return  # reported by the index and record checks
-        with backend._lock:
-            counted = bucket.physical
-            if actual == counted or bucket.retired:
-                return
-            if repair:
-                backend._physical += actual - counted
-                bucket.physical = actual
+        counted = backend.counted_physical(bucket)
+        if counted is None or actual == counted:
+            return
+        if repair:
+            backend.correct_physical(bucket, actual)
         report.problems.append(Problem(
             ProblemKind.ACCOUNTING, f"bucket {bucket.id:016x} occupies {actual} bytes, "
             f"usage counts {counted}", path=bucket.data_path,

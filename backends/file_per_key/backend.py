@@ -455,6 +455,25 @@ class FilePerKeyBackend(StorageBackend):
             self._check_open()
         return check_store(self, repair)
 
+    # What check.py needs of the store (its CheckedFiles), and nothing else: these are
+    # not part of the SDK contract.
+
+    def indexed(self) -> dict[str, Entry]:
+        with self._lock:
+            return dict(self._index)
+
+    def owner_of(self, path: Path) -> str | None:
+        with self._lock:
+            return next((k for k, e in self._index.items() if e.path == str(path)), None)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._forget_locked(key)
+
+    def adopt(self, key: str, entry: Entry) -> None:
+        with self._lock:
+            self._adopt_locked(key, entry)
+
     def _adopt_locked(self, key: str, entry: Entry) -> None:
         if key in self._index:
             return

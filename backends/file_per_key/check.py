@@ -13,24 +13,52 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from kvstored.backends.file_per_key.recovery import leftovers, read_entry, record_files
+from kvstored.backends.file_per_key.recovery import Entry, leftovers, read_entry, record_files
 from kvstored.backends.record import VALUE_OFFSET, value_checksum
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind
 
-if TYPE_CHECKING:
-    from kvstored.backends.file_per_key.backend import FilePerKeyBackend
+
+class CheckedFiles(Protocol):
+    """What the checks need of the backend, and nothing more (FilePerKeyBackend has it)."""
+
+    @property
+    def objects_dir(self) -> Path: ...
+    @property
+    def tmp_dir(self) -> Path: ...
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def quarantine(self) -> Quarantine: ...
+    @property
+    def open_problems(self) -> list[Problem]: ...
+
+    def indexed(self) -> dict[str, Entry]:
+        """Every indexed object now."""
+        ...
+
+    def owner_of(self, path: Path) -> str | None:
+        """The key whose indexed record is the file ``path``, if any."""
+        ...
+
+    def forget(self, key: str) -> None:
+        """Drop ``key`` from the index (its file is gone or set aside)."""
+        ...
+
+    def adopt(self, key: str, entry: Entry) -> None:
+        """Index a valid record nobody indexed."""
+        ...
 
 
-def check_store(b: FilePerKeyBackend, repair: bool) -> CheckReport:
+def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
     report = CheckReport(repaired=repair)
     report.problems.extend(b.open_problems)
     if repair:
-        b.open_problems = []
-    with b._lock:
-        index = dict(b._index)
+        b.open_problems.clear()
+    index = b.indexed()
     seen: set[str] = set()
     for leftover in leftovers(b.tmp_dir):
         if b.read_only:
@@ -48,10 +76,9 @@ def check_store(b: FilePerKeyBackend, repair: bool) -> CheckReport:
             if value_checksum(_read_value(path, entry.size)) != entry.checksum:
                 raise CorruptionError("value fails its checksum", key=key, path=path)
         except CorruptionError as exc:
-            with b._lock:
-                owner = next((k for k, e in b._index.items() if e.path == str(path)), None)
-                if repair and owner is not None:
-                    b._forget_locked(owner)
+            owner = b.owner_of(path)
+            if repair and owner is not None:
+                b.forget(owner)
             _problem(b, report, repair, ProblemKind.CORRUPT_RECORD, exc.message,
                      exc.key or owner, path)
             continue
@@ -63,26 +90,23 @@ def check_store(b: FilePerKeyBackend, repair: bool) -> CheckReport:
         if known is None:
             action = None
             if repair:
-                with b._lock:
-                    b._adopt_locked(key, entry)
+                b.adopt(key, entry)
                 action = "added to the index"
             report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from "
                                            "the index", key, str(path), action))
-    with b._lock:
-        still_indexed = {k: e for k, e in b._index.items() if k in index}
+    still_indexed = {k: e for k, e in b.indexed().items() if k in index}
     for key, entry in still_indexed.items():
         if key not in seen and not os.path.exists(entry.path):
             action = None
             if repair:
-                with b._lock:
-                    b._forget_locked(key)
+                b.forget(key)
                 action = "dropped from the index"
             report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, "indexed record "
                                            "has no file", key, entry.path, action))
     return report
 
 
-def _problem(b: FilePerKeyBackend, report: CheckReport, repair: bool, kind: ProblemKind,
+def _problem(b: CheckedFiles, report: CheckReport, repair: bool, kind: ProblemKind,
              detail: str, key: str | None, path: Path) -> None:
     action = f"quarantined to {b.quarantine.move_aside(path, detail)}" if repair else None
     report.problems.append(Problem(kind, detail, key, str(path), action))

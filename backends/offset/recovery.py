@@ -100,6 +100,25 @@ class Entry:
                    pack_entry(offset, size, seq, write_ns, crc, key_bytes))
 
 
+def record_problem(key: str, entry: Entry, head, value, got_head: int,
+                   got_value: int) -> str | None:
+    """What is wrong with a record read back for ``entry``, or None if it checks."""
+    if got_head != ALIGN or got_value != entry.size:
+        return "the record is cut short"
+    try:
+        header = decode_header(head)
+    except CorruptionError as exc:
+        return exc.message
+    if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
+            or header.value_crc != entry.crc or header.tombstone):
+        return "the record header does not match the index"
+    if crc32c(value) != entry.crc:
+        return "the value fails its checksum"
+    return None
+
+
+
+
 @dataclass
 class Recovered:
     """What recovery found: the index in eviction order, and the counters to resume."""

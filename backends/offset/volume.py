@@ -63,6 +63,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from kvstored.allocator import OffsetAllocator
+from kvstored.backends.offset.check import IndexAudit, check_volume
 from kvstored.backends.offset.journal import JournalGate, write_sync
 from kvstored.backends.offset.layout import (
     ALIGN,
@@ -86,13 +87,13 @@ from kvstored.backends.offset.recovery import (
     Recovered,
     find_geometry,
     read_exact,
+    record_problem,
     recover,
     salvage_records,
 )
 from kvstored.backends.record import (
     HEADER_SIZE,
     VALUE_OFFSET,
-    decode_header,
     encode_header,
     record_size,
 )
@@ -518,7 +519,7 @@ class OffsetLayoutBackend(StorageBackend):
     # -- the journal gate -----------------------------------------------------------
 
     @property
-    def _generation(self) -> int:
+    def generation(self) -> int:
         """The generation of the newest durable checkpoint."""
         return self._journal.generation
 
@@ -899,31 +900,53 @@ class OffsetLayoutBackend(StorageBackend):
     # -- check and repair ---------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        from kvstored.backends.offset.check import check_volume
-
         if repair:
             self._check_writable()
         else:
             self._check_open()
         return check_volume(self, repair)
 
+    # What check.py needs of the volume (its CheckedVolume), and nothing else: these are
+    # not part of the SDK contract.
 
-def record_problem(key: str, entry: Entry, head, value, got_head: int,
-                   got_value: int) -> str | None:
-    """What is wrong with a record read back for ``entry``, or None if it checks."""
-    if got_head != ALIGN or got_value != entry.size:
-        return "the record is cut short"
-    try:
-        header = decode_header(head)
-    except CorruptionError as exc:
-        return exc.message
-    if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
-            or header.value_crc != entry.crc or header.tombstone):
-        return "the record header does not match the index"
-    if crc32c(value) != entry.crc:
-        return "the value fails its checksum"
-    return None
+    @property
+    def engine(self) -> IoEngine:
+        """The io engine every I/O of this volume goes through."""
+        return self._engine
 
+    @property
+    def volume_file(self) -> IoFile:
+        """The volume, open through the engine."""
+        return self._file
+
+    @property
+    def geometry(self) -> Geometry:
+        return self._geometry
+
+    def indexed(self) -> list[tuple[str, Entry]]:
+        with self._lock:
+            return list(self._index.items())
+
+    def is_current(self, key: str, entry: Entry) -> bool:
+        with self._lock:
+            return self._index.get(key) is entry
+
+    def drop(self, key: str, entry: Entry) -> None:
+        with self._lock:
+            if self._index.get(key) is not entry:
+                return  # deleted, or deleted and written again, meanwhile
+            self._detach_locked(key, entry)
+        self._retire([(key, entry)], None, evicting=False)
+
+    def audit(self) -> IndexAudit:
+        data_offset = self._geometry.data_offset
+        with self._lock:
+            entries = sorted(self._index.items(), key=lambda item: item[1].offset)
+            unallocated = [key for key, entry in entries
+                           if (entry.offset - data_offset) not in self._alloc
+                           or self._alloc.allocation_size(entry.offset - data_offset)
+                           != entry.footprint]
+            return IndexAudit(entries, self._logical, self._records_bytes, unallocated)
 
 
 def _allocate(fd: int, size: int, path) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from kvstored.backends.record import (
     VALUE_OFFSET,
+    align_up,
     record_size,
 )
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
@@ -62,7 +63,7 @@ from kvstored.backends.threefs.layout import (
     default_node_id,
     shard_path,
 )
-from kvstored.backends.threefs.recovery import recover
+from kvstored.backends.threefs.recovery import Finding, Recovered, recover
 from kvstored.backends.threefs.usrbio import choose_usrbio
 from kvstored.backends.threefs.view import ClusterView
 from kvstored.backends.threefs.writer import Placed, write_records
@@ -90,6 +91,7 @@ from kvstored.sdk.types import (
     Location,
     ObjectRecord,
     OpenMode,
+    Problem,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -192,19 +194,29 @@ class ThreeFsBackend(StorageBackend):
         self._unpublished = 0
         self._node_lock: StoreLock | None = None
         self._stuck: JournalStuckError | None = None
-        self.journal: JournalWriter | None = None
-        #: Problems recovery found at open, for check() to report and repair.
-        self.open_problems: list = []
         #: What this open already did about damage (repair mode), for check() to report.
-        self.open_reports: list = []
-        self.journal_damage: list[tuple[int, int]] = []
+        self.open_reports: list[Problem] = []
+        found: Recovered | None = None
         try:
             self._claim()
-            recover(self)
+            found = recover(self.node_dir, self.quarantine, mode=self.mode,
+                            node_id=self.node_id, root=self.root)
+            self.journal: JournalWriter = found.journal
+            self._index = found.index
+            self._shards = found.shards
+            self._data_bytes = found.data_bytes
+            self._seq = found.seq
+            self._next_shard = found.next_shard
+            self.open_reports.extend(found.reports)
+            #: What recovery could not reconcile, for check() to report and repair.
+            self._findings = found.findings
+            self._journal_damage = found.damage
+            if not self.read_only:
+                self._maybe_compact_locked()
         except BaseException as exc:
             self._io_threads.shutdown()
-            if self.journal is not None:
-                self.journal.close()
+            if found is not None:
+                found.journal.close()
             self._release_node_lock()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
                 raise from_oserror(exc, path=self.node_dir,
@@ -261,8 +273,7 @@ class ThreeFsBackend(StorageBackend):
                 self._trim_locked(shard)
         self._io_threads.shutdown()
         self.files.close_all()
-        if self.journal is not None:
-            self.journal.close()
+        self.journal.close()
         self._release_node_lock()
 
     # -- capabilities -----------------------------------------------------------------
@@ -789,6 +800,74 @@ class ThreeFsBackend(StorageBackend):
         else:
             self._check_open()
         return check_node(self, repair)
+
+    # What check.py needs of the node (its CheckedNode), and nothing else: these are not
+    # part of the SDK contract.
+
+    def findings(self) -> tuple[list[Finding], list[tuple[int, int]]]:
+        with self._lock:
+            return list(self._findings), list(self._journal_damage)
+
+    def resolved(self, findings: Sequence[Finding]) -> None:
+        with self._lock:
+            self._findings = [f for f in self._findings if f not in findings]
+
+    def indexed(self) -> list[tuple[str, Slot]]:
+        with self._lock:
+            return sorted(self._index.objects.items(), key=lambda item: item[1].seq)
+
+    def read_back(self, keys: Sequence[str], views: Sequence[memoryview]
+                  ) -> tuple[list[int], dict[int, str]]:
+        results = [int(ReadStatus.MISSING)] * len(keys)
+        details: dict[int, str] = {}
+        self._read_own_keys(keys, list(views), results, details=details)
+        return results, details
+
+    def rewrite_journal(self) -> None:
+        with self._lock:
+            self._compact_locked()
+            self._journal_damage = []
+
+    def forget(self, key: str, slot: Slot | None = None) -> bool:
+        with self._lock:
+            if slot is not None and self._index.objects.get(key) is not slot:
+                return False
+            self._seq += 1
+            entry = Entry(Kind.DELETE, key, seq=self._seq)
+            self._journal_append([entry])
+            self._index.apply(entry)
+            return True
+
+    def drop_shard(self, number: int) -> None:
+        with self._lock:
+            self._seq += 1
+            self._journal_append([Entry(Kind.SHARD_DROP, shard=number, seq=self._seq)])
+
+    def adopt_shard(self, number: int, path: str, records: Sequence[tuple[str, Slot]]) -> int:
+        with self._lock:
+            fresh = [(key, slot) for key, slot in records if key not in self._index.objects]
+            if not fresh:
+                return 0
+            self._seq += 1
+            entries = [Entry(Kind.SHARD_OPEN, shard=number, seq=self._seq)]
+            for key, slot in fresh:
+                entries.append(Entry(Kind.PUT, key, number, slot.seq, slot.offset,
+                                     slot.size, slot.write_ns, slot.checksum))
+            self._journal_append(entries)
+            for entry in entries:
+                self._index.apply(entry)
+            size = os.stat(path).st_size
+            self._shards[number] = Shard(number, path, align_up(size),
+                                         last_access=time.monotonic())
+            self._next_shard = max(self._next_shard, number + 1)
+            return len(fresh)
+
+    def discard_shard_file(self, path: str, why: str) -> str:
+        with self._lock:
+            size = os.stat(path).st_size
+            target = self.quarantine.move_aside(path, why)
+            self._data_bytes -= align_up(size)
+            return target
 
 
 def _location(node_dir: Path, slot: Slot) -> Location:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from kvstored.backends.record import (
     VALUE_OFFSET,
@@ -34,10 +34,8 @@ from kvstored.backends.threefs.journal import (
 )
 from kvstored.backends.threefs.layout import shard_number, shard_path
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import OpenMode, Problem, ProblemKind
-
-if TYPE_CHECKING:
-    from kvstored.backends.threefs.backend import ThreeFsBackend
 
 log = logging.getLogger(__name__)
 
@@ -57,33 +55,59 @@ class Finding:
     slot: Slot | None = None
 
 
-def recover(b: ThreeFsBackend) -> None:
-    """Load the node's journal, reconcile it with the shard files, and set up ``b``."""
-    read_only = b.read_only
-    if not read_only and remove_stale_tmp(b.node_dir):
-        log.info("3fs: removed an unfinished journal rewrite in %s", b.node_dir)
+@dataclass
+class Recovered:
+    """What recovery found: the node's journal (open for appends), its index and shards,
+    and what it could not reconcile."""
+
+    journal: JournalWriter
+    index: NodeIndex
+    shards: dict[int, Shard] = field(default_factory=dict)
+    #: Bytes of this node's shard files, as the writer counts them.
+    data_bytes: int = 0
+    #: What recovery could not reconcile, for check() to report and repair.
+    findings: list[Finding] = field(default_factory=list)
+    #: What repair mode already did at open, for check() to report.
+    reports: list[Problem] = field(default_factory=list)
+    #: Byte ranges of the journal that are damaged.
+    damage: list[tuple[int, int]] = field(default_factory=list)
+    #: The counters to resume above.
+    seq: int = 0
+    next_shard: int = 1
+
+
+def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: str,
+            root: Path) -> Recovered:
+    """Load the node's journal and reconcile it with the shard files (see the module
+    docstring). ``root`` is the backend's path, named in what to do when the journal is
+    unreadable."""
+    read_only = mode is OpenMode.READ_ONLY
+    if not read_only and remove_stale_tmp(node_dir):
+        log.info("3fs: removed an unfinished journal rewrite in %s", node_dir)
     files = {}
-    for item in os.scandir(b.node_dir):
+    for item in os.scandir(node_dir):
         number = shard_number(item.name)
         if number is not None and item.is_file():
             files[number] = _cut_trailing_hole(item.path, item.stat().st_size,
                                                read_only=read_only)
-    path = b.node_dir / JOURNAL_NAME
+    path = node_dir / JOURNAL_NAME
     index = NodeIndex()
     header: Header | None = None
+    reports: list[Problem] = []
+    damage: list[tuple[int, int]] = []
     if path.exists():
         try:
             header, base, data = read_file(path)
         except JournalFormatError as exc:
-            if b.mode is not OpenMode.REPAIR:
+            if mode is not OpenMode.REPAIR:
                 raise CorruptionError(
-                    f"the journal of node {b.node_id} is unreadable ({exc}). kvstored does "
+                    f"the journal of node {node_id} is unreadable ({exc}). kvstored does "
                     "not guess: restore it, or run `kvstore recover --offline "
-                    f"{b.root} --backend 3fs --repair`, which sets it aside and adopts the "
+                    f"{root} --backend 3fs --repair`, which sets it aside and adopts the "
                     "records of the shards (objects deleted since may come back)",
                     path=path) from None
-            moved = b.quarantine.move_aside(path, f"the journal is unreadable ({exc})")
-            b.open_reports.append(Problem(
+            moved = quarantine.move_aside(path, f"the journal is unreadable ({exc})")
+            reports.append(Problem(
                 ProblemKind.CORRUPT_RECORD, f"the journal was unreadable ({exc})", None,
                 str(path), f"moved to {moved}; a new journal was started, and "
                 "check(repair=True) adopts the records of the shards"))
@@ -91,75 +115,72 @@ def recover(b: ThreeFsBackend) -> None:
         # The generation starts from the clock so that it never repeats one a reader
         # remembers from an earlier journal of the same node.
         header = Header(time.time_ns(), 0, max(files, default=0))
-        b.journal = (JournalWriter.empty(path, header) if read_only
-                     else JournalWriter.create(path, header))
+        journal = (JournalWriter.empty(path, header) if read_only
+                   else JournalWriter.create(path, header))
     else:
         parsed = parse(data, base)
-        b.journal = JournalWriter(path, header, base + len(data), read_only=read_only)
+        journal = JournalWriter(path, header, base + len(data), read_only=read_only)
         if parsed.end < base + len(data) and not read_only:
             # An append a crash interrupted (never acknowledged), or the last entries
             # damaged in place: either way they cannot be read. Keep the bytes before
             # cutting them, so that nothing unreadable is ever simply destroyed.
             tail = data[parsed.end - base:]
-            kept = b.quarantine.copy_out("journal-tail", tail, {
+            kept = quarantine.copy_out("journal-tail", tail, {
                 "journal": str(path), "offset": parsed.end, "length": len(tail),
                 "reason": "the journal's last bytes do not parse (a torn append)"},
                 suffix=".kvj")
             log.info("3fs: cutting the torn tail (%d bytes, copied to %s) off %s: an "
                      "append a crash interrupted, never acknowledged", len(tail), kept, path)
-            b.journal.truncate(parsed.end)
+            journal.truncate(parsed.end)
         for start, stop in parsed.damaged:
             log.warning("3fs: %s bytes %d..%d are damaged; the entries there are lost "
                         "(check(repair=True) rewrites the journal)", path, start, stop)
-        b.journal_damage = parsed.damaged
+        damage = parsed.damaged
         for entry in parsed.entries:
             index.apply(entry)
-    b._index = index
-    findings: list[Finding] = []
+    found = Recovered(journal, index, reports=reports, damage=damage)
     for number, size in sorted(files.items()):
-        name = str(shard_path(b.node_dir, number))
+        name = str(shard_path(node_dir, number))
         if number in index.shards:
             continue
         if number in index.dropped:
             if not read_only:
                 os.unlink(name)  # an eviction that a crash interrupted after journaling it
             continue
-        findings.append(Finding(ProblemKind.ORPHAN, "shard file the journal does not name",
-                                None, name, "orphan", shard=number))
-        b._data_bytes += align_up(size)
+        found.findings.append(Finding(ProblemKind.ORPHAN, "shard file the journal does "
+                                      "not name", None, name, "orphan", shard=number))
+        found.data_bytes += align_up(size)
     now = time.monotonic()
     for number in sorted(index.shards):
-        name = str(shard_path(b.node_dir, number))
+        name = str(shard_path(node_dir, number))
         size = files.get(number)
         keys = sorted(index.shards[number])
         if size is None:
             for key in keys:
-                findings.append(Finding(ProblemKind.INDEX_MISMATCH, "its shard file is "
-                                        "missing", key, name, "forget",
-                                        slot=index.remove(key)))
+                found.findings.append(Finding(ProblemKind.INDEX_MISMATCH, "its shard file "
+                                              "is missing", key, name, "forget",
+                                              slot=index.remove(key)))
             del index.shards[number]
             if keys:
-                findings.append(Finding(ProblemKind.INDEX_MISMATCH, "shard file missing",
-                                        None, name, "drop", shard=number))
+                found.findings.append(Finding(ProblemKind.INDEX_MISMATCH, "shard file "
+                                              "missing", None, name, "drop", shard=number))
             continue
         for key in keys:
             slot = index.objects[key]
             if slot.offset + VALUE_OFFSET + slot.size > size:
                 index.remove(key)
-                findings.append(Finding(ProblemKind.TORN_WRITE, f"the record at offset "
-                                        f"{slot.offset} runs past the end of the file "
-                                        f"({size} bytes)", key, name, "forget", slot=slot))
-        b._shards[number] = Shard(number, name, align_up(size), last_access=now)
-        b._data_bytes += align_up(size)
-    for finding in findings:
+                found.findings.append(Finding(
+                    ProblemKind.TORN_WRITE, f"the record at offset {slot.offset} runs past "
+                    f"the end of the file ({size} bytes)", key, name, "forget", slot=slot))
+        found.shards[number] = Shard(number, name, align_up(size), last_access=now)
+        found.data_bytes += align_up(size)
+    for finding in found.findings:
         log.warning("3fs: %s: %s%s (run check(repair=True))", finding.path, finding.detail,
                     f" (key {finding.key!r})" if finding.key else "")
-    b.open_problems = findings
-    b._seq = max(b.journal.header.seq_floor, index.max_seq)
-    b._next_shard = max(b.journal.header.shard_floor, index.max_shard,
-                        max(files, default=0)) + 1
-    if not read_only:
-        b._maybe_compact_locked()
+    found.seq = max(journal.header.seq_floor, index.max_seq)
+    found.next_shard = max(journal.header.shard_floor, index.max_shard,
+                           max(files, default=0)) + 1
+    return found
 
 
 def _cut_trailing_hole(path: str, size: int, *, read_only: bool = False) -> int:

@@ -49,7 +49,7 @@ def test_device_size_and_defaults(loops):
         os.close(fd)
     backend = open_backend("nvmeof", device, engine="posix")
     try:
-        assert backend._file.direct, "O_DIRECT is the default on block devices"
+        assert backend.volume_file.direct, "O_DIRECT is the default on block devices"
         assert backend.usage().capacity_bytes == LOOP_IMAGE_SIZE
         write_all(backend, [("k", payload("k", 12_345))])
         where = backend.locate("k")

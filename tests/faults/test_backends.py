@@ -565,7 +565,7 @@ def test_reopen_200_times_in_a_row(tmp_path, backend, engine):
         store = open_backend(backend, path, **options)
         if n == 0:  # the lock is on a descriptor of its own, never the io engine's
             locks = {fd: info for fd, info in fd_locks().items() if "FLOCK" in info}
-            assert store._file.fd not in locks and locks, locks
+            assert store.volume_file.fd not in locks and locks, locks
         # A write, then the closing checkpoint's write and fsync: what held the file.
         assert store.write(f"k{n}", payload(f"k{n}", 3000)).ok
         assert store.read(f"k{max(0, n - 1)}") == payload(f"k{max(0, n - 1)}", 3000)
