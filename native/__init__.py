@@ -15,6 +15,7 @@ design is in docs/io-engine.md.
 from kvstored.native.engine import IoEngine, IoFile
 from kvstored.native.errors import EngineUnavailableError, IoError
 from kvstored.native.probe import probe_uring
+from kvstored.native.scratch import ScratchMemory
 from kvstored.native.selection import ENGINES, get_engine, uring_status
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "IoEngine",
     "IoError",
     "IoFile",
+    "ScratchMemory",
     "get_engine",
     "probe_uring",
     "uring_status",

@@ -27,12 +27,11 @@ Both engines use this module; each passes its own ``run`` function.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import threading
 from collections.abc import Callable
 
 from kvstored.native.errors import log_once
+from kvstored.native.scratch import ScratchMemory
 
 #: The alignment used for O_DIRECT: 4 KiB satisfies 512-byte and 4 KiB devices alike.
 ALIGN = 4096
@@ -46,11 +45,6 @@ Outcome = tuple[int, int]
 Run = Callable[[int, list[Op]], list[Outcome]]
 
 READ, WRITE = 0, 1  # the KV_OP_* codes of io_uring_core.h
-
-# Bounce arenas up to this size are kept for reuse by their thread (first touch of fresh
-# pages is slow); larger ones are freed after the batch.
-_KEEP_ARENA_BYTES = 64 << 20
-
 
 class Pieces:
     """The buffers of a vectored item, moved back to back from the item's offset as one
@@ -102,22 +96,8 @@ def span_of(offset: int, length: int) -> tuple[int, int]:
     return offset & ~_MASK, (offset + length + _MASK) & ~_MASK
 
 
-class _Arena(threading.local):
-    """Each thread's page-aligned scratch memory, grown on demand and reused."""
-
-    def __init__(self) -> None:
-        self.memory: mmap.mmap | None = None
-
-    def take(self, size: int) -> memoryview:
-        if self.memory is not None and len(self.memory) >= size:
-            return memoryview(self.memory)[:size]
-        fresh = mmap.mmap(-1, max(1 << (size - 1).bit_length(), 1 << 20))
-        if len(fresh) <= _KEEP_ARENA_BYTES:
-            self.memory = fresh
-        return memoryview(fresh)[:size]
-
-
-_arena = _Arena()
+#: The bounce buffers of each thread.
+_arena = ScratchMemory()
 
 
 def _clip(value: int, length: int) -> int:
