@@ -10,9 +10,10 @@ What is examined, and what repair does about it:
 - Each bucket's index file is re-read and compared with memory: INDEX_MISMATCH if it
   fails its CRC or lists other records; repair rewrites it from memory (which was
   loaded from a verified index and kept up to date since).
-- Every visible record is read back through the io engine and both its CRCs checked:
-  CORRUPT_RECORD for each that fails; repair copies the record's bytes to
-  ``quarantine/`` with a JSON note and flags the key QUARANTINED in the index, durably.
+- Every visible record is read back through the io engine and verified (the SDK's
+  record pass, :func:`kvstored.sdk.check.check_records`): CORRUPT_RECORD for each that
+  fails; repair copies the record's bytes to ``quarantine/`` with a JSON note and flags
+  the key QUARANTINED in the index, durably.
 - Each bucket's ``st_blocks`` is compared with what usage counts: ACCOUNTING; repair
   corrects the figure.
 
@@ -23,23 +24,20 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
 from typing import Protocol
 
 from kvstored.backends.bucket.index import IndexEntry, read_index
 from kvstored.backends.bucket.layout import list_buckets
-from kvstored.backends.bucket.records import ReadOutcome
-from kvstored.backends.bucket.state import Bucket, Slot, chunked
+from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.sdk.check import RecordStore, check_records
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import CheckReport, Problem, ProblemKind
-
-#: Values read per engine submission while checking.
-CHECK_CHUNK_BYTES = 32 * 1024 * 1024
+from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 
-class CheckedStore(Protocol):
-    """What the checks need of the backend, and nothing more (BucketBackend has it)."""
+class CheckedStore(RecordStore[Slot], Protocol):
+    """What the checks need of the backend, and nothing more (BucketBackend has it): the
+    record pass's :class:`~kvstored.sdk.check.RecordStore`, and the buckets' files."""
 
     @property
     def buckets_dir(self) -> str: ...
@@ -60,14 +58,6 @@ class CheckedStore(Protocol):
 
     def rewrite_index(self, bucket: Bucket) -> None:
         """Make ``bucket``'s index file say what memory says, durably."""
-        ...
-
-    def read_back(self, slots: Sequence[Slot]) -> list[ReadOutcome | None]:
-        """Read and verify ``slots``; None for a slot no longer visible."""
-        ...
-
-    def drop_records(self, bucket: Bucket, slots: Sequence[Slot]) -> None:
-        """Take ``slots`` (copied to the quarantine) out of the store, durably."""
         ...
 
     def counted_physical(self, bucket: Bucket) -> int | None:
@@ -99,8 +89,8 @@ class Checker:
             self._check_files(report, repair)
             for bucket in self.backend.loaded_buckets():
                 self._check_index(bucket, report, repair)
-                self._check_records(bucket, report, repair)
                 self._check_blocks(bucket, report, repair)
+            check_records(self.backend, report, repair=repair)
             return report
 
     # -- files nobody owns -------------------------------------------------------------
@@ -125,13 +115,15 @@ class Checker:
         for kind, detail, path in found:
             if path in reported:
                 continue
-            action = None
+            action = where = None
             if repair:
                 try:
-                    action = f"moved to {backend.quarantine.move_aside(path, detail)}"
+                    where = backend.quarantine.move_aside(path, detail)
                 except FileNotFoundError:
                     continue  # its owner removed it meanwhile: nothing was wrong
-            report.problems.append(Problem(kind, detail, path=path, action=action))
+                action = RepairAction.QUARANTINED
+            report.problems.append(Problem(kind, detail, path=path, action=action,
+                                           action_detail=where))
 
     # -- one bucket ----------------------------------------------------------------------
 
@@ -155,48 +147,10 @@ class Checker:
         action = None
         if repair:
             backend.rewrite_index(bucket)
-            action = "rewritten from memory"
+            action = RepairAction.REBUILT
         report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail,
-                                       path=bucket.index_path, action=action))
-
-    def _check_records(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
-        bad: list[tuple[Slot, str]] = []
-        for chunk in chunked(bucket.live_slots(), CHECK_CHUNK_BYTES):
-            for slot, outcome in zip(chunk, self.backend.read_back(chunk)):
-                if outcome is None:
-                    continue  # deleted or evicted meanwhile
-                report.records_checked += 1
-                if outcome.status < 0:
-                    bad.append((slot, outcome.reason or "unreadable"))
-        if not bad:
-            return
-        actions = self._quarantine(bucket, bad) if repair else {}
-        for slot, reason in bad:
-            report.problems.append(Problem(ProblemKind.CORRUPT_RECORD,
-                                           f"record at offset {slot.offset}: {reason}",
-                                           key=slot.key, path=bucket.data_path,
-                                           action=actions.get(id(slot))))
-
-    def _quarantine(self, bucket: Bucket, bad: list[tuple[Slot, str]]) -> dict[int, str]:
-        """Copy each bad record out, then drop its key from the index durably."""
-        backend = self.backend
-        actions: dict[int, str] = {}
-        dropped: list[Slot] = []
-        for slot, reason in bad:
-            try:
-                with open(bucket.data_path, "rb", buffering=0) as f:
-                    raw = os.pread(f.fileno(), slot.length, slot.offset)
-            except OSError as exc:
-                raw, reason = b"", f"{reason}; the bytes could not be read: {exc}"
-            note = {"key": slot.key, "bucket": f"{bucket.id:016x}",
-                    "data_file": bucket.data_path, "record_offset": slot.offset,
-                    "record_length": slot.length, "value_len": slot.size, "seq": slot.seq,
-                    "value_crc": slot.crc, "reason": reason}
-            where = backend.quarantine.copy_out(f"{bucket.id:016x}-{slot.offset:x}", raw, note)
-            actions[id(slot)] = f"quarantined to {where}, dropped from the index"
-            dropped.append(slot)
-        backend.drop_records(bucket, dropped)
-        return actions
+                                       path=bucket.index_path, action=action,
+                                       action_detail="from memory" if action else None))
 
     def _check_blocks(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
         backend = self.backend
@@ -216,7 +170,7 @@ class Checker:
         report.problems.append(Problem(
             ProblemKind.ACCOUNTING, f"bucket {bucket.id:016x} occupies {actual} bytes, "
             f"usage counts {counted}", path=bucket.data_path,
-            action="usage corrected" if repair else None))
+            action=RepairAction.CORRECTED if repair else None))
 
 
 def _compare(expected: list, on_disk: list) -> str | None:

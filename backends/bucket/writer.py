@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from kvstored.backends.bucket.index import write_indexes
 from kvstored.backends.bucket.records import NewRecord, write_records
 from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.backends.record import record_size, value_checksum
 from kvstored.native import IoEngine, IoFile
 from kvstored.sdk.files import PRIVATE_FILE
+from kvstored.sdk.record import record_size, value_checksum
 
 #: A claimed item of a batch: (its position in the batch, key, key bytes, value).
 Claimed = tuple[int, str, bytes, memoryview]

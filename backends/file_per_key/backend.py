@@ -34,25 +34,25 @@ from kvstored.backends.file_per_key.layout import (
     object_name,
 )
 from kvstored.backends.file_per_key.recovery import Entry, recover
-from kvstored.backends.record import (
-    VALUE_OFFSET,
-    align_up,
-    decode_header,
-    encode_header,
-    value_checksum,
-)
 from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.backend import EvictionCallback, StorageBackend
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
     CapacityError,
-    CorruptionError,
     InvalidRequestError,
     from_oserror,
 )
+from kvstored.sdk.eviction import EvictionPolicy
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, make_private_dirs, write_all
 from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import (
+    VALUE_OFFSET,
+    align_up,
+    encode_header,
+    value_checksum,
+    verified_read,
+)
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -102,12 +102,10 @@ class FilePerKeyBackend(StorageBackend):
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
                  mode: OpenMode = OpenMode.READ_WRITE,
-                 policy: str = "fifo", auto_evict: bool = True) -> None:
+                 policy: EvictionPolicy = EvictionPolicy.FIFO, auto_evict: bool = True) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
-        if policy not in ("fifo", "lru"):
-            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
-        self.policy = policy
+        self.policy = EvictionPolicy.parse(policy)
         self.auto_evict = auto_evict
         self.root = Path(self.path)
         self.objects_dir = self.root / OBJECTS_DIR
@@ -307,7 +305,7 @@ class FilePerKeyBackend(StorageBackend):
                 if len(buf) < entry.size:
                     results.append(ReadStatus.BUFFER_TOO_SMALL)
                     continue
-                if self.policy == "lru":
+                if self.policy.rule.moves_on_read:
                     self._order.move_to_end(key)
                 self._pins.acquire([key])
             try:
@@ -318,42 +316,35 @@ class FilePerKeyBackend(StorageBackend):
 
     def _read_one(self, key: str, entry: Entry, buf: memoryview) -> int:
         head = bytearray(VALUE_OFFSET)
-        target = memoryview(buf).cast("B")[:entry.size]
+        target = memoryview(buf).cast("B")
+        got, error = 0, None
         try:
             fd = os.open(entry.path, os.O_RDONLY)
         except FileNotFoundError:
             return ReadStatus.MISSING  # deleted by another thread since the lookup
-        except OSError:
-            return ReadStatus.IO_ERROR
-        try:
-            got = os.preadv(fd, [head, target], 0)
-            while VALUE_OFFSET <= got < VALUE_OFFSET + entry.size:
-                more = os.preadv(fd, [target[got - VALUE_OFFSET:]], got)
-                if more == 0:
-                    break
-                got += more
-        except OSError:
-            return ReadStatus.IO_ERROR
-        finally:
-            os.close(fd)
-        try:
-            header = decode_header(head, path=entry.path)
-        except CorruptionError:
-            target[:] = bytes(entry.size)  # never leave bytes that failed in the buffer
-            return self._corrupt(key, entry, "header")
-        if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
-                or header.value_crc != entry.checksum
-                or got != VALUE_OFFSET + entry.size
-                or value_checksum(target) != entry.checksum):
-            target[:] = bytes(entry.size)
-            return self._corrupt(key, entry, "value")
-        return entry.size
-
-    def _corrupt(self, key: str, entry: Entry, part: str) -> int:
-        self.corrupt_reads += 1
-        log.warning("%s: %s of key %r in %s failed its check; reported as a miss "
-                    "(run check(repair=True) to quarantine it)", self.name, part, key, entry.path)
-        return ReadStatus.CORRUPT
+        except OSError as exc:
+            fd, error = -1, exc
+        if fd >= 0:
+            try:
+                got = os.preadv(fd, [head, target[:entry.size]], 0)
+                while VALUE_OFFSET <= got < VALUE_OFFSET + entry.size:
+                    more = os.preadv(fd, [target[got - VALUE_OFFSET:entry.size]], got)
+                    if more == 0:
+                        break
+                    got += more
+            except OSError as exc:
+                error = exc
+            finally:
+                os.close(fd)
+        outcome = verified_read(target, head, None, key=key, size=entry.size, seq=entry.seq,
+                                checksum=entry.checksum, error=error,
+                                complete=got == VALUE_OFFSET + entry.size)
+        if not outcome.ok:
+            self.corrupt_reads += outcome.status == ReadStatus.CORRUPT
+            log.warning("%s: key %r in %s failed (%s); reported as %s (run "
+                        "check(repair=True) to quarantine it)", self.name, key, entry.path,
+                        outcome.reason, ReadStatus(outcome.status).name)
+        return outcome.status
 
     def batch_contains(self, keys: Sequence[str]) -> list[bool]:
         self._check_open()

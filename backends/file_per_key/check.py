@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Protocol
 
 from kvstored.backends.file_per_key.recovery import Entry, leftovers, read_entry, record_files
-from kvstored.backends.record import VALUE_OFFSET, value_checksum
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import CheckReport, Problem, ProblemKind
+from kvstored.sdk.record import VALUE_OFFSET, value_checksum
+from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 
 class CheckedFiles(Protocol):
@@ -63,9 +63,8 @@ def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
     for leftover in leftovers(b.tmp_dir):
         if b.read_only:
             report.problems.append(Problem(
-                ProblemKind.TORN_WRITE, "a write that never finished", None,
-                str(leftover), "left in place (opened read-only); the next read-write "
-                "open removes it"))
+                ProblemKind.TORN_WRITE, "a write that never finished", path=str(leftover),
+                action=RepairAction.LEFT_FOR_NEXT_OPEN))
             continue
         _problem(b, report, repair, ProblemKind.TORN_WRITE, "unfinished write", None,
                  leftover)
@@ -91,7 +90,7 @@ def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
             action = None
             if repair:
                 b.adopt(key, entry)
-                action = "added to the index"
+                action = RepairAction.ADDED_TO_INDEX
             report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from "
                                            "the index", key, str(path), action))
     still_indexed = {k: e for k, e in b.indexed().items() if k in index}
@@ -100,7 +99,7 @@ def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
             action = None
             if repair:
                 b.forget(key)
-                action = "dropped from the index"
+                action = RepairAction.DROPPED_FROM_INDEX
             report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, "indexed record "
                                            "has no file", key, entry.path, action))
     return report
@@ -108,8 +107,9 @@ def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
 
 def _problem(b: CheckedFiles, report: CheckReport, repair: bool, kind: ProblemKind,
              detail: str, key: str | None, path: Path) -> None:
-    action = f"quarantined to {b.quarantine.move_aside(path, detail)}" if repair else None
-    report.problems.append(Problem(kind, detail, key, str(path), action))
+    where = b.quarantine.move_aside(path, detail) if repair else None
+    report.problems.append(Problem(kind, detail, key, str(path),
+                                   RepairAction.QUARANTINED if where else None, where))
 
 
 def _read_value(path: Path, size: int) -> bytearray:

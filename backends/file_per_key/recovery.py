@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvstored.backends.file_per_key.layout import object_name
-from kvstored.backends.record import VALUE_OFFSET, decode_header
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import fsync_dir
+from kvstored.sdk.record import VALUE_OFFSET, decode_header
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,6 @@ from kvstored.backends.nvmeof.device import (
 from kvstored.backends.offset.layout import LAYOUT_VERSION, Geometry, MiB, peek_slot
 from kvstored.backends.offset.recovery import read_exact
 from kvstored.backends.offset.volume import OffsetLayoutBackend, Volume
-from kvstored.backends.record import ALIGN
 from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.errors import (
     BackendBusyError,
@@ -73,6 +72,7 @@ from kvstored.sdk.errors import (
 )
 from kvstored.sdk.files import write_atomically
 from kvstored.sdk.lock import StoreLock, openers_of
+from kvstored.sdk.record import ALIGN
 from kvstored.sdk.types import OpenMode
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import os
 import stat
 import struct
 
-from kvstored.backends.record import ALIGN
 from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.record import ALIGN
 
 #: ioctl numbers from <linux/fs.h>: the device size in bytes, its logical sector size.
 BLKGETSIZE64 = 0x80081272

@@ -4,16 +4,17 @@ What is examined:
 
 - the superblock, against the geometry the backend opened with;
 - the newest checkpoint slot (header and payload CRC);
-- every indexed record: header (magic, version, CRC, and that it matches the index
-  entry) and value CRC;
+- every indexed record, read back and verified (the SDK's record pass,
+  :func:`kvstored.sdk.check.check_records`);
 - the in-memory index: extents inside the data area, no overlaps, each extent allocated
   in the allocator with the record's footprint, the byte counters.
 
 What repair does:
 
 - a bad record is *copied out* (the bytes of its whole extent) to the quarantine folder
-  as ``<time>-<offset>.kvr`` with a ``.json`` note saying what it was and why it was
-  taken out, then deleted like any key (a tombstone, so it stays gone after a crash);
+  as ``<time>-<volume>-<offset in hex>.kvr`` with a ``.json`` note saying what it was and
+  why it was taken out, then deleted like any key (a tombstone, so it stays gone after a
+  crash);
 - a damaged superblock or checkpoint is rewritten from memory.
 
 Free space is not examined: records of deleted objects legitimately remain there until
@@ -23,8 +24,6 @@ the space is reused, and nothing points at them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,20 +31,16 @@ from crc32c import crc32c
 
 from kvstored.backends.offset.journal import write_sync
 from kvstored.backends.offset.layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
-from kvstored.backends.offset.recovery import Entry, read_exact, record_problem
-from kvstored.backends.record import ALIGN, VALUE_OFFSET, align_up
-from kvstored.native import IoEngine, IoError, IoFile
-from kvstored.sdk.errors import BackendError, CorruptionError
+from kvstored.backends.offset.recovery import Entry, read_exact
+from kvstored.native import IoEngine, IoFile
+from kvstored.sdk.check import RecordStore, check_records
+from kvstored.sdk.errors import BackendError
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import CheckReport, Problem, ProblemKind
+from kvstored.sdk.record import ALIGN, align_up
+from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 log = logging.getLogger(__name__)
 
-#: Records (and value bytes) verified per engine submission, and the largest chunk
-#: copied out at once.
-CHECK_BATCH = 32
-CHECK_BYTES = 64 << 20
-COPY_CHUNK = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +56,10 @@ class IndexAudit:
     unallocated: list[str]
 
 
-class CheckedVolume(Protocol):
+class CheckedVolume(RecordStore[Entry], Protocol):
     """What the checks need of an open offset-layout volume, and nothing more
-    (:class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` has it)."""
+    (:class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` has it): the record
+    pass's :class:`~kvstored.sdk.check.RecordStore`, and the volume's own metadata."""
 
     @property
     def engine(self) -> IoEngine: ...
@@ -82,20 +78,6 @@ class CheckedVolume(Protocol):
         """Write a checkpoint of the index now."""
         ...
 
-    def indexed(self) -> list[tuple[str, Entry]]:
-        """Every indexed object now."""
-        ...
-
-    def is_current(self, key: str, entry: Entry) -> bool:
-        """Whether ``key`` is still indexed as ``entry`` (not deleted, nor rewritten)."""
-        ...
-
-    def pin(self, keys: Iterable[str]) -> AbstractContextManager[None]: ...
-
-    def drop(self, key: str, entry: Entry) -> None:
-        """Delete ``key`` durably (a tombstone), unless it changed since ``entry``."""
-        ...
-
     def audit(self) -> IndexAudit:
         """The index, its counters and the allocator, taken together."""
         ...
@@ -108,16 +90,7 @@ def check_volume(backend: CheckedVolume, repair: bool) -> CheckReport:
         backend.open_problems.clear()
     _check_superblock(backend, report, repair)
     _check_checkpoint(backend, report, repair)
-    chunk: list[tuple[str, Entry]] = []
-    chunk_bytes = 0
-    for key, entry in backend.indexed():
-        if chunk and (len(chunk) == CHECK_BATCH or chunk_bytes + entry.size > CHECK_BYTES):
-            _check_records(backend, chunk, report, repair)
-            chunk, chunk_bytes = [], 0
-        chunk.append((key, entry))
-        chunk_bytes += entry.size
-    if chunk:
-        _check_records(backend, chunk, report, repair)
+    check_records(backend, report, repair=repair)
     _check_index(backend, report)
     return report
 
@@ -132,14 +105,15 @@ def _check_superblock(backend: CheckedVolume, report: CheckReport, repair: bool)
         detail = "the superblock differs from the geometry the volume was opened with"
     except BackendError as exc:
         detail = exc.message
-    action = None
+    action = rebuilt = None
     if repair:
         volume = backend.volume_file
         write_sync(backend.engine, volume, [(volume, 0, backend.geometry.encode())],
                    "rewriting the superblock")
-        action = "rewrote the superblock from the open volume's geometry"
-        log.warning("%s: %s; %s", path, detail, action)
-    report.problems.append(Problem(ProblemKind.CORRUPT_RECORD, detail, None, path, action))
+        action, rebuilt = RepairAction.REBUILT, "from the open volume's geometry"
+        log.warning("%s: %s; rewrote the superblock %s", path, detail, rebuilt)
+    report.problems.append(Problem(ProblemKind.CORRUPT_RECORD, detail, path=path,
+                                   action=action, action_detail=rebuilt))
 
 
 def _check_checkpoint(backend: CheckedVolume, report: CheckReport, repair: bool) -> None:
@@ -157,71 +131,12 @@ def _check_checkpoint(backend: CheckedVolume, report: CheckReport, repair: bool)
     elif header is not None and header.generation > generation:
         return  # a checkpoint ran meanwhile
     detail = f"checkpoint generation {generation} at offset {slot} does not check"
-    action = None
+    action = rebuilt = None
     if repair:
         backend.checkpoint()
-        action = "wrote a new checkpoint"
-    report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail, None, path, action))
-
-
-def _check_records(backend: CheckedVolume, chunk: list[tuple[str, Entry]],
-                   report: CheckReport, repair: bool) -> None:
-    keys = [key for key, _ in chunk]
-    quarantined: list[tuple[str, Entry]] = []
-    with backend.pin(keys):
-        heads = [bytearray(ALIGN) for _ in chunk]
-        values = [bytearray(entry.size) for _, entry in chunk]
-        items = []
-        for (_, entry), head, value in zip(chunk, heads, values):
-            items.append((backend.volume_file, entry.offset, head))
-            items.append((backend.volume_file, entry.offset + VALUE_OFFSET, value))
-        outcomes = backend.engine.read(items)
-        for n, (key, entry) in enumerate(chunk):
-            if not backend.is_current(key, entry):
-                continue  # deleted or evicted since the snapshot
-            report.records_checked += 1
-            got_head, got_value = outcomes[2 * n], outcomes[2 * n + 1]
-            if isinstance(got_head, IoError) or isinstance(got_value, IoError):
-                problem = f"reading the record failed: {got_head if isinstance(got_head, IoError) else got_value}"  # noqa: E501
-            else:
-                problem = record_problem(key, entry, heads[n], values[n], got_head, got_value)
-            if problem is None:
-                continue
-            action = None
-            if repair:
-                try:
-                    action = _quarantine(backend, key, entry, problem)
-                    quarantined.append((key, entry))
-                except (BackendError, OSError) as exc:
-                    log.error("%s: could not quarantine %r: %s", backend.volume_file.path, key, exc)
-            report.problems.append(Problem(ProblemKind.CORRUPT_RECORD, problem, key,
-                                           backend.volume_file.path, action))
-    for key, entry in quarantined:  # after the pins are gone, so the space is freed now
-        backend.drop(key, entry)
-
-
-def _quarantine(backend: CheckedVolume, key: str, entry: Entry, reason: str) -> str:
-    """Copy the record's whole extent out of the volume, with a note; return the action."""
-    def chunks():
-        done, total = 0, entry.footprint
-        while done < total:
-            length = min(COPY_CHUNK, total - done)
-            buf = bytearray(length)
-            [got] = backend.engine.read([(backend.volume_file, entry.offset + done, buf)])
-            if isinstance(got, IoError):
-                raise CorruptionError(f"copying the record out failed: {got}", key=key)
-            yield memoryview(buf)[:got]
-            if got < length:
-                return  # the volume ends early: keep what there is
-            done += length
-
-    note = {"key": key, "volume": backend.volume_file.path, "record_offset": entry.offset,
-            "record_length": entry.footprint, "value_length": entry.size, "seq": entry.seq,
-            "value_crc32c": entry.crc, "reason": reason}
-    target = backend.quarantine.copy_out(f"{entry.offset:012x}", chunks(), note)
-    log.warning("%s: quarantined the record of %r at offset %d (%s) to %s",
-                backend.volume_file.path, key, entry.offset, reason, target)
-    return f"copied to {target} and dropped from the index"
+        action, rebuilt = RepairAction.REBUILT, "a new checkpoint of the index in memory"
+    report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail, path=path,
+                                   action=action, action_detail=rebuilt))
 
 
 def _check_index(backend: CheckedVolume, report: CheckReport) -> None:

@@ -44,7 +44,6 @@ from kvstored.backends.offset.layout import (
     CKPT_ENTRY,
     JOURNAL_MAGIC,
     SLOT_HEADER_SIZE,
-    AlignedScratch,
     Geometry,
     JournalEntry,
     decode_journal_entry,
@@ -53,15 +52,15 @@ from kvstored.backends.offset.layout import (
     pack_entry,
     peek_slot,
 )
-from kvstored.backends.record import (
+from kvstored.native import IoEngine, IoFile, ScratchMemory
+from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestError
+from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
     align_up,
     decode_header,
     scan_records,
 )
-from kvstored.native import IoEngine, IoFile
-from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestError
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ log = logging.getLogger(__name__)
 HEADER_BATCH = 1024
 VALUE_BATCH_BYTES = 64 << 20
 
-_scratch = AlignedScratch()
+_scratch = ScratchMemory()
 
 
 class Entry:
@@ -80,43 +79,25 @@ class Entry:
     large index is one ``b"".join``.
     """
 
-    __slots__ = ("crc", "footprint", "offset", "packed", "seq", "size", "write_ns")
+    __slots__ = ("checksum", "footprint", "offset", "packed", "seq", "size", "write_ns")
 
-    def __init__(self, offset: int, size: int, seq: int, write_ns: int, crc: int,
+    def __init__(self, offset: int, size: int, seq: int, write_ns: int, checksum: int,
                  packed: bytes) -> None:
         self.offset = offset
         self.size = size
         self.seq = seq
         self.write_ns = write_ns
-        self.crc = crc
+        #: CRC-32C of the value.
+        self.checksum = checksum
         self.packed = packed
         #: Bytes of the data area the record occupies (header block + padded value).
         self.footprint = VALUE_OFFSET + (size + ALIGN - 1) // ALIGN * ALIGN
 
     @classmethod
     def build(cls, key_bytes: bytes, offset: int, size: int, seq: int, write_ns: int,
-              crc: int) -> Entry:
-        return cls(offset, size, seq, write_ns, crc,
-                   pack_entry(offset, size, seq, write_ns, crc, key_bytes))
-
-
-def record_problem(key: str, entry: Entry, head, value, got_head: int,
-                   got_value: int) -> str | None:
-    """What is wrong with a record read back for ``entry``, or None if it checks."""
-    if got_head != ALIGN or got_value != entry.size:
-        return "the record is cut short"
-    try:
-        header = decode_header(head)
-    except CorruptionError as exc:
-        return exc.message
-    if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
-            or header.value_crc != entry.crc or header.tombstone):
-        return "the record header does not match the index"
-    if crc32c(value) != entry.crc:
-        return "the value fails its checksum"
-    return None
-
-
+              checksum: int) -> Entry:
+        return cls(offset, size, seq, write_ns, checksum,
+                   pack_entry(offset, size, seq, write_ns, checksum, key_bytes))
 
 
 @dataclass
@@ -414,7 +395,7 @@ class Salvaged:
 
 def salvage_records(path: str, start: int, end: int, *, below: int = 0) -> Salvaged:
     """Scan ``path`` (a volume file or device) from ``start`` to ``end`` for every record
-    that checks (:func:`kvstored.backends.record.scan_records`); keep the newest of each
+    that checks (:func:`kvstored.sdk.record.scan_records`); keep the newest of each
     key. Records starting before ``below`` are returned apart (the new metadata will
     overwrite them: the caller copies them out first)."""
     found = Salvaged(scanned_bytes=max(0, end - start))

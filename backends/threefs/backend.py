@@ -33,11 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends.record import (
-    VALUE_OFFSET,
-    align_up,
-    record_size,
-)
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
 from kvstored.backends.threefs.check import check_node
 from kvstored.backends.threefs.files import (
@@ -45,7 +40,7 @@ from kvstored.backends.threefs.files import (
     ReadRequest,
     read_records,
 )
-from kvstored.backends.threefs.index import NodeIndex, Shard, Slot
+from kvstored.backends.threefs.index import NodeIndex, Shard, Slot, slot_location
 from kvstored.backends.threefs.journal import (
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -68,7 +63,7 @@ from kvstored.backends.threefs.usrbio import choose_usrbio
 from kvstored.backends.threefs.view import ClusterView
 from kvstored.backends.threefs.writer import Placed, write_records
 from kvstored.native import IoError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
@@ -79,16 +74,22 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     from_oserror,
 )
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.index import IndexedBackend
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import (
+    ReadOutcome,
+    align_up,
+    record_size,
+)
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
     Capabilities,
     CheckReport,
     EvictionGranularity,
-    Location,
     ObjectRecord,
     OpenMode,
     Problem,
@@ -116,7 +117,7 @@ class SharedObject:
     record: ObjectRecord
 
 
-class ThreeFsBackend(StorageBackend):
+class ThreeFsBackend(IndexedBackend):
     """Per-node append-only shards plus a journal, on a file system every node mounts.
 
     Options, besides ``capacity`` (this node's files), ``max_value_size`` and
@@ -126,7 +127,8 @@ class ThreeFsBackend(StorageBackend):
     ``node_id``       this node's directory name (default: the host name)
     ``shard_bytes``   a shard is sealed and a new one begun past this size (256 MiB; at
                       most an eighth of ``capacity``, so eviction has several to choose)
-    ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read)
+    ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read):
+                      an :class:`~kvstored.sdk.eviction.EvictionPolicy`
     ``auto_evict``    let a write that does not fit evict shards (default True)
     ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see usrbio.py)
     ``shared_reads``  let ``batch_read`` find other nodes' objects (default True)
@@ -145,17 +147,16 @@ class ThreeFsBackend(StorageBackend):
                  mode: OpenMode = OpenMode.READ_WRITE,
                  engine: str | None = None, direct: bool | None = None,
                  cluster: str = "default", node_id: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, policy: str = "fifo",
+                 shard_bytes: int = DEFAULT_SHARD_BYTES,
+                 policy: EvictionPolicy = EvictionPolicy.FIFO,
                  auto_evict: bool = True, usrbio: str = "auto",
                  shared_reads: bool = True) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
-        if policy not in ("fifo", "lru"):
-            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if shard_bytes < MIN_SHARD_BYTES:
             raise InvalidRequestError(f"shard_bytes must be at least {MIN_SHARD_BYTES}, "
                                       f"not {shard_bytes}")
-        self.policy = policy
+        self.policy = EvictionPolicy.parse(policy)
         self.auto_evict = auto_evict
         self.cluster = check_name("cluster", cluster)
         self.node_id = check_name("node_id", node_id) if node_id else default_node_id()
@@ -166,8 +167,6 @@ class ThreeFsBackend(StorageBackend):
         self.node_dir = self.cluster_dir / self.node_id
         self.quarantine_dir = self.node_dir / "quarantine"
         self.quarantine = Quarantine(self.quarantine_dir)
-        #: Reads of this node's records that failed their checks (a metric).
-        self.corrupt_reads = 0
 
         choice = choose_usrbio(self.path, usrbio)
         #: Why data I/O goes the way it goes (USRBIO or POSIX through the mount).
@@ -183,8 +182,11 @@ class ThreeFsBackend(StorageBackend):
 
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
-        self._index = NodeIndex()
+        self._index = NodeIndex(self.node_dir, self._lock)
+        self.index = self._index.objects
         self._shards: dict[int, Shard] = {}
+        #: This node's shards, first to be evicted first (empty ones go before all).
+        self._shard_order: EvictionOrder[int, None] = EvictionOrder(self.policy)
         self._active: Shard | None = None
         self._claims = WriteClaims(self._lock)
         self._seq = 0
@@ -200,10 +202,13 @@ class ThreeFsBackend(StorageBackend):
         try:
             self._claim()
             found = recover(self.node_dir, self.quarantine, mode=self.mode,
-                            node_id=self.node_id, root=self.root)
+                            node_id=self.node_id, root=self.root, lock=self._lock)
             self.journal: JournalWriter = found.journal
             self._index = found.index
+            self.index = found.index.objects
             self._shards = found.shards
+            for number in sorted(found.shards):
+                self._shard_order.add(number, None)
             self._data_bytes = found.data_bytes
             self._seq = found.seq
             self._next_shard = found.next_shard
@@ -303,7 +308,7 @@ class ThreeFsBackend(StorageBackend):
                          for i in positions], results)
 
         for i in self._claims.write_batch([key for key, _ in items],
-                                          stored=self._index.objects.__contains__,
+                                          stored=self.index.__contains__,
                                           write=write):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
@@ -439,8 +444,8 @@ class ThreeFsBackend(StorageBackend):
             self.files.release(file)
         fsync_dir(self.node_dir)
         previous = self._active
-        shard = self._shards[number] = Shard(number, path, 0, last_access=time.monotonic(),
-                                              sized_ahead=True)
+        shard = self._shards[number] = Shard(number, path, 0, sized_ahead=True)
+        self._shard_order.add(number, None)
         self._active = shard
         if previous is not None:
             self._trim_locked(previous)
@@ -523,7 +528,12 @@ class ThreeFsBackend(StorageBackend):
             view = memoryview(buffer)
             views.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
         results = [int(ReadStatus.MISSING)] * len(keys)
-        own = self._read_own_keys(keys, views, results)
+        own = self._read_own(keys, views)
+        for i, outcome in own.items():
+            results[i] = outcome.status
+            if outcome.status in (ReadStatus.CORRUPT, ReadStatus.IO_ERROR):
+                self._note_failed_read(keys[i], _shard_file(self.node_dir, self.index.get(
+                    keys[i])), outcome)
         if self.view is not None and len(own) < len(keys):
             others = [i for i in range(len(keys)) if i not in own]
             got = self.view.read([keys[i] for i in others], [views[i] for i in others],
@@ -532,25 +542,24 @@ class ThreeFsBackend(StorageBackend):
                 results[i] = status
         return results
 
-    def _read_own_keys(self, keys: Sequence[str], views: list[memoryview], results: list[int],
-                       *, details: dict[int, str] | None = None) -> set[int]:
-        """Read the keys this node holds into ``views`` (one engine submission), setting
-        their ``results``; return their positions. Keys are pinned, and their shards
-        marked as being read, for the duration."""
-        now = time.monotonic()
-        wanted, pinned, shards, own = [], [], [], set()
+    def _read_own(self, keys: Sequence[str], views: Sequence[memoryview]
+                  ) -> dict[int, ReadOutcome]:
+        """Read the keys this node holds into ``views`` (one engine submission), verified:
+        the outcome of each, by its position. Keys are pinned, and their shards marked as
+        being read, for the duration."""
+        outcomes: dict[int, ReadOutcome] = {}
+        wanted, pinned, shards = [], [], []
         with self._lock:
             for i, key in enumerate(keys):
-                slot = self._index.objects.get(key)
+                slot = self.index.get(key)
                 if slot is None:
                     continue
-                own.add(i)
                 if len(views[i]) < slot.size:
-                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    outcomes[i] = ReadOutcome(ReadStatus.BUFFER_TOO_SMALL)
                     continue
                 shard = self._shards[slot.shard]
                 shard.readers += 1
-                shard.last_access = now
+                self._shard_order.touch(shard.number)
                 shards.append(shard)
                 pinned.append(key)
                 wanted.append((i, key, slot, shard))
@@ -561,26 +570,14 @@ class ThreeFsBackend(StorageBackend):
                 try:
                     file = self.files.acquire(shard.path)
                 except OSError as exc:
-                    log.warning("3fs: cannot open %s for %r: %s", shard.path, key, exc)
-                    results[i] = ReadStatus.IO_ERROR
+                    outcomes[i] = ReadOutcome(ReadStatus.IO_ERROR,
+                                              f"cannot open {shard.path}: {exc}")
                     continue
                 held.append(file)
                 requests.append(ReadRequest(key, slot, file, views[i]))
                 where.append(i)
-            outcomes = read_records(self.io, requests, self._io_threads)
-            for i, request, outcome in zip(where, requests, outcomes):
-                results[i] = outcome.status
-                if outcome.status >= 0:
-                    continue
-                if details is not None:
-                    details[i] = outcome.detail
-                elif outcome.status == ReadStatus.CORRUPT:
-                    self.corrupt_reads += 1
-                    log.warning("3fs: %r in %s failed its check: %s; reported as corrupt "
-                                "(run check(repair=True) to quarantine it)", request.key,
-                                request.file.path, outcome.detail)
-                else:
-                    log.warning("3fs: reading %r failed: %s", request.key, outcome.detail)
+            for i, outcome in zip(where, read_records(self.io, requests, self._io_threads)):
+                outcomes[i] = outcome
         finally:
             for file in held:
                 self.files.release(file)
@@ -588,49 +585,14 @@ class ThreeFsBackend(StorageBackend):
                 for shard in shards:
                     shard.readers -= 1
             self._pins.release(pinned)
-        return own
-
-    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
-        with self._lock:
-            return [key in self._index.objects for key in keys]
-
-    def stat(self, key: str) -> ObjectRecord | None:
-        self._check_open()
-        with self._lock:
-            slot = self._index.objects.get(key)
-        return None if slot is None else self._record(key, slot, self.node_dir)
-
-    def locate(self, key: str) -> Location | None:
-        self._check_open()
-        with self._lock:
-            slot = self._index.objects.get(key)
-        return None if slot is None else _location(self.node_dir, slot)
-
-    def _record(self, key: str, slot: Slot, node_dir: Path) -> ObjectRecord:
-        return ObjectRecord(key, slot.size, slot.checksum, _location(node_dir, slot),
-                            slot.write_ns / 1e9, slot.seq)
-
-    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
-        """This node's objects (see :meth:`scan_cluster` for every node's)."""
-        self._check_open()
-        with self._lock:
-            snapshot = sorted(self._index.objects.items(), key=lambda item: item[1].seq)
-        for start in range(0, len(snapshot), 64):
-            chunk = snapshot[start:start + 64]
-            if verify:
-                buffers = [memoryview(bytearray(slot.size)) for _, slot in chunk]
-                statuses = self.batch_read([k for k, _ in chunk], buffers)
-                chunk = [item for item, got in zip(chunk, statuses) if got == item[1].size]
-            for key, slot in chunk:
-                yield self._record(key, slot, self.node_dir)
+        return outcomes
 
     def usage(self) -> Usage:
         """This node's objects and files (other nodes' are theirs to count)."""
         self._check_open()
         with self._lock:
-            return Usage(self._index.logical_bytes, self._data_bytes + self.journal.size,
-                         len(self._index.objects), self.capacity)
+            return Usage(self.index.logical_bytes, self._data_bytes + self.journal.size,
+                         len(self.index), self.capacity)
 
     # -- the rest of the cluster --------------------------------------------------------
 
@@ -646,8 +608,7 @@ class ThreeFsBackend(StorageBackend):
         found = self.view.find_fresh(key, time.monotonic())
         if found is None:
             return None
-        return SharedObject(found.node_id, self._record(key, found.slot,
-                                                        Path(found.path).parent))
+        return SharedObject(found.node_id, _record(key, found.slot, Path(found.path).parent))
 
     def read(self, key: str) -> bytes | None:
         """The value of ``key`` from any node (this one first), or None; raises
@@ -691,8 +652,8 @@ class ThreeFsBackend(StorageBackend):
             return
         self.view.refresh()
         for found in self.view.objects():
-            yield SharedObject(found.node_id, self._record(found.key, found.slot,
-                                                           Path(found.path).parent))
+            yield SharedObject(found.node_id, _record(found.key, found.slot,
+                                                      Path(found.path).parent))
 
     # -- deletes and eviction -----------------------------------------------------------
 
@@ -705,7 +666,7 @@ class ThreeFsBackend(StorageBackend):
         seen = set()
         with self._lock:
             for key in keys:
-                hit = key in self._index.objects and key not in seen
+                hit = key in self.index and key not in seen
                 seen.add(key)
                 answers.append(hit)
                 if hit:
@@ -718,7 +679,8 @@ class ThreeFsBackend(StorageBackend):
             except OSError as exc:
                 raise from_oserror(exc, path=self.journal.path,
                                    action="journaling the deletes") from exc
-            touched = {self._index.objects[e.key].shard for e in entries}
+            touched = {slot.shard for slot in map(self.index.get, (e.key for e in entries))
+                       if slot is not None}
             for entry in entries:
                 self._index.apply(entry)
             emptied = [self._shards[n] for n in sorted(touched)
@@ -750,13 +712,10 @@ class ThreeFsBackend(StorageBackend):
         return not any(self._pins.is_pinned(k) for k in keys)
 
     def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
-        def order(shard: Shard):
-            empty = not self._index.shards.get(shard.number)
-            age = shard.number if self.policy == "fifo" else shard.last_access
-            return (not empty, age)
-
+        # Shards left empty first (they cost nothing to drop), then in policy order.
+        order = sorted(self._shard_order, key=lambda n: bool(self._index.shards.get(n)))
         chosen, freed = [], 0
-        for shard in sorted(self._shards.values(), key=order):
+        for shard in (self._shards[number] for number in order):
             if freed >= nbytes:
                 break
             if not self._droppable(shard):
@@ -781,6 +740,7 @@ class ThreeFsBackend(StorageBackend):
             if shard is self._active:
                 self._active = None
             del self._shards[shard.number]
+            self._shard_order.discard(shard.number)
             self._data_bytes -= shard.end
         if victims and on_evict is not None:
             on_evict(list(victims))  # before the files go: their bytes are still there
@@ -813,15 +773,23 @@ class ThreeFsBackend(StorageBackend):
             self._findings = [f for f in self._findings if f not in findings]
 
     def indexed(self) -> list[tuple[str, Slot]]:
-        with self._lock:
-            return sorted(self._index.objects.items(), key=lambda item: item[1].seq)
+        return self.index.snapshot()
 
-    def read_back(self, keys: Sequence[str], views: Sequence[memoryview]
-                  ) -> tuple[list[int], dict[int, str]]:
-        results = [int(ReadStatus.MISSING)] * len(keys)
-        details: dict[int, str] = {}
-        self._read_own_keys(keys, list(views), results, details=details)
-        return results, details
+    def read_back(self, records: Sequence[tuple[str, Slot]]) -> list[ReadOutcome | None]:
+        outcomes = self._read_own([key for key, _ in records],
+                                  [memoryview(bytearray(slot.size)) for _, slot in records])
+        return [outcomes.get(n) for n in range(len(records))]
+
+    def set_aside(self, key: str, entry: Slot, reason: str) -> str | None:
+        where = self.quarantine.copy_range(
+            _shard_file(self.node_dir, entry), entry.offset, record_size(entry.size),
+            reason=reason, key=key, seq=entry.seq, value_length=entry.size,
+            value_crc32c=entry.checksum)
+        self.forget(key, entry)
+        return where
+
+    def record_path(self, entry: Slot) -> str:
+        return _shard_file(self.node_dir, entry)
 
     def rewrite_journal(self) -> None:
         with self._lock:
@@ -830,7 +798,7 @@ class ThreeFsBackend(StorageBackend):
 
     def forget(self, key: str, slot: Slot | None = None) -> bool:
         with self._lock:
-            if slot is not None and self._index.objects.get(key) is not slot:
+            if slot is not None and self.index.get(key) is not slot:
                 return False
             self._seq += 1
             entry = Entry(Kind.DELETE, key, seq=self._seq)
@@ -845,7 +813,7 @@ class ThreeFsBackend(StorageBackend):
 
     def adopt_shard(self, number: int, path: str, records: Sequence[tuple[str, Slot]]) -> int:
         with self._lock:
-            fresh = [(key, slot) for key, slot in records if key not in self._index.objects]
+            fresh = [(key, slot) for key, slot in records if key not in self.index]
             if not fresh:
                 return 0
             self._seq += 1
@@ -857,8 +825,8 @@ class ThreeFsBackend(StorageBackend):
             for entry in entries:
                 self._index.apply(entry)
             size = os.stat(path).st_size
-            self._shards[number] = Shard(number, path, align_up(size),
-                                         last_access=time.monotonic())
+            self._shards[number] = Shard(number, path, align_up(size))
+            self._shard_order.add(number, None)
             self._next_shard = max(self._next_shard, number + 1)
             return len(fresh)
 
@@ -870,9 +838,15 @@ class ThreeFsBackend(StorageBackend):
             return target
 
 
-def _location(node_dir: Path, slot: Slot) -> Location:
-    return Location(str(shard_path(node_dir, slot.shard)), slot.offset + VALUE_OFFSET,
-                    slot.size, slot.offset, record_size(slot.size))
+def _record(key: str, slot: Slot, node_dir: Path) -> ObjectRecord:
+    """The record of an object of the node whose directory is ``node_dir``."""
+    return ObjectRecord(key, slot.size, slot.checksum, slot_location(node_dir, slot),
+                        slot.write_ns / 1e9, slot.seq)
+
+
+def _shard_file(node_dir: Path, slot: Slot | None) -> str:
+    """The shard file of ``slot`` (for messages, which must not fail on a gone slot)."""
+    return str(shard_path(node_dir, slot.shard)) if slot is not None else str(node_dir)
 
 
 def _cluster_markers(cluster_dir: Path) -> tuple[str, ...]:

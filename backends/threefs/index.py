@@ -7,10 +7,16 @@ is exactly what that node believes, as of the bytes the reader has seen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
 
-from kvstored.backends.record import record_size
 from kvstored.backends.threefs.journal import Entry, Kind, entry_size
+from kvstored.backends.threefs.layout import shard_path
+from kvstored.sdk.index import ObjectIndex
+from kvstored.sdk.record import VALUE_OFFSET, record_size
+from kvstored.sdk.types import Location
 
 
 @dataclass(slots=True)
@@ -29,22 +35,34 @@ class Slot:
         return self.offset + record_size(self.size)
 
 
-@dataclass
-class NodeIndex:
-    """A node's live objects and shards, built by :meth:`apply`-ing journal entries."""
+def slot_location(node_dir: Path, slot: Slot) -> Location:
+    """Where the record of ``slot``, of the node whose directory is ``node_dir``, is."""
+    return Location(str(shard_path(node_dir, slot.shard)), slot.offset + VALUE_OFFSET,
+                    slot.size, slot.offset, record_size(slot.size))
 
-    objects: dict[str, Slot] = field(default_factory=dict)
-    #: Announced, not dropped, shards and the live keys in each.
-    shards: dict[int, set[str]] = field(default_factory=dict)
-    dropped: set[int] = field(default_factory=set)
-    logical_bytes: int = 0
-    #: Sum of the journal entry sizes of the live objects: what their put entries take,
-    #: and what deleting them all would append.
-    key_meta: int = 0
-    max_seq: int = 0
-    max_shard: int = 0
-    #: Entries in the journal that no longer describe anything live (compaction hint).
-    dead_entries: int = 0
+
+class NodeIndex:
+    """A node's live objects and shards, built by :meth:`apply`-ing journal entries.
+
+    ``objects`` is an :class:`~kvstored.sdk.index.ObjectIndex` guarded by ``lock`` (the
+    owning backend's lock for its own node, a lock of its own for another node's view).
+    """
+
+    def __init__(self, node_dir: Path,
+                 lock: threading.Lock | threading.RLock | None = None) -> None:
+        self.node_dir = node_dir
+        self.objects: ObjectIndex[Slot] = ObjectIndex(
+            functools.partial(slot_location, node_dir), lock)
+        #: Announced, not dropped, shards and the live keys in each.
+        self.shards: dict[int, set[str]] = {}
+        self.dropped: set[int] = set()
+        #: Sum of the journal entry sizes of the live objects: what their put entries
+        #: take, and what deleting them all would append.
+        self.key_meta = 0
+        self.max_seq = 0
+        self.max_shard = 0
+        #: Entries in the journal that no longer describe anything live (compaction hint).
+        self.dead_entries = 0
 
     def apply(self, entry: Entry) -> list[str]:
         """Apply one entry; return the keys it made invisible (for SHARD_DROP)."""
@@ -61,9 +79,8 @@ class NodeIndex:
                 self.dead_entries += 1
             slot = Slot(entry.shard, entry.offset, entry.value_len, entry.value_crc,
                         entry.seq, entry.write_ns)
-            self.objects[entry.key] = slot
+            self.objects.add(entry.key, slot)
             self.shards.setdefault(entry.shard, set()).add(entry.key)
-            self.logical_bytes += slot.size
             self.key_meta += entry_size(entry.key)
             return []
         if kind is Kind.DELETE:
@@ -83,7 +100,9 @@ class NodeIndex:
         self.max_shard = max(self.max_shard, entry.shard)
         keys = sorted(self.shards.pop(entry.shard, set()))
         for key in keys:
-            self._forget(key, self.objects[key])
+            slot = self.objects.get(key)
+            if slot is not None:
+                self._forget(key, slot)
         self.dropped.add(entry.shard)
         self.dead_entries += len(keys) + 2
         return keys
@@ -96,11 +115,10 @@ class NodeIndex:
         return slot
 
     def _forget(self, key: str, slot: Slot) -> None:
-        del self.objects[key]
+        self.objects.pop(key)
         keys = self.shards.get(slot.shard)
         if keys is not None:
             keys.discard(key)
-        self.logical_bytes -= slot.size
         self.key_meta -= entry_size(key)
 
     def live_entries(self) -> list[Entry]:
@@ -124,7 +142,6 @@ class Shard:
     inflight: int = 0
     #: Reads in progress: the file must outlive them.
     readers: int = 0
-    last_access: float = 0.0
     #: The file was extended to ``shard_bytes`` ahead of the data (see
     #: ``ThreeFsBackend._rotate_locked``) and still has to be cut back to ``end``.
     sized_ahead: bool = False

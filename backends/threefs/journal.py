@@ -3,7 +3,7 @@
 Each node appends to ``<cluster>/<node>/journal.kvj`` and nothing else does; every other
 node reads it to find that node's objects. It is an index, kept as a log so that a
 reader on another machine can follow it by reading only the bytes appended since its last
-look. The records themselves (backends/record.py) stay in the shard files.
+look. The records themselves (sdk/record.py) stay in the shard files.
 
 Layout (all integers little-endian)::
 

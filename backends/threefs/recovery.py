@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvstored.backends.record import (
-    VALUE_OFFSET,
-    align_up,
-)
 from kvstored.backends.threefs.index import NodeIndex, Shard, Slot
 from kvstored.backends.threefs.journal import (
     JOURNAL_NAME,
@@ -35,7 +32,11 @@ from kvstored.backends.threefs.journal import (
 from kvstored.backends.threefs.layout import shard_number, shard_path
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import OpenMode, Problem, ProblemKind
+from kvstored.sdk.record import (
+    VALUE_OFFSET,
+    align_up,
+)
+from kvstored.sdk.types import OpenMode, Problem, ProblemKind, RepairAction
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,10 @@ class Recovered:
 
 
 def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: str,
-            root: Path) -> Recovered:
+            root: Path, lock: threading.Lock) -> Recovered:
     """Load the node's journal and reconcile it with the shard files (see the module
     docstring). ``root`` is the backend's path, named in what to do when the journal is
-    unreadable."""
+    unreadable; ``lock`` the backend's lock, which guards the index from then on."""
     read_only = mode is OpenMode.READ_ONLY
     if not read_only and remove_stale_tmp(node_dir):
         log.info("3fs: removed an unfinished journal rewrite in %s", node_dir)
@@ -91,7 +92,7 @@ def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: 
             files[number] = _cut_trailing_hole(item.path, item.stat().st_size,
                                                read_only=read_only)
     path = node_dir / JOURNAL_NAME
-    index = NodeIndex()
+    index = NodeIndex(node_dir, lock)
     header: Header | None = None
     reports: list[Problem] = []
     damage: list[tuple[int, int]] = []
@@ -108,8 +109,9 @@ def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: 
                     path=path) from None
             moved = quarantine.move_aside(path, f"the journal is unreadable ({exc})")
             reports.append(Problem(
-                ProblemKind.CORRUPT_RECORD, f"the journal was unreadable ({exc})", None,
-                str(path), f"moved to {moved}; a new journal was started, and "
+                ProblemKind.CORRUPT_RECORD, f"the journal was unreadable ({exc})",
+                path=str(path), action=RepairAction.REBUILT,
+                action_detail=f"a new, empty journal (the damaged one is in {moved}); "
                 "check(repair=True) adopts the records of the shards"))
     if header is None:
         # The generation starts from the clock so that it never repeats one a reader
@@ -150,7 +152,6 @@ def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: 
         found.findings.append(Finding(ProblemKind.ORPHAN, "shard file the journal does "
                                       "not name", None, name, "orphan", shard=number))
         found.data_bytes += align_up(size)
-    now = time.monotonic()
     for number in sorted(index.shards):
         name = str(shard_path(node_dir, number))
         size = files.get(number)
@@ -172,7 +173,7 @@ def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: 
                 found.findings.append(Finding(
                     ProblemKind.TORN_WRITE, f"the record at offset {slot.offset} runs past "
                     f"the end of the file ({size} bytes)", key, name, "forget", slot=slot))
-        found.shards[number] = Shard(number, name, align_up(size), last_access=now)
+        found.shards[number] = Shard(number, name, align_up(size))
         found.data_bytes += align_up(size)
     for finding in found.findings:
         log.warning("3fs: %s: %s%s (run check(repair=True))", finding.path, finding.detail,

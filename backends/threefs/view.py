@@ -60,7 +60,7 @@ class NodeView:
         self.node_id = node_id
         self.node_dir = node_dir
         self.journal = node_dir / JOURNAL_NAME
-        self.index = NodeIndex()
+        self.index = NodeIndex(node_dir)
         self.generation: int | None = None
         self.consumed = HEADER_SIZE
 
@@ -71,7 +71,7 @@ class NodeView:
             if header.generation != self.generation:
                 if self.consumed != HEADER_SIZE:
                     header, base, data = read_file(self.journal)
-                self.index = NodeIndex()
+                self.index = NodeIndex(self.node_dir)
                 self.generation = header.generation
         except FileNotFoundError:
             return []  # a node that has not written its journal yet
@@ -225,7 +225,7 @@ class ClusterView:
                     self.corrupt_reads += 1
                     log.warning("3fs: %r on node %s (%s) failed its check: %s; reported as "
                                 "corrupt", request.key, found[i].node_id, request.file.path,
-                                outcome.detail)
+                                outcome.reason)
                 results[i] = outcome.status
         finally:
             for file in held:

@@ -297,8 +297,7 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
     with open_offline(directory, name, repair=repair) as store:
         report = store.check(repair=repair)
         records = sum(1 for _ in store.scan(verify=True))
-    problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
-                 "action": p.action} for p in report.problems]
+    problems = [p.as_dict() for p in report.problems]
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,
                      "mode": "repair" if repair else "read-only",
@@ -317,4 +316,5 @@ def _print_problems(name: str, problems: list[dict[str, Any]], checked: int) -> 
     for p in problems:
         what = p["key"] if p["key"] is not None else p["path"]
         click.echo(f"  {p['kind']}: {what}: {p['detail']}"
-                   + (f" -> {p['action']}" if p["action"] else ""))
+                   + (f" -> {p['action']}" if p["action"] else "")
+                   + (f": {p['action_detail']}" if p.get("action_detail") else ""))

@@ -43,7 +43,7 @@ from kvstored.node.segment import DramSegment, sweep_stale
 from kvstored.node.staging import StagingPool
 from kvstored.protocol import NODE_OPS, Role
 from kvstored.rpc import RpcClient, ServerLimits, Service, serve
-from kvstored.sdk import StorageBackend
+from kvstored.sdk import RepairAction, StorageBackend
 from kvstored.security import Credentials, make_private_dir
 from kvstored.supervisor import Backoff, Supervisor, describe_keys
 from kvstored.units import format_size
@@ -399,9 +399,7 @@ class Node(DataServerOps):
             report = self.backend.check(repair=repair)
             return {"id": ident, "repaired": report.repaired,
                     "records_checked": report.records_checked,
-                    "problems": [{"kind": p.kind.value, "detail": p.detail, "key": p.key,
-                                  "path": p.path, "action": p.action}
-                                 for p in report.problems]}
+                    "problems": [p.as_dict() for p in report.problems]}
         result = await trio.to_thread.run_sync(work)
         self._recovered(result)
 
@@ -418,8 +416,9 @@ class Node(DataServerOps):
 
     def _recovered(self, result: dict[str, Any]) -> None:
         fixed = [p for p in result["problems"] if p["action"]]
-        self.quarantined += sum(1 for p in fixed if "quarantine" in (p["action"] or ""))
-        self.metrics.quarantined.inc(sum(1 for p in fixed if "quarantine" in p["action"]))
+        quarantined = sum(1 for p in fixed if p["action"] == RepairAction.QUARANTINED.value)
+        self.quarantined += quarantined
+        self.metrics.quarantined.inc(quarantined)
         lost = [p["key"] for p in fixed if p["key"] and not self.backend.contains(p["key"])]
         self.report.add("dropped", [[k, SSD, None] for k in lost])
         self.report.add("recovered", [result])

@@ -104,7 +104,7 @@ class Capacities:
 
 def _bucket_object_bytes(block_bytes: int, key_bytes: int, options: dict) -> int:
     from kvstored.backends.bucket.index import index_size
-    from kvstored.backends.record import record_size
+    from kvstored.sdk.record import record_size
 
     keys = int(options.get("bucket_keys", BUCKET_DEFAULTS["bucket_keys"]))
     # A bucket of `keys` objects: their records, its index file rounded up to disk
@@ -118,7 +118,7 @@ def capacities(status: dict, block_bytes: int, key_bytes: int,
                policy: StorePolicy) -> Capacities:
     """The blocks of ``block_bytes`` (keys of ``key_bytes``) each tier of the store whose
     master answered ``status`` holds when it starts to evict."""
-    from kvstored.backends.record import record_size
+    from kvstored.sdk.record import record_size
 
     live = [n for n in status["nodes"] if n.get("alive", True)]
     dram_bytes = int(status["tiers"]["dram"]["capacity_bytes"])

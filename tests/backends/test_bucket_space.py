@@ -11,9 +11,9 @@ import pytest
 
 from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
-from kvstored.backends.record import record_size
 from kvstored.native import IoEngine
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
+from kvstored.sdk.record import record_size
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus, WriteBatchHint, WriteOutcome
 

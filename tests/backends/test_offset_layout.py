@@ -25,8 +25,8 @@ from kvstored.backends.offset.layout import (
     tombstone_bytes,
 )
 from kvstored.backends.offset.recovery import _parse_entries
-from kvstored.backends.record import ALIGN, FLAG_TOMBSTONE
 from kvstored.sdk.errors import CorruptionError, InvalidRequestError
+from kvstored.sdk.record import ALIGN, FLAG_TOMBSTONE
 
 GiB, MiB = 1 << 30, 1 << 20
 

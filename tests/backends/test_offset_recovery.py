@@ -26,7 +26,7 @@ from kvstored.sdk.errors import (
     InvalidRequestError,
 )
 from kvstored.sdk.testing import flip_byte, payload
-from kvstored.sdk.types import ProblemKind, ReadStatus, WriteOutcome
+from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 
 MiB = 1 << 20
 SMALL = 16 * MiB  # a small volume keeps these tests quick and the disk empty
@@ -153,8 +153,7 @@ def test_torn_checkpoint_falls_back_to_the_previous_one(store_dir):
     second = items("q", 5)
     write_all(backend, second)
     geometry, generation = backend.geometry, backend.generation
-    image = encode_checkpoint(geometry, generation + 1, backend._seq,
-                              [backend._index[k].packed for k in backend._order])
+    image = encode_checkpoint(geometry, generation + 1, *backend._snapshot_locked())
     path = backend.volume_file.path
     crash(backend)
     fd = os.open(path, os.O_WRONLY)
@@ -270,12 +269,13 @@ def test_repair_copies_the_record_out_and_it_stays_out(store_dir):
     where = backend.locate("y/2")
     flip_byte(where.path, where.offset + 7)
     [problem] = backend.check(repair=True).problems
-    assert problem.key == "y/2" and "copied to" in problem.action
+    assert problem.key == "y/2" and problem.action is RepairAction.QUARANTINED
     [copy] = list((store_dir / "quarantine").glob("*.kvr"))
+    assert problem.action_detail == str(copy)
     raw = copy.read_bytes()
     assert len(raw) == where.record_length and b"y/2" in raw[:4096]
     note = json.loads(copy.with_suffix(".json").read_text())
-    assert note["key"] == "y/2" and note["record_offset"] == where.record_offset
+    assert note["key"] == "y/2" and note["offset"] == where.record_offset
     crash(backend)  # the drop is journalled: it holds without a checkpoint
     backend = open_offset(store_dir)
     assert not backend.contains("y/2")

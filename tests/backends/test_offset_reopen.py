@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kvstored.backends import open_backend
 from kvstored.backends.offset.layout import journal_blocks
-from kvstored.backends.record import record_size
+from kvstored.sdk.record import record_size
 from kvstored.sdk.types import WriteOutcome
 from tests.backends.test_offset_recovery import crash
 

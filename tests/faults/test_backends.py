@@ -26,7 +26,7 @@ import kvstored.native
 from kvstored.backends import open_backend
 from kvstored.backends.stamp import STAMP_NAME
 from kvstored.capabilities import probe_fuse
-from kvstored.sdk import CapacityError, OpenMode
+from kvstored.sdk import CapacityError, OpenMode, RepairAction
 from kvstored.sdk.lock import LOCK_NAME
 from kvstored.sdk.testing import payload
 from tests.conftest import require
@@ -242,7 +242,7 @@ def test_offline_recover_of_a_crashed_store_writes_nothing(tmp_path):
 
     problems = json.loads(run.stdout)["problems"]
     assert sorted(Path(p["path"]).name for p in problems) == sorted(leftovers), problems
-    assert all("next read-write open removes it" in p["action"] for p in problems)
+    assert all(p["action"] == RepairAction.LEFT_FOR_NEXT_OPEN.value for p in problems)
     assert tree(store) == before, "recover --offline (read-only) changed the directory"
     assert not (store / "quarantine").exists()
 
@@ -321,7 +321,8 @@ def test_nvmeof_device_with_a_lost_superblock_is_refused_then_rebuilt(tmp_path):
         backend = open_backend("nvmeof", tmp_path / "ssd", device=device,
                                mode=OpenMode.REPAIR)
         assert all(backend.read(k) == v for k, v in items)
-        assert any("rebuilt it from the checkpoint slots" in (p.action or "")
+        assert any(p.action is RepairAction.REBUILT
+                   and "from the checkpoint slots" in (p.action_detail or "")
                    for p in backend.check().problems)
         backend.close()
         open_backend("nvmeof", tmp_path / "ssd", device=device).close()
@@ -423,7 +424,7 @@ def test_flipped_bit_in_a_bucket_index_loses_no_object(tmp_path, fuse):
 
     run = kvstore("recover", "--offline", str(store), "--repair")
     assert run.returncode == 0, run
-    assert "a new one was written from the records" in run.stdout.decode()
+    assert "-> rebuilt: from the records of its data file" in run.stdout.decode()
     assert list((store / "quarantine").glob(f"*-{index.name}")), "the bad index was not kept"
     with open_backend("bucket", store) as backend:
         assert all(backend.read(k) == v for k, v in values.items())
