@@ -14,7 +14,7 @@ import operator
 import os
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import cffi
 
@@ -34,6 +34,8 @@ _MAX_END = 2**63 - 1  # off_t
 #: ``(file, offset, buffer)``: one item of a read or write batch. ``buffer`` may also be
 #: a list or tuple of buffers (a vectored item).
 Item = tuple["IoFile", int, Any]
+#: What a write batch's item ended with, before it is synced (a byte count, or None).
+R = TypeVar("R")
 #: Most buffers in one vectored item: ample for header + value + padding, and it keeps a
 #: careless caller from building a kernel-sized iovec by accident.
 MAX_PIECES = 65536
@@ -278,6 +280,34 @@ class IoEngine(abc.ABC):
         op = "fdatasync" if datasync else "fsync"
         return [result if result >= 0 else _error(-result, f, None, op, 0, 0)
                 for f, (result, _) in zip(files, outcomes)]
+
+    def write_synced(self, items: Iterable[Item], *, datasync: bool = True
+                     ) -> list[int | IoError]:
+        """:meth:`write` the batch, then :meth:`sync_written`: the write-then-fsync of
+        every backend. Returns per item ``len(buffer)`` once it is durable, or the
+        IoError of its write or of its file's sync."""
+        items = list(items)
+        return self.sync_written([item[0] for item in items], self.write(items),
+                                 datasync=datasync)
+
+    def sync_written(self, files: Sequence[IoFile], results: Sequence[R | OSError], *,
+                     datasync: bool = True) -> list[R | OSError]:
+        """Make a batch that was written durable: ``files[i]`` is the file item ``i``
+        wrote and ``results[i]`` how its write ended (an ``OSError`` when it failed).
+        Each file that one item reached without error is fdatasync'd (``fsync`` with
+        ``datasync=False``) once, all together; returns ``results`` with every item that
+        had not failed but whose file did not sync given that sync's IoError."""
+        if len(files) != len(results):
+            raise ValueError(f"{len(files)} files but {len(results)} results")
+        written: dict[int, IoFile] = {}  # by id: an IoFile is not hashable by value
+        for file, result in zip(files, results):
+            if not isinstance(result, OSError):
+                written.setdefault(id(file), file)
+        synced = dict(zip(written, self.fsync(written.values(), datasync=datasync)))
+        failed = {ident: outcome for ident, outcome in synced.items()
+                  if isinstance(outcome, IoError)}
+        return [failed.get(id(file), result) if not isinstance(result, OSError) else result
+                for file, result in zip(files, results)]
 
     def register_buffer(self, buffer: Any) -> bool:
         """Registers ``buffer`` (writable, kept referenced for the engine's life) as a

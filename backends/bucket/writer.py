@@ -115,8 +115,9 @@ def _write_data(engine: IoEngine,
         errors = write_records(engine, [(f, r) for _, r, f in writing])
         for position, error in errors.items():
             failures[writing[position][0].id] = error
-        syncing = [(b, f) for b, _, f in writing if b.id not in failures]
-        for (bucket, _), outcome in zip(syncing, engine.fsync([f for _, f in syncing])):
+        synced = engine.sync_written([f for _, _, f in writing],
+                                     [failures.get(b.id) for b, _, _ in writing])
+        for (bucket, _, _), outcome in zip(writing, synced):
             if isinstance(outcome, OSError):
                 failures[bucket.id] = outcome
     finally:

@@ -36,12 +36,9 @@ Snapshot = Callable[[], tuple[int, list[bytes]]]
 def write_sync(engine: IoEngine, file: IoFile, items: list, action: str) -> None:
     """Write ``items`` and fdatasync ``file``, or raise the translated error (ENOSPC and
     EDQUOT become CapacityError, the rest BackendIOError)."""
-    for result in engine.write(items):
+    for result in engine.write_synced(items):
         if isinstance(result, IoError):
             raise from_oserror(result, path=file.path, action=action)
-    [synced] = engine.fsync([file])
-    if isinstance(synced, IoError):
-        raise from_oserror(synced, path=file.path, action=action)
 
 
 class JournalGate:

@@ -62,7 +62,7 @@ from kvstored.backends.threefs.recovery import Finding, Recovered, recover
 from kvstored.backends.threefs.usrbio import choose_usrbio
 from kvstored.backends.threefs.view import ClusterView
 from kvstored.backends.threefs.writer import Placed, write_records
-from kvstored.native import IoError, IoFile, get_engine
+from kvstored.native import IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
@@ -378,18 +378,14 @@ class ThreeFsBackend(IndexedBackend):
         records = [Placed(key_bytes, view, files[shard.number], offset, seq)
                    for _i, _key, key_bytes, view, shard, offset, seq, _meta in placed]
         try:
-            errors = write_records(self.io, records, self._io_threads)
-            numbers = list(files)
-            synced = dict(zip(numbers, self.io.fsync([files[n] for n in numbers],
-                                                     datasync=False)))
+            errors = self.io.sync_written([r.file for r in records],
+                                          write_records(self.io, records, self._io_threads),
+                                          datasync=False)
         finally:
             for file in files.values():
                 self.files.release(file)
         good = []
-        for (i, key, *_, shard, _offset, _seq, _meta), record, error in zip(placed, records,
-                                                                           errors):
-            if error is None and isinstance(synced[shard.number], IoError):
-                error = synced[shard.number]
+        for (i, key, *_), record, error in zip(placed, records, errors):
             if error is not None:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
                     error, key=key, action="writing the record"))
