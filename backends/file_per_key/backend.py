@@ -1,16 +1,27 @@
-"""``file-per-key``: one file per object, for debugging and as the SDK's worked example.
+"""``file-per-key``: one file per object. The SDK's worked example: copy it to start a
+backend of your own.
 
-The directory layout and file names are in :mod:`.layout`, open-time recovery in
-:mod:`.recovery`, check and repair in :mod:`.check`.
+It is short because the SDK does the hard parts, and each is used here as a new backend
+would use it:
 
-Writes go to ``tmp/``, are fsync'd, renamed into place, and the shard directory is
-fsync'd before the object becomes visible. Deletes unlink and fsync the directory before
-they return, so a deleted key cannot come back. Two writers of one key are kept apart by
-the SDK's :class:`~kvstored.sdk.claims.WriteClaims`; directories are created 0700 and
-files 0600.
+- :class:`~kvstored.sdk.index.IndexedBackend` answers ``stat``, ``locate``,
+  ``batch_contains`` and ``scan`` from the in-memory :class:`~kvstored.sdk.ObjectIndex`;
+- :class:`~kvstored.sdk.claims.WriteClaims` keeps two writers of one key apart;
+- :class:`~kvstored.sdk.EvictionOrder` knows which object a ``fifo`` or ``lru`` store
+  evicts first;
+- :func:`~kvstored.sdk.files.write_atomically` makes each object file durable, and
+  :func:`~kvstored.sdk.record.verified_read` checks every read against the index;
+- the record pass of ``check`` is :func:`kvstored.sdk.check.check_records`.
 
-Opened read-only, the backend writes nothing: leftovers in ``tmp/`` stay (and ``check``
-reports them), and no folder is created. Every open mode of the SDK is supported.
+What is left is this backend's own: where a key's file goes (:mod:`.layout`), what an
+open finds (:mod:`.recovery`), what ``check`` looks at beyond the indexed records
+(:mod:`.check`), and room accounting.
+
+Durability: a write goes to ``tmp/``, is fsync'd and renamed into place, and the shard
+directory is fsync'd before the object is indexed (visible). A delete unlinks and fsyncs
+the directory before it returns, so a deleted key cannot come back. Directories are
+0700, files 0600. Opened read-only, the backend writes nothing: leftovers in ``tmp/``
+stay (``check`` reports them) and no folder is created.
 """
 
 from __future__ import annotations
@@ -20,10 +31,9 @@ import os
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from kvstored.backends.file_per_key.check import check_store
 from kvstored.backends.file_per_key.layout import (
@@ -35,19 +45,16 @@ from kvstored.backends.file_per_key.layout import (
 )
 from kvstored.backends.file_per_key.recovery import Entry, recover
 from kvstored.backends.stamp import claim_directory
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
-from kvstored.sdk.errors import (
-    BackendError,
-    CapacityError,
-    InvalidRequestError,
-    from_oserror,
-)
-from kvstored.sdk.eviction import EvictionPolicy
-from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, make_private_dirs, write_all
+from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
+from kvstored.sdk.files import fsync_dir, make_private_dirs, write_atomically
+from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
     VALUE_OFFSET,
+    ReadOutcome,
     align_up,
     encode_header,
     value_checksum,
@@ -60,7 +67,6 @@ from kvstored.sdk.types import (
     CheckReport,
     EvictionGranularity,
     Location,
-    ObjectRecord,
     OpenMode,
     Problem,
     ReadStatus,
@@ -72,25 +78,13 @@ from kvstored.sdk.types import (
 
 log = logging.getLogger(__name__)
 
-@dataclass(slots=True)
-class _Staged:
-    """An object written to ``tmp/`` and fsync'd, not yet renamed into place."""
 
-    position: int
-    key: str
-    key_bytes: bytes
-    tmp: str
-    #: The room reserved for it (released when it is indexed, or fails).
-    estimate: int
-    entry: Entry
-
-
-class FilePerKeyBackend(StorageBackend):
+class FilePerKeyBackend(IndexedBackend):
     """One file per object in a two-level hash-sharded tree.
 
-    Options: ``policy`` is ``"fifo"`` (default: oldest write first) or ``"lru"`` (least
-    recently read or written first); ``auto_evict`` (default True) lets a write that
-    does not fit evict older objects instead of failing.
+    Options: ``policy`` (:class:`~kvstored.sdk.EvictionPolicy`, default ``fifo``: oldest
+    write first; ``lru``: least recently read or written first); ``auto_evict`` (default
+    True) lets a write that does not fit evict older objects instead of failing.
     """
 
     name = "file-per-key"
@@ -110,20 +104,15 @@ class FilePerKeyBackend(StorageBackend):
         self.root = Path(self.path)
         self.objects_dir = self.root / OBJECTS_DIR
         self.tmp_dir = self.root / TMP_DIR
-        self.quarantine_dir = self.root / QUARANTINE_DIR
-        self.quarantine = Quarantine(self.quarantine_dir)
-        #: Reads that failed their checksum since open (exported as a metric).
-        self.corrupt_reads = 0
+        self.quarantine = Quarantine(self.root / QUARANTINE_DIR)
 
+        # One lock guards the index, the eviction order, the claims and the counters.
         self._lock = threading.Lock()
-        self._index: dict[str, Entry] = {}
-        # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
-        # key to the end on every read.
-        self._order: OrderedDict[str, None] = OrderedDict()
+        self.index: ObjectIndex[Entry] = ObjectIndex(_location, self._lock)
+        self._order: EvictionOrder[str, None] = EvictionOrder(self.policy)
         self._claims = WriteClaims(self._lock)
-        self._physical = 0
-        self._logical = 0
-        self._reserved = 0
+        self._physical = 0  # bytes the indexed files occupy on disk
+        self._reserved = 0  # room promised to writes in flight
         self._seq = 0
 
         #: What this open repaired (a rebuilt stamp), for the next check() to report.
@@ -135,29 +124,18 @@ class FilePerKeyBackend(StorageBackend):
             if not self.read_only:
                 for folder in (self.objects_dir, self.tmp_dir):
                     make_private_dirs(folder)
-            self._recover()
+            for key, entry in recover(self.objects_dir, self.tmp_dir,
+                                      read_only=self.read_only):
+                self._index_locked(key, entry)
         except BaseException as exc:
             self._dir_lock.release()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
                 raise from_oserror(exc, path=self.root, action="opening the backend") from exc
             raise
 
-    # -- open-time recovery ------------------------------------------------------------
-
-    def _recover(self) -> None:
-        found = recover(self.objects_dir, self.tmp_dir, read_only=self.read_only)
-        for key, entry in found:
-            self._index[key] = entry
-            self._order[key] = None
-            self._physical += entry.physical
-            self._logical += entry.size
-            self._seq = max(self._seq, entry.seq)
-
-    # -- lifecycle and capabilities ----------------------------------------------------
-
     def _close(self) -> None:
         with self._lock:
-            self._index.clear()
+            self.index.clear()
             self._order.clear()
         self._dir_lock.release()
 
@@ -167,6 +145,12 @@ class FilePerKeyBackend(StorageBackend):
                             aligned_values=True, persistent=True,
                             max_value_size=self.max_value_size, read_only_open=True)
 
+    def usage(self) -> Usage:
+        self._check_open()
+        with self._lock:
+            return Usage(self.index.logical_bytes, self._physical, len(self.index),
+                         self.capacity)
+
     # -- writes ------------------------------------------------------------------------
 
     def batch_write(self, items: Sequence[tuple[str, Buffer]]) -> list[WriteResult]:
@@ -175,43 +159,72 @@ class FilePerKeyBackend(StorageBackend):
         results: list[WriteResult | None] = [None] * len(items)
 
         def write(positions: list[int]) -> None:
-            staged: list[_Staged] = []
+            # Write and fsync each file, fsync their folders once, then index them all.
+            written: list[tuple[int, Entry, int]] = []
             for i in positions:
                 key, value = items[i]
-                estimate = self._footprint(memoryview(value).nbytes)
+                room = align_up(VALUE_OFFSET + memoryview(value).nbytes)
                 with self._lock:
-                    problem = self._reserve_locked(key, estimate)
-                if problem is not None:
-                    results[i] = WriteResult(key, WriteOutcome.FAILED, problem)
+                    no_room = self._reserve_locked(key, room)
+                if no_room is not None:
+                    results[i] = WriteResult(key, WriteOutcome.FAILED, no_room)
                     continue
                 try:
-                    tmp, entry = self._write_tmp(key, encoded[i], value)
+                    written.append((i, self._write_file(key, encoded[i], value), room))
                 except BackendError as exc:
-                    self._unreserve(estimate)
+                    self._release(room)
                     results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
-                    continue
-                staged.append(_Staged(i, key, encoded[i], tmp, estimate, entry))
-            self._publish(staged, results)
+            try:
+                for folder in {os.path.dirname(entry.path) for _, entry, _ in written}:
+                    fsync_dir(folder)
+            except OSError as exc:
+                failure = from_oserror(exc, action="syncing the object directory")
+                for i, entry, room in written:
+                    os.unlink(entry.path)  # never acknowledged: it must not come back
+                    self._release(room)
+                    results[i] = WriteResult(items[i][0], WriteOutcome.FAILED, failure)
+                return
+            with self._lock:
+                for i, entry, room in written:
+                    self._reserved -= room
+                    self._index_locked(items[i][0], entry)
+                    results[i] = WriteResult(items[i][0], WriteOutcome.WRITTEN)
 
         for i in self._claims.write_batch([key for key, _ in items],
-                                          stored=self._index.__contains__, write=write):
+                                          stored=self.index.__contains__, write=write):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
-        return results  # type: ignore[return-value]
+        return cast("list[WriteResult]", results)  # every position is filled by now
 
-    def _footprint(self, size: int) -> int:
-        return align_up(VALUE_OFFSET + size)
+    def _write_file(self, key: str, key_bytes: bytes, value: Buffer) -> Entry:
+        """Write one record to its final name, durably except for its folder's entry."""
+        view = memoryview(value).cast("B")
+        checksum = value_checksum(view)
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        write_ns = time.time_ns()
+        header = encode_header(key_bytes, view.nbytes, seq, checksum, write_ns=write_ns)
+        shard, sub, name = object_name(key_bytes)
+        path = self.objects_dir / shard / sub / name
+        try:
+            make_private_dirs(path.parent)
+            # Staged in tmp/, where the next open finds it if this process dies first.
+            write_atomically(path, [header, view], sync_dir=False,
+                             tmp=self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
+            physical = os.stat(path).st_blocks * 512
+        except OSError as exc:
+            raise from_oserror(exc, key=key, path=path, action="writing the object") from exc
+        return Entry(str(path), view.nbytes, checksum, seq, write_ns, physical)
 
     def _reserve_locked(self, key: str, need: int) -> CapacityError | None:
-        if self.capacity is None:
-            self._reserved += need
-            return None
-        if need > self.capacity:
+        """Promise ``need`` bytes to a write, evicting first if allowed; or say why not."""
+        if self.capacity is not None and need > self.capacity:
             return CapacityError(f"the object needs {need} bytes, more than the whole "
                                  f"capacity of {self.capacity}", key=key, path=self.root)
-        shortfall = self._physical + self._reserved + need - self.capacity
+        shortfall = self._shortfall_locked(need)
         if shortfall > 0 and self.auto_evict:
             self._evict_locked(shortfall, self.on_evict)
-            shortfall = self._physical + self._reserved + need - self.capacity
+            shortfall = self._shortfall_locked(need)
         if shortfall > 0:
             return CapacityError(
                 f"no room: {self._physical + self._reserved} of {self.capacity} bytes in use "
@@ -220,74 +233,14 @@ class FilePerKeyBackend(StorageBackend):
         self._reserved += need
         return None
 
-    def _unreserve(self, amount: int) -> None:
-        with self._lock:
-            self._reserved -= amount
+    def _shortfall_locked(self, need: int) -> int:
+        if self.capacity is None:
+            return 0
+        return self._physical + self._reserved + need - self.capacity
 
-    def _write_tmp(self, key: str, key_bytes: bytes, value: Buffer) -> tuple[str, Entry]:
-        view = memoryview(value).cast("B")
-        checksum = value_checksum(view)
+    def _release(self, room: int) -> None:
         with self._lock:
-            self._seq += 1
-            seq = self._seq
-        write_ns = time.time_ns()
-        header = encode_header(key_bytes, view.nbytes, seq, checksum, write_ns=write_ns)
-        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                         PRIVATE_FILE)
-        except OSError as exc:
-            raise from_oserror(exc, key=key, action="creating the object file") from exc
-        try:
-            write_all(fd, header, 0)
-            write_all(fd, view, VALUE_OFFSET)
-            os.fsync(fd)
-            physical = os.fstat(fd).st_blocks * 512
-        except OSError as exc:
-            os.close(fd)
-            os.unlink(tmp)
-            raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
-        os.close(fd)
-        return tmp, Entry("", view.nbytes, checksum, seq, write_ns, physical)
-
-    def _publish(self, staged: list[_Staged], results: list) -> None:
-        """Rename staged files into place, fsync their directories, then index them."""
-        dirs: set[str] = set()
-        placed: list[_Staged] = []
-        for item in staged:
-            shard, sub, name = object_name(item.key_bytes)
-            folder = self.objects_dir / shard / sub
-            try:
-                make_private_dirs(folder)
-                item.entry.path = str(folder / name)
-                os.rename(item.tmp, item.entry.path)
-            except OSError as exc:
-                self._unreserve(item.estimate)
-                try:
-                    os.unlink(item.tmp)
-                except OSError:
-                    pass
-                results[item.position] = WriteResult(
-                    item.key, WriteOutcome.FAILED,
-                    from_oserror(exc, key=item.key, action="placing the object"))
-                continue
-            dirs.add(str(folder))
-            placed.append(item)
-        try:
-            for folder in dirs:
-                fsync_dir(folder)
-        except OSError as exc:
-            failure = from_oserror(exc, action="syncing the object directory")
-            for item in placed:
-                os.unlink(item.entry.path)
-                self._unreserve(item.estimate)
-                results[item.position] = WriteResult(item.key, WriteOutcome.FAILED, failure)
-            return
-        with self._lock:
-            for item in placed:
-                self._reserved -= item.estimate
-                self._adopt_locked(item.key, item.entry)
-                results[item.position] = WriteResult(item.key, WriteOutcome.WRITTEN)
+            self._reserved -= room
 
     # -- reads -------------------------------------------------------------------------
 
@@ -298,93 +251,48 @@ class FilePerKeyBackend(StorageBackend):
         results: list[int] = []
         for key, buf in zip(keys, buffers):
             with self._lock:
-                entry = self._index.get(key)
-                if entry is None:
-                    results.append(ReadStatus.MISSING)
+                entry = self.index.get(key)
+                if entry is None or len(buf) < entry.size:
+                    results.append(ReadStatus.MISSING if entry is None
+                                   else ReadStatus.BUFFER_TOO_SMALL)
                     continue
-                if len(buf) < entry.size:
-                    results.append(ReadStatus.BUFFER_TOO_SMALL)
-                    continue
-                if self.policy.rule.moves_on_read:
-                    self._order.move_to_end(key)
-                self._pins.acquire([key])
+                self._order.touch(key)
+                self._pins.acquire([key])  # eviction leaves its file alone meanwhile
             try:
-                results.append(self._read_one(key, entry, buf))
+                outcome = self._read_record(key, entry, memoryview(buf).cast("B"))
             finally:
                 self._pins.release([key])
+            if not outcome.ok and outcome.status != ReadStatus.MISSING:
+                self._note_failed_read(key, entry.path, outcome)
+            results.append(outcome.status)
         return results
 
-    def _read_one(self, key: str, entry: Entry, buf: memoryview) -> int:
+    def _read_record(self, key: str, entry: Entry, dest: memoryview) -> ReadOutcome:
+        """Read ``key``'s file: the header into scratch, the value straight into ``dest``;
+        then the SDK's one verification against ``entry``."""
         head = bytearray(VALUE_OFFSET)
-        target = memoryview(buf).cast("B")
         got, error = 0, None
         try:
-            fd = os.open(entry.path, os.O_RDONLY)
+            fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
-            return ReadStatus.MISSING  # deleted by another thread since the lookup
+            return ReadOutcome(ReadStatus.MISSING, "its file is missing")
         except OSError as exc:
-            fd, error = -1, exc
-        if fd >= 0:
-            try:
-                got = os.preadv(fd, [head, target[:entry.size]], 0)
-                while VALUE_OFFSET <= got < VALUE_OFFSET + entry.size:
-                    more = os.preadv(fd, [target[got - VALUE_OFFSET:entry.size]], got)
-                    if more == 0:
-                        break
-                    got += more
-            except OSError as exc:
-                error = exc
-            finally:
-                os.close(fd)
-        outcome = verified_read(target, head, None, key=key, size=entry.size, seq=entry.seq,
-                                checksum=entry.checksum, error=error,
-                                complete=got == VALUE_OFFSET + entry.size)
-        if not outcome.ok:
-            self.corrupt_reads += outcome.status == ReadStatus.CORRUPT
-            log.warning("%s: key %r in %s failed (%s); reported as %s (run "
-                        "check(repair=True) to quarantine it)", self.name, key, entry.path,
-                        outcome.reason, ReadStatus(outcome.status).name)
-        return outcome.status
-
-    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
-        with self._lock:
-            return [key in self._index for key in keys]
-
-    def stat(self, key: str) -> ObjectRecord | None:
-        self._check_open()
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._record(key, entry)
-
-    def _record(self, key: str, entry: Entry) -> ObjectRecord:
-        return ObjectRecord(key, entry.size, entry.checksum, self._location(entry),
-                            entry.write_ns / 1e9, entry.seq)
-
-    def _location(self, entry: Entry) -> Location:
-        return Location(entry.path, VALUE_OFFSET, entry.size, 0, VALUE_OFFSET + entry.size)
-
-    def locate(self, key: str) -> Location | None:
-        self._check_open()
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._location(entry)
-
-    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
-        self._check_open()
-        with self._lock:
-            snapshot = list(self._index.items())
-        for key, entry in snapshot:
-            if verify:
-                buf = bytearray(entry.size)
-                if self.batch_read([key], [memoryview(buf)])[0] != entry.size:
-                    continue
-            yield self._record(key, entry)
-
-    def usage(self) -> Usage:
-        self._check_open()
-        with self._lock:
-            return Usage(self._logical, self._physical, len(self._index), self.capacity)
+            return verified_read(dest, head, None, key=key, size=entry.size, seq=entry.seq,
+                                 checksum=entry.checksum, error=exc)
+        try:
+            got = os.preadv(fd, [head, dest[:entry.size]], 0)
+            while VALUE_OFFSET <= got < VALUE_OFFSET + entry.size:  # a short read
+                more = os.preadv(fd, [dest[got - VALUE_OFFSET:entry.size]], got)
+                if more == 0:
+                    break
+                got += more
+        except OSError as exc:
+            error = exc
+        finally:
+            os.close(fd)
+        return verified_read(dest, head, None, key=key, size=entry.size, seq=entry.seq,
+                             checksum=entry.checksum, error=error,
+                             complete=got == VALUE_OFFSET + entry.size)
 
     # -- deletes and eviction -------------------------------------------------------------
 
@@ -393,28 +301,9 @@ class FilePerKeyBackend(StorageBackend):
         for key in keys:
             encode_key(key)
         with self._lock:
-            removed = [self._forget_locked(key) for key in keys]
+            removed = [self._unindex_locked(key) for key in keys]
         self._unlink([entry for entry in removed if entry is not None])
         return [entry is not None for entry in removed]
-
-    def _forget_locked(self, key: str) -> Entry | None:
-        entry = self._index.pop(key, None)
-        if entry is not None:
-            del self._order[key]
-            self._physical -= entry.physical
-            self._logical -= entry.size
-        return entry
-
-    def _unlink(self, entries: list[Entry]) -> None:
-        dirs = set()
-        for entry in entries:
-            try:
-                os.unlink(entry.path)
-            except FileNotFoundError:
-                pass
-            dirs.add(os.path.dirname(entry.path))
-        for folder in dirs:
-            fsync_dir(folder)
 
     def evict(self, nbytes: int, on_evict: EvictionCallback | None = None) -> list[str]:
         self._check_writable()
@@ -424,18 +313,45 @@ class FilePerKeyBackend(StorageBackend):
     def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
         victims: list[str] = []
         freed = 0
-        for key in self._order:
+        for key in self._order:  # first to be evicted first, by the policy
             if freed >= nbytes:
                 break
-            if self._pins.is_pinned(key):
-                continue
-            victims.append(key)
-            freed += self._index[key].physical
-        entries = [self._forget_locked(key) for key in victims]
+            if not self._pins.is_pinned(key):  # being read: its file must stay
+                victims.append(key)
+                freed += self.index[key].physical
+        entries = [self._unindex_locked(key) for key in victims]
         if victims and on_evict is not None:
             on_evict(list(victims))  # before the files go: their space is not reused yet
-        self._unlink([e for e in entries if e is not None])
+        self._unlink([entry for entry in entries if entry is not None])
         return victims
+
+    def _unlink(self, entries: list[Entry]) -> None:
+        """Remove the files of unindexed entries, durably."""
+        folders = set()
+        for entry in entries:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+            folders.add(os.path.dirname(entry.path))
+        for folder in folders:
+            fsync_dir(folder)
+
+    # -- the index (the caller holds the lock) ----------------------------------------------
+
+    def _index_locked(self, key: str, entry: Entry) -> None:
+        if self.index.add(key, entry) is not None:
+            raise AssertionError(f"{key!r} indexed twice")  # claims make this impossible
+        self._order.add(key, None)
+        self._physical += entry.physical
+        self._seq = max(self._seq, entry.seq)
+
+    def _unindex_locked(self, key: str) -> Entry | None:
+        entry = self.index.pop(key)
+        if entry is not None:
+            self._order.discard(key)
+            self._physical -= entry.physical
+        return entry
 
     # -- check and repair -------------------------------------------------------------
 
@@ -449,27 +365,39 @@ class FilePerKeyBackend(StorageBackend):
     # What check.py needs of the store (its CheckedFiles), and nothing else: these are
     # not part of the SDK contract.
 
-    def indexed(self) -> dict[str, Entry]:
-        with self._lock:
-            return dict(self._index)
+    def indexed(self) -> list[tuple[str, Entry]]:
+        return self.index.snapshot()
 
-    def owner_of(self, path: Path) -> str | None:
-        with self._lock:
-            return next((k for k, e in self._index.items() if e.path == str(path)), None)
+    def read_back(self, records: Sequence[tuple[str, Entry]]) -> list[ReadOutcome | None]:
+        outcomes: list[ReadOutcome | None] = []
+        for key, entry in records:
+            outcome = self._read_record(key, entry, memoryview(bytearray(entry.size)))
+            # A file that went because its key was deleted or evicted meanwhile is no
+            # finding.
+            gone = not outcome.ok and not self.index.is_current(key, entry)
+            outcomes.append(None if gone else outcome)
+        return outcomes
 
-    def forget(self, key: str) -> None:
+    def set_aside(self, key: str, entry: Entry, reason: str) -> str | None:
         with self._lock:
-            self._forget_locked(key)
+            if self.index.get(key) is not entry:
+                return None  # deleted or rewritten since it was read
+            self._unindex_locked(key)
+        if not os.path.lexists(entry.path):
+            return None
+        return self.quarantine.move_aside(entry.path, reason)
 
-    def adopt(self, key: str, entry: Entry) -> None:
+    def record_path(self, entry: Entry) -> str:
+        return entry.path
+
+    def adopt(self, key: str, entry: Entry) -> bool:
+        """Index a valid record nobody indexed; False if ``key`` is indexed by now."""
         with self._lock:
-            self._adopt_locked(key, entry)
+            if key in self.index:
+                return False
+            self._index_locked(key, entry)
+            return True
 
-    def _adopt_locked(self, key: str, entry: Entry) -> None:
-        if key in self._index:
-            return
-        self._index[key] = entry
-        self._order[key] = None
-        self._physical += entry.physical
-        self._logical += entry.size
-        self._seq = max(self._seq, entry.seq)
+
+def _location(entry: Entry) -> Location:
+    return Location(entry.path, VALUE_OFFSET, entry.size, 0, VALUE_OFFSET + entry.size)

@@ -2,28 +2,32 @@
 
 What is examined, and what repair does about it:
 
-- files in ``tmp/`` (writes that never finished): TORN_WRITE; repair quarantines them;
-- every record file: its header, its place, its length and its value's CRC-32C; a file
-  that fails is CORRUPT_RECORD, and repair moves it to the quarantine and drops its key;
-- a valid record the index does not hold: ORPHAN; repair adds it to the index;
-- an indexed key whose file is gone: INDEX_MISMATCH; repair drops it from the index.
+- files in ``tmp/`` (writes that never finished): TORN_WRITE; repair quarantines them
+  (opened read-only, they are left for the next read-write open to remove);
+- every indexed object, read back and verified against the index (the SDK's record
+  pass, :func:`kvstored.sdk.check.check_records`): CORRUPT_RECORD for one that fails,
+  INDEX_MISMATCH for one whose file is gone; repair moves the file to the quarantine
+  and drops the key;
+- every other file under ``objects/``: a valid record nobody indexed is an ORPHAN, which
+  repair adds to the index; anything else is CORRUPT_RECORD, which repair quarantines.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol
 
 from kvstored.backends.file_per_key.recovery import Entry, leftovers, read_entry, record_files
+from kvstored.sdk.check import RecordStore, check_records
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import VALUE_OFFSET, value_checksum
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 
-class CheckedFiles(Protocol):
-    """What the checks need of the backend, and nothing more (FilePerKeyBackend has it)."""
+class CheckedFiles(RecordStore[Entry], Protocol):
+    """What the checks need of the backend, and nothing more (FilePerKeyBackend has it):
+    the record pass's :class:`~kvstored.sdk.check.RecordStore`, and its folders."""
 
     @property
     def objects_dir(self) -> Path: ...
@@ -36,20 +40,8 @@ class CheckedFiles(Protocol):
     @property
     def open_problems(self) -> list[Problem]: ...
 
-    def indexed(self) -> dict[str, Entry]:
-        """Every indexed object now."""
-        ...
-
-    def owner_of(self, path: Path) -> str | None:
-        """The key whose indexed record is the file ``path``, if any."""
-        ...
-
-    def forget(self, key: str) -> None:
-        """Drop ``key`` from the index (its file is gone or set aside)."""
-        ...
-
-    def adopt(self, key: str, entry: Entry) -> None:
-        """Index a valid record nobody indexed."""
+    def adopt(self, key: str, entry: Entry) -> bool:
+        """Index a valid record nobody indexed; False if its key is indexed by now."""
         ...
 
 
@@ -58,58 +50,46 @@ def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
     report.problems.extend(b.open_problems)
     if repair:
         b.open_problems.clear()
-    index = b.indexed()
-    seen: set[str] = set()
     for leftover in leftovers(b.tmp_dir):
         if b.read_only:
             report.problems.append(Problem(
                 ProblemKind.TORN_WRITE, "a write that never finished", path=str(leftover),
                 action=RepairAction.LEFT_FOR_NEXT_OPEN))
-            continue
-        _problem(b, report, repair, ProblemKind.TORN_WRITE, "unfinished write", None,
-                 leftover)
+        else:
+            _set_aside(b, report, repair, ProblemKind.TORN_WRITE, "unfinished write", leftover)
+    indexed = {entry.path for _, entry in b.indexed()}
+    check_records(b, report, repair=repair)
     for path in record_files(b.objects_dir):
-        report.records_checked += 1
-        try:
-            key, entry = read_entry(path)
-            if value_checksum(_read_value(path, entry.size)) != entry.checksum:
-                raise CorruptionError("value fails its checksum", key=key, path=path)
-        except CorruptionError as exc:
-            owner = b.owner_of(path)
-            if repair and owner is not None:
-                b.forget(owner)
-            _problem(b, report, repair, ProblemKind.CORRUPT_RECORD, exc.message,
-                     exc.key or owner, path)
-            continue
-        except OSError as exc:
-            _problem(b, report, repair, ProblemKind.CORRUPT_RECORD, str(exc), None, path)
-            continue
-        seen.add(key)
-        known = index.get(key)
-        if known is None:
-            action = None
-            if repair:
-                b.adopt(key, entry)
-                action = RepairAction.ADDED_TO_INDEX
-            report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from "
-                                           "the index", key, str(path), action))
-    still_indexed = {k: e for k, e in b.indexed().items() if k in index}
-    for key, entry in still_indexed.items():
-        if key not in seen and not os.path.exists(entry.path):
-            action = None
-            if repair:
-                b.forget(key)
-                action = RepairAction.DROPPED_FROM_INDEX
-            report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, "indexed record "
-                                           "has no file", key, entry.path, action))
+        if str(path) not in indexed:
+            _check_unindexed(b, report, repair, path)
     return report
 
 
-def _problem(b: CheckedFiles, report: CheckReport, repair: bool, kind: ProblemKind,
-             detail: str, key: str | None, path: Path) -> None:
+def _check_unindexed(b: CheckedFiles, report: CheckReport, repair: bool, path: Path) -> None:
+    """A file no index entry names: with no index to compare against, the record must
+    pass its own checks (header CRC, place, length, value CRC) to be adopted."""
+    report.records_checked += 1
+    try:
+        key, entry = read_entry(path)
+        if value_checksum(_read_value(path, entry.size)) != entry.checksum:
+            raise CorruptionError("value fails its checksum", key=key, path=path)
+    except FileNotFoundError:
+        return  # written and indexed, or deleted, since the index was looked at
+    except (CorruptionError, OSError) as exc:
+        detail = exc.message if isinstance(exc, CorruptionError) else str(exc)
+        _set_aside(b, report, repair, ProblemKind.CORRUPT_RECORD, detail, path)
+        return
+    action = RepairAction.ADDED_TO_INDEX if repair and b.adopt(key, entry) else None
+    report.problems.append(Problem(ProblemKind.ORPHAN, "valid record missing from the index",
+                                   key, str(path), action))
+
+
+def _set_aside(b: CheckedFiles, report: CheckReport, repair: bool, kind: ProblemKind,
+               detail: str, path: Path) -> None:
     where = b.quarantine.move_aside(path, detail) if repair else None
-    report.problems.append(Problem(kind, detail, key, str(path),
-                                   RepairAction.QUARANTINED if where else None, where))
+    report.problems.append(Problem(kind, detail, path=str(path),
+                                   action=RepairAction.QUARANTINED if where else None,
+                                   action_detail=where))
 
 
 def _read_value(path: Path, size: int) -> bytearray:

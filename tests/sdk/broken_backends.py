@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from kvstored.backends.file_per_key import FilePerKeyBackend
-from kvstored.sdk import ReadStatus
-from kvstored.sdk.record import VALUE_OFFSET
+from kvstored.backends.file_per_key.layout import TMP_DIR
+from kvstored.backends.file_per_key.recovery import leftovers
+from kvstored.sdk import WriteOutcome
+from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome
 
 
 class SkipsChecksum(FilePerKeyBackend):
     """Returns whatever bytes are on disk, without verifying the CRC."""
 
-    def _read_one(self, key, entry, buf):
+    def _read_record(self, key, entry, dest):
         with open(entry.path, "rb") as f:
             f.seek(VALUE_OFFSET)
             data = f.read(entry.size)
-        buf[:len(data)] = data
-        return len(data)
+        dest[:len(data)] = data
+        return ReadOutcome(len(data))
 
 
 class StaleCache(FilePerKeyBackend):
@@ -57,15 +60,12 @@ class IgnoresCapacity(FilePerKeyBackend):
 class LosesAcknowledgedWrites(FilePerKeyBackend):
     """Acknowledges writes but only keeps them in memory."""
 
-    def _publish(self, staged, results):
-        super()._publish(staged, results)
-        for item in staged:
-            if os.path.exists(item.entry.path):
-                os.unlink(item.entry.path)
-
-    def batch_read(self, keys, buffers):
-        results = super().batch_read(keys, buffers)
-        return [ReadStatus.MISSING if r == ReadStatus.MISSING else r for r in results]
+    def batch_write(self, items):
+        results = super().batch_write(items)
+        for result in results:
+            if result.outcome is WriteOutcome.WRITTEN:
+                os.unlink(self.index.location(result.key).path)
+        return results
 
 
 class ClaimsKeyByKey(FilePerKeyBackend):
@@ -87,7 +87,7 @@ class ClaimsKeyByKey(FilePerKeyBackend):
             for key, _value in items:
                 while True:
                     with self._lock:
-                        if key in self._index or key in mine:
+                        if key in self.index or key in mine:
                             results.append(WriteResult(key, WriteOutcome.EXISTS))
                             break
                         other = pending.get(key)
@@ -112,10 +112,10 @@ class TidiesWhenReadOnly(FilePerKeyBackend):
     """Claims read-only opens but still runs the read-write recovery: it removes the
     unfinished writes a crash left, which a read-only open must leave alone."""
 
-    def _recover(self):
-        for leftover in self._leftovers():
+    def __init__(self, path, **options):
+        for leftover in leftovers(Path(path) / TMP_DIR):
             leftover.unlink()
-        super()._recover()
+        super().__init__(path, **options)
 
 
 class TakesNoLock(FilePerKeyBackend):
