@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstored.units import format_size, parse_bool, parse_size
+from kvstored.sdk.units import format_size, parse_bool, parse_size
 
 CONFIG_ENV = "KVSTORED_CONFIG"
 ENV_PREFIX = "KVSTORED_"

@@ -24,6 +24,7 @@ from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node
 from kvstored.rpc import ServerLimits, serve
+from kvstored.sdk.registry import backend_class, backend_options, parse_options
 from kvstored.security import (
     Credentials,
     CredentialsError,
@@ -108,12 +109,10 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
 
 def build_node(cfg: Config, master: tuple[str, int] | None = None,
                registry: CollectorRegistry | None = None, **extra: Any) -> Node:
-    from kvstored.backends import backend_class, backend_options, coerce_options
-
     backend = cfg["node.backend"]
     cls = backend_class(backend)
     raw = cfg["node.backend_options"]
-    options = coerce_options(cls, {k: str(v) for k, v in raw.items()})
+    options = parse_options(cls, raw)
     # io.engine / io.direct reach every backend that does its I/O through the engine.
     accepted = backend_options(cls)
     if "engine" in accepted:

@@ -25,7 +25,7 @@ from kvstored.native._io import ffi, lib
 from kvstored.native.direct import VECTORED, Op, Outcome
 from kvstored.native.engine import IoEngine
 from kvstored.native.errors import log, log_once
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 _PENDING = -(2**63)  # kv_req.result of a request the ring never finished
 

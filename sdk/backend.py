@@ -107,7 +107,7 @@ EvictionCallback = Callable[[list[str]], None]
 class StorageBackend(abc.ABC):
     """An SSD tier: immutable objects under one directory or on one device.
 
-    Construct through :func:`kvstored.backends.open_backend` or the subclass's
+    Construct through :func:`kvstored.sdk.registry.open_backend` or the subclass's
     :meth:`open`. Every backend accepts these options, plus its own:
 
     ``capacity``
@@ -121,7 +121,7 @@ class StorageBackend(abc.ABC):
     ``mode``
         An :class:`~kvstored.sdk.OpenMode` (default read-write). A backend that supports
         more than read-write says so in :attr:`open_modes`; the registry
-        (:func:`kvstored.backends.open_backend`) refuses a mode it does not list, and
+        (:func:`kvstored.sdk.registry.open_backend`) refuses a mode it does not list, and
         passes ``mode`` only when it is not the default, so a backend that knows only
         read-write needs no ``mode`` parameter.
     """

@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.sdk.units import format_size
 from kvstored.tools import reader, report_table, stats, workloads, writers
 from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
 from kvstored.tools.errors import UsageProblem
-from kvstored.units import format_size
 
 
 @click.group("trace", context_settings={"help_option_names": ["-h", "--help"]})

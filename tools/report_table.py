@@ -6,8 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.sdk.units import format_size
 from kvstored.tools.planning import marginal_gains, size_label
-from kvstored.units import format_size
 
 
 def budget_label(point: dict) -> str:

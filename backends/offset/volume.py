@@ -136,7 +136,7 @@ from kvstored.sdk.types import (
     WriteResult,
     encode_key,
 )
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from kvstored.bench.io import QUEUE_DEPTH, BenchError, Measurement, Pattern, prepare_file, run_fio
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
 #: The default backends, in this order, those of them that are registered.
@@ -82,7 +82,7 @@ class Subject:
     """One backend under test, opened with the options it accepts."""
 
     def __init__(self, name: str, root: Path, engine: str, direct: bool) -> None:
-        from kvstored.backends import backend_class, backend_options
+        from kvstored.sdk.registry import backend_class, backend_options
 
         self.name = name
         self.accepted = set(backend_options(backend_class(name)))
@@ -107,7 +107,7 @@ class Subject:
         return base / "volume" if self.name == "nvmeof" else base
 
     def open(self, label: str, volume_bytes: int):
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
 
         path = self.path(label)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -432,7 +432,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     issue 4 to --json-out, and prints a table. Exit codes: 6 when the disk lacks room,
     5 when a read returns corrupt data, 1 on other failures.
     """
-    from kvstored.backends import BUILTIN, known_backends
+    from kvstored.sdk.registry import BUILTIN, known_backends
 
     def say(message: str) -> None:
         click.echo(message, err=True)

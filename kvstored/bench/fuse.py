@@ -48,7 +48,7 @@ import numpy as np
 
 from kvstored.bench import BenchError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
 READ_SIZES = (128 * KiB, MiB)

@@ -42,8 +42,8 @@ from rich.table import Table
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.params import ExistingFile
+from kvstored.sdk.units import format_size
 from kvstored.tools import binfile, events
-from kvstored.units import format_size
 
 DEFAULT_TRACE = "mooncake_conversation.jsonl"
 

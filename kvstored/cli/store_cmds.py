@@ -29,7 +29,7 @@ from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.params import ExistingDirectory, ExistingFile
 from kvstored.cli.program import state
 from kvstored.errors import NotFoundError
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 console = Console()
 

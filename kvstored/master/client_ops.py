@@ -12,7 +12,7 @@ from kvstored.master.policy import count_ssd_read
 from kvstored.master.table import DRAM, SSD
 from kvstored.master.waits import Deferred
 from kvstored.rpc import FramedSocket
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 MAX_BATCH = 65536
 

@@ -30,7 +30,6 @@ from typing import Any
 
 import trio
 
-from kvstored.backends import open_backend
 from kvstored.errors import BadRequestError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.master.table import DRAM, SSD
@@ -44,9 +43,10 @@ from kvstored.node.staging import StagingPool
 from kvstored.protocol import NODE_OPS, Role
 from kvstored.rpc import RpcClient, ServerLimits, Service, serve
 from kvstored.sdk import RepairAction, StorageBackend
+from kvstored.sdk.registry import open_backend
+from kvstored.sdk.units import format_size
 from kvstored.security import Credentials, make_private_dir
 from kvstored.supervisor import Backoff, Supervisor, describe_keys
-from kvstored.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     BACKEND is a registered backend name (file-per-key, bucket, …) or module:Class.
     """
-    from kvstored.backends import backend_class, coerce_options
+    from kvstored.sdk.registry import backend_class, parse_options
     from kvstored.sdk.testing import CHECKS, run_kit
 
     raw = {}
@@ -41,7 +41,7 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         raw[key] = value
     try:
-        options = coerce_options(backend_class(backend), raw)
+        options = parse_options(backend_class(backend), raw)
     except BackendError as exc:
         raise click.UsageError(str(exc)) from None
     if directory is not None:

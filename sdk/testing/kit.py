@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstored.sdk.backend import StorageBackend
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.types import Location, ReadStatus
 
 #: The kit opens backends with this max_value_size unless told otherwise, so that the
@@ -31,8 +32,6 @@ class BackendSpec:
     options: dict[str, Any] = field(default_factory=dict)
 
     def open(self, path: Path, **extra: Any) -> StorageBackend:
-        from kvstored.backends import open_backend
-
         options = {"max_value_size": KIT_MAX_VALUE_SIZE, **self.options, **extra}
         return open_backend(self.target, path, **options)
 

@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from kvstored.backends import open_backend
 from kvstored.backends.bucket.index import FLAG_QUARANTINED, read_index
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.bucket.index import FLAG_DELETED, read_index
 from kvstored.backends.bucket.layout import data_name, index_name
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ProblemKind, RepairAction
 
@@ -36,7 +36,7 @@ def _crash_during(path: Path, patch: str, action: str) -> None:
     process die with os._exit at a chosen step), then run ``action``; it must die."""
     script = textwrap.dedent(f"""
         import os, sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         from kvstored.sdk.testing import payload
         BASE = {[k for k, _ in BASE]!r}
         NEW = {[k for k, _ in NEW]!r}

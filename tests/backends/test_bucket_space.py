@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
 from kvstored.native import IoEngine
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.record import record_size
+from kvstored.sdk.registry import open_backend, parse_options
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus, WriteBatchHint, WriteOutcome
 
@@ -44,7 +44,7 @@ def test_write_hint_reports_the_thresholds(tmp_path):
 
 
 def test_options_parse_from_a_command_line():
-    typed = coerce_options(BucketBackend, {"bucket_bytes": "64MiB", "bucket_age": "0.5",
+    typed = parse_options(BucketBackend, {"bucket_bytes": "64MiB", "bucket_age": "0.5",
                                            "direct": "yes", "policy": "lru",
                                            "high_watermark": "0.95"})
     assert typed == {"bucket_bytes": 64 * MiB, "bucket_age": 0.5, "direct": True,

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.nvmeof.device import device_size, is_block_device
 from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidRequestError
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
 from tests.backends.test_nvmeof_conformance import LOOP_IMAGE_SIZE, attach_loop, detach_loop
@@ -176,7 +176,7 @@ def test_earlier_format_of_the_same_file_is_never_read(tmp_path):
 
 WRITER = """
 import sys
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 backend = open_backend("nvmeof", sys.argv[1], engine=sys.argv[2], checkpoint_bytes=1 << 40)
 backend.batch_write([(f"k{i}", bytes([i]) * (3000 + i)) for i in range(40)])
 backend.batch_delete(["k7", "k8"])

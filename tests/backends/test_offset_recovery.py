@@ -17,7 +17,6 @@ import threading
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.offset.layout import encode_checkpoint
 from kvstored.sdk.errors import (
     BackendBusyError,
@@ -25,6 +24,7 @@ from kvstored.sdk.errors import (
     CorruptionError,
     InvalidRequestError,
 )
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 
@@ -344,7 +344,7 @@ def test_too_small_a_volume_is_refused(store_dir):
 
 WRITER = """
 import sys
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 backend = open_backend("offset", sys.argv[1], capacity=16 << 20, engine=sys.argv[2],
                        checkpoint_bytes=1 << 40)
 backend.batch_write([(f"k{i}", bytes([i]) * (5000 + i)) for i in range(30)])

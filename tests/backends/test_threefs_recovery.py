@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.threefs.journal import JOURNAL_NAME, Entry, Kind
 from kvstored.backends.threefs.layout import shard_name
 from kvstored.sdk.errors import CapacityError, CorruptionError
 from kvstored.sdk.record import encode_header, record_size, value_checksum
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 
@@ -341,7 +341,7 @@ def test_full_file_system_fails_writes_cleanly(small_fs):
 
 KILLED_WRITER = """
 import sys, threading
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 backend = open_backend("3fs", sys.argv[1], node_id="n", engine="posix", shard_bytes=65536)
 lock = threading.Lock()

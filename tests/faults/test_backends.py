@@ -23,11 +23,11 @@ import pytest
 
 import kvstored
 import kvstored.native
-from kvstored.backends import open_backend
 from kvstored.backends.stamp import STAMP_NAME
 from kvstored.capabilities import probe_fuse
 from kvstored.sdk import CapacityError, OpenMode, RepairAction
 from kvstored.sdk.lock import LOCK_NAME
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from tests.conftest import require
 from tests.daemon.harness import BIN, Daemon, kvstore, kvstore_ok
@@ -200,7 +200,7 @@ def crash_a_bucket_writer(store: Path) -> None:
     once its 21st bucket's data file exists (its index comes last)."""
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         backend = open_backend("bucket", sys.argv[1], bucket_keys=4)
         n = 0
         while True:
@@ -383,7 +383,7 @@ def test_flipped_bit_in_a_bucket_index_loses_no_object(tmp_path, fuse):
     values = values_for("b", 500, 2000)
     written = run_python("""
         import sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         from kvstored.sdk.testing import payload
         backend = open_backend("bucket", sys.argv[1])
         items = [(f"b/{i}", payload(f"b/{i}", 2000 + i)) for i in range(500)]

@@ -10,7 +10,7 @@ import os
 import pytest
 import trio
 
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 from tests.conftest import require
 
 try:

@@ -14,6 +14,7 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     ReadOnlyError,
 )
+from kvstored.sdk.registry import backend_class
 from kvstored.sdk.testing import _holder, _writer
 from kvstored.sdk.testing.checks._common import (
     check,
@@ -29,8 +30,6 @@ from kvstored.sdk.types import OpenMode
 
 
 def _supports_read_only(kit: Kit) -> bool:
-    from kvstored.backends import backend_class
-
     return OpenMode.READ_ONLY in backend_class(kit.spec.target).open_modes
 
 

@@ -1,0 +1,67 @@
+"""The SDK's backend registry: names resolve to classes, and ``--option`` text is parsed
+by each option's declared type (not by what its annotation's text contains)."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+from kvstored.backends.file_per_key import FilePerKeyBackend
+from kvstored.sdk import EvictionPolicy, InvalidRequestError, UnknownBackendError
+from kvstored.sdk.registry import backend_class, backend_options, known_backends, parse_options
+
+
+class Hint(enum.Enum):
+    """An enum whose name contains "int": text-matching took it for a size."""
+
+    FAST = "fast"
+    SAFE = "safe"
+
+
+class Tuned(FilePerKeyBackend):
+    def __init__(self, path, *, hint: Hint = Hint.SAFE, ratio: float = 0.5,
+                 label: str | None = None, **options) -> None:
+        super().__init__(path, **options)
+        self.hint, self.ratio, self.label = hint, ratio, label
+
+
+def test_every_builtin_resolves():
+    for name in ("bucket", "offset", "nvmeof", "3fs", "file-per-key"):
+        assert name in known_backends()
+        assert backend_class(name).name == name
+    with pytest.raises(UnknownBackendError):
+        backend_class("no-such-backend")
+
+
+def test_options_are_parsed_by_their_type():
+    typed = parse_options(Tuned, {"capacity": "64MiB", "auto_evict": "off", "policy": "LRU",
+                                  "hint": "fast", "ratio": "0.25", "label": "none"})
+    assert typed == {"capacity": 64 << 20, "auto_evict": False, "policy": EvictionPolicy.LRU,
+                     "hint": Hint.FAST, "ratio": 0.25, "label": None}
+    assert backend_options(Tuned)["hint"].type is Hint
+
+
+def test_typed_values_from_a_configuration_file_are_kept():
+    typed = parse_options(FilePerKeyBackend, {"capacity": 4096, "auto_evict": True,
+                                              "policy": EvictionPolicy.FIFO})
+    assert typed == {"capacity": 4096, "auto_evict": True, "policy": EvictionPolicy.FIFO}
+
+
+@pytest.mark.parametrize(("option", "text", "says"), [
+    ("hint", "quick", "fast, safe"),
+    ("policy", "random", "fifo, lru"),
+    ("capacity", "lots", "is not a size"),
+    ("auto_evict", "maybe", "not a boolean"),
+    ("max_value_size", "none", "is not a size"),
+    ("on_evict", "print", "no text form"),
+])
+def test_a_bad_value_names_the_option_and_what_it_takes(option, text, says):
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_options(Tuned, {option: text})
+    assert f"option {option}={text!r}" in str(caught.value) and says in str(caught.value)
+
+
+def test_an_unknown_option_lists_the_valid_ones():
+    with pytest.raises(InvalidRequestError, match="valid options: .*auto_evict"):
+        parse_options(FilePerKeyBackend, {"speed": "1"})
