@@ -385,7 +385,7 @@ class ThreeFsBackend(IndexedBackend):
             for file in files.values():
                 self.files.release(file)
         good = []
-        for (i, key, *_), record, error in zip(placed, records, errors):
+        for (i, key, _kb, _view, shard, *_), record, error in zip(placed, records, errors):
             if error is not None:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
                     error, key=key, action="writing the record"))

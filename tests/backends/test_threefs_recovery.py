@@ -427,3 +427,21 @@ def test_cluster_stamp_lost_is_refused_and_rebuilt_by_repair(tmp_path):
     assert "new stamp" in (problem.action_detail or "")
     repaired.close()
     _open(tmp_path).close()
+
+
+def test_one_batch_across_several_shards_journals_each_record_in_its_own_shard(tmp_path):
+    """A batch bigger than a shard lands in several; each record's journal entry must
+    name the shard it is in, or the record is lost at the next open."""
+    backend = _open(tmp_path, shard_bytes=64 * KiB)
+    items = [(f"spread/{n}", payload(f"spread/{n}", 20 * KiB)) for n in range(8)]
+    assert all(r.ok for r in backend.batch_write(items))
+    shards = {backend.locate(key).path for key, _ in items}
+    assert len(shards) > 1, "the batch did not span shards: the test proves nothing"
+    for key, value in items:
+        assert _read(backend, key) == value
+    backend.close()
+    backend = _open(tmp_path, shard_bytes=64 * KiB)
+    for key, value in items:
+        assert _read(backend, key) == value, key
+    assert not backend.check().problems
+    backend.close()
