@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import typing
 from collections.abc import Callable
 
 from kvstored.native.errors import log_once
@@ -116,7 +117,7 @@ def read_through_bounce(run: Run, ops: list[Op | None],
         views[i] = arena[position:position + end - start]
         position += end - start
         ops[i] = (fd, start, views[i], None, ALIGN)
-    outcomes = run(READ, ops)
+    outcomes = run(READ, typing.cast("list[Op]", ops))  # every None is filled now
     for i, (_, offset, dest) in bounced.items():
         result, done = outcomes[i]
         head = offset - spans[i][0]
@@ -234,7 +235,8 @@ def _trim_rounding(ops: list[Op | None], bounced: dict, outcomes: list,
         for i, outcome in enumerate(outcomes):
             if outcome is None or outcome[0] < 0:
                 continue
-            item_fd, offset, view = (bounced[i] if i in bounced else ops[i])[:3]
+            item_fd, offset, view = (bounced[i] if i in bounced
+                                     else typing.cast("Op", ops[i]))[:3]
             if item_fd != fd:
                 continue
             ends.append(offset + view.nbytes)  # a memoryview or Pieces

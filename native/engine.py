@@ -12,6 +12,7 @@ import errno
 import logging
 import operator
 import os
+import typing
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
@@ -290,8 +291,8 @@ class IoEngine(abc.ABC):
         return self.sync_written([item[0] for item in items], self.write(items),
                                  datasync=datasync)
 
-    def sync_written(self, files: Sequence[IoFile], results: Sequence[R | OSError], *,
-                     datasync: bool = True) -> list[R | OSError]:
+    def sync_written(self, files: Sequence[IoFile], results: Sequence[R], *,
+                     datasync: bool = True) -> list[R | IoError]:
         """Make a batch that was written durable: ``files[i]`` is the file item ``i``
         wrote and ``results[i]`` how its write ended (an ``OSError`` when it failed).
         Each file that one item reached without error is fdatasync'd (``fsync`` with
@@ -355,7 +356,7 @@ class IoEngine(abc.ABC):
             else:
                 append((file.fd, offset, view, None, 0))
         if not bounced:
-            outcomes = self._run(code, ops)
+            outcomes = self._run(code, typing.cast("list[Op]", ops))  # None marks a bounce
         elif code == READ:
             outcomes = direct.read_through_bounce(self._run, ops, bounced)
         else:

@@ -171,4 +171,4 @@ def _finish(slot: Slot, dest: memoryview, result: int | IoError, block: memoryvi
             dest[whole:slot.size] = block[VALUE_OFFSET:VALUE_OFFSET + slot.size - whole]
     return verified_read(dest, block[:VALUE_OFFSET], value, key=slot.key, size=slot.size,
                          seq=slot.seq, checksum=slot.checksum, error=error,
-                         complete=error is None and result >= record_size(slot.size))
+                         complete=isinstance(result, int) and result >= record_size(slot.size))

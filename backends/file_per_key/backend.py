@@ -117,9 +117,10 @@ class FilePerKeyBackend(IndexedBackend):
 
         #: What this open repaired (a rebuilt stamp), for the next check() to report.
         self.open_problems: list[Problem] = []
-        self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
-                                         markers=self.layout_markers,
-                                         report=self.open_problems)
+        dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
+                                   markers=self.layout_markers, report=self.open_problems)
+        assert dir_lock is not None  # with lock=True (the default) there always is one
+        self._dir_lock = dir_lock
         try:
             if not self.read_only:
                 for folder in (self.objects_dir, self.tmp_dir):

@@ -34,6 +34,7 @@ scans the data area record by record, without any index, for every record that c
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestE
 from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
+    RecordHeader,
     align_up,
     decode_header,
     scan_records,
@@ -124,7 +126,7 @@ def read_exact(engine: IoEngine, file: IoFile, offset: int, length: int) -> byte
     [got] = engine.read([(file, offset, view)])
     if isinstance(got, BaseException):
         raise BackendIOError(f"reading {length} bytes at offset {offset} failed",
-                             errno=got.errno, path=file.path)
+                             errno=got.errno or errno.EIO, path=file.path)
     if got != length:
         raise CorruptionError(f"the volume ends at {offset + got}, inside metadata that "
                               f"should span {offset}..{offset + length}", path=file.path)
@@ -178,8 +180,8 @@ def _load_checkpoint(engine: IoEngine, file: IoFile, geometry: Geometry,
     candidates = []
     for i, (offset, got) in enumerate(zip(slots, results)):
         if isinstance(got, BaseException):
-            raise BackendIOError("reading a checkpoint slot failed", errno=got.errno,
-                                 path=file.path)
+            raise BackendIOError("reading a checkpoint slot failed",
+                                 errno=got.errno or errno.EIO, path=file.path)
         header = decode_slot_header(heads[i * ALIGN:(i + 1) * ALIGN], geometry)
         if header is not None:
             candidates.append((header.generation, offset, header))
@@ -387,9 +389,9 @@ class Salvaged:
     """What a scan of the data area found: the newest record of each key."""
 
     #: key -> (record offset, header), newest seq of each key.
-    records: dict[str, tuple[int, object]] = field(default_factory=dict)
+    records: dict[str, tuple[int, RecordHeader]] = field(default_factory=dict)
     #: Records that lie inside ``below`` (the metadata of the geometry being rebuilt).
-    shadowed: list[tuple[int, object]] = field(default_factory=list)
+    shadowed: list[tuple[int, RecordHeader]] = field(default_factory=list)
     scanned_bytes: int = 0
 
 

@@ -94,6 +94,7 @@ def recover(node_dir: Path, quarantine: Quarantine, *, mode: OpenMode, node_id: 
     path = node_dir / JOURNAL_NAME
     index = NodeIndex(node_dir, lock)
     header: Header | None = None
+    base, data = 0, b""  # what follows the header, once read
     reports: list[Problem] = []
     damage: list[tuple[int, int]] = []
     if path.exists():

@@ -72,7 +72,7 @@ def write_records(engine: IoEngine, records: list[Placed],
     def submit(items: list, carried: list, slot: int = -1) -> None:
         submissions.append((items, carried))
         slot_of.append(slot)
-        if pipelined:
+        if pipelined and executor is not None:  # pipelined implies an executor
             futures.append(executor.submit(engine.write, items))
 
     def close_piece() -> None:

@@ -114,8 +114,9 @@ class Kit:
 
     def assert_value(self, backend: StorageBackend, key: str, expected: bytes) -> None:
         got = self.read(backend, key)
-        if isinstance(got, ReadStatus):
-            raise AssertionError(f"reading {key!r} gave {got.name}, expected {len(expected)} bytes")
+        if not isinstance(got, bytes):
+            raise AssertionError(f"reading {key!r} gave {ReadStatus(got).name}, expected "
+                                 f"{len(expected)} bytes")
         if got != expected:
             raise AssertionError(f"reading {key!r} gave wrong bytes ({len(got)} bytes, "
                                  f"expected {len(expected)}; first difference at "

@@ -5,6 +5,7 @@ bad bytes in the caller's buffer."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from kvstored.backends import open_backend
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction
@@ -19,8 +20,9 @@ def test_a_valid_record_that_is_not_the_indexed_one_fails_read_and_check(tmp_pat
     other.close()
     # The other store's record is valid in itself (its header CRC and value CRC check):
     # only the index knows it is not the value that was written here.
-    shutil.copyfile(other_path := path.replace("/store/", "/other/"), path)
-    assert open(other_path, "rb").read() == open(path, "rb").read()
+    other_path = Path(path.replace("/store/", "/other/"))
+    shutil.copyfile(other_path, path)
+    assert other_path.read_bytes() == Path(path).read_bytes()
 
     buf = bytearray(b"\xaa" * 6000)
     assert store.batch_read(["k"], [memoryview(buf)]) == [ReadStatus.CORRUPT]

@@ -63,5 +63,5 @@ def test_a_bad_value_names_the_option_and_what_it_takes(option, text, says):
 
 
 def test_an_unknown_option_lists_the_valid_ones():
-    with pytest.raises(InvalidRequestError, match="valid options: .*auto_evict"):
+    with pytest.raises(InvalidRequestError, match=r"valid options: .*auto_evict"):
         parse_options(FilePerKeyBackend, {"speed": "1"})

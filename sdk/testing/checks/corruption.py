@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.testing import _writer
 from kvstored.sdk.testing.checks._common import (
     KiB,
@@ -14,11 +15,15 @@ from kvstored.sdk.testing.checks._common import (
     write_all,
 )
 from kvstored.sdk.testing.kit import Kit, flip_byte, payload, size_for
-from kvstored.sdk.types import (
-    ReadStatus,
-)
+from kvstored.sdk.types import Location, ReadStatus
 
 # -- crashes and corruption --------------------------------------------------------------
+
+
+def _located(backend: StorageBackend, key: str) -> Location:
+    where = backend.locate(key)
+    assert where is not None, f"locate({key!r}) of a stored key gave None"
+    return where
 
 
 @check
@@ -44,7 +49,7 @@ def torn_write_truncated(kit: Kit) -> None:
     backend = kit.open()
     items = [*make_items("t", 8, 64 * KiB), ("victim", payload("victim", 50000))]
     write_all(backend, items)
-    where = backend.locate("victim")
+    where = _located(backend, "victim")
     backend.close()
     os.truncate(where.path, where.offset + where.length // 2)
     backend = kit.open()
@@ -61,7 +66,7 @@ def flipped_value_byte(kit: Kit) -> None:
     """One flipped byte in a value is reported CORRUPT, never returned, also after reopen."""
     backend = kit.open()
     write_all(backend, [("f", payload("f", 20_000)), ("ok", payload("ok", 20_000))])
-    where = backend.locate("f")
+    where = _located(backend, "f")
     flip_byte(where.path, where.offset + where.length // 2)
     assert kit.read(backend, "f") == ReadStatus.CORRUPT
     kit.assert_value(backend, "ok", payload("ok", 20_000))
@@ -75,7 +80,7 @@ def flipped_header_byte(kit: Kit) -> None:
     """One flipped byte in a record header is reported, never returned, also after reopen."""
     backend = kit.open()
     write_all(backend, [("h", payload("h", 9_000)), ("ok", payload("ok", 9_000))])
-    where = backend.locate("h")
+    where = _located(backend, "h")
     assert where.record_offset is not None, "locate() must give record_offset"
     flip_byte(where.path, where.record_offset + 20)
     assert kit.read(backend, "h", 9_000) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
@@ -90,7 +95,7 @@ def scan_verify_skips_corrupt(kit: Kit) -> None:
     backend = kit.open()
     items = make_items("v", 6)
     write_all(backend, items)
-    where = backend.locate(items[2][0])
+    where = _located(backend, items[2][0])
     flip_byte(where.path, where.offset + where.length // 2)
     verified = {r.key for r in backend.scan(verify=True)}
     assert verified == {k for k, _ in items} - {items[2][0]}, verified
@@ -113,7 +118,7 @@ def check_finds_and_repairs(kit: Kit) -> None:
     items = make_items("x", 8, 32 * KiB)
     write_all(backend, items)
     bad_key = items[3][0]
-    where = backend.locate(bad_key)
+    where = _located(backend, bad_key)
     flip_byte(where.path, where.offset + where.length // 2)
     report = backend.check()
     assert report.problems, "check() missed a flipped value byte"

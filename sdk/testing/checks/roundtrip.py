@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 from kvstored.sdk.errors import (
     ValueTooLargeError,
 )
@@ -82,7 +84,7 @@ def roundtrip_random_sizes(kit: Kit) -> None:
     counter = iter(range(10**9))
 
     @settings(max_examples=40, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=typing.cast("list[HealthCheck]", list(HealthCheck)))
     @given(st.lists(st.one_of(st.integers(0, 3 * 4096 + 7), st.integers(0, 600 * KiB)),
                     min_size=1, max_size=6))
     def roundtrip_batch(sizes: list[int]) -> None:
