@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import Counter as Tally
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -58,11 +59,12 @@ class MasterMetrics:
     def lookup_counts(self) -> dict[str, int]:
         return dict(self.lookups.tally)
 
-    def set_tiers(self, usage: dict, used_capacity: dict) -> None:
-        for tier, (used, capacity) in used_capacity.items():
+    def set_tiers(self, tiers: Mapping[str, tuple[int, int, int]]) -> None:
+        """Per tier: (replicas held, bytes used, capacity)."""
+        for tier, (objects, used, capacity) in tiers.items():
             self.tier_used.labels(tier=tier).set(used)
             self.tier_capacity.labels(tier=tier).set(capacity)
-            self.tier_objects.labels(tier=tier).set(usage[tier]["objects"])
+            self.tier_objects.labels(tier=tier).set(objects)
 
 
 class NodeMetrics:

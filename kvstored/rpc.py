@@ -1,20 +1,26 @@
 """Framed request/response over trio sockets: the server loop and the async caller.
 
-A :class:`Service` serves the ops declared in a table of :class:`~kvstored.protocol.OpSpec`
-(:data:`~kvstored.protocol.MASTER_OPS`, :data:`~kvstored.protocol.NODE_OPS`) with the
-handlers bound to it. :func:`serve` accepts connections and runs one loop per connection:
-read a frame, authenticate the first one (``hello``), then for each request check it
-against its op's declaration (the connection's role, the fields, a payload only where one
-is allowed), dispatch, answer. A handler receives the :class:`FramedSocket` (to read the
-request's payload, if any, straight into its destination) and the header, and returns a
-response header plus payload pieces. Whatever the handler leaves unread is discarded, so
-a failing handler never desynchronises the stream.
+A :class:`Service` serves the ops of one table (:data:`~kvstored.protocol.MASTER_OPS`,
+:data:`~kvstored.protocol.NODE_OPS`) with an explicit table of handlers, one
+:class:`Binding` per op: ``Binding(ops.COMMIT, master.commit)`` ties an op's
+:class:`~kvstored.protocol.OpSpec` to a coroutine that takes the op's request message and
+returns its reply message, so the type checker sees every handler's types. :func:`serve`
+accepts connections and runs one loop per connection: read a frame, authenticate the
+first one (``hello``), then for each request check it against its op's declaration (the
+connection's role, the fields, a payload only where one is allowed), decode it, dispatch,
+answer. A handler receives the :class:`FramedSocket` (to read the request's payload, if
+any, straight into its destination, or to send its reply itself with
+:meth:`FramedSocket.answer`) and the request. Whatever the handler leaves unread is
+discarded, so a failing handler never desynchronises the stream.
 
 Until a peer has authenticated, what it can make the server hold is bounded
 (:class:`ServerLimits`): a small header, no payload, a deadline for the hello, and a
 limit on connections per peer address and in total. Nothing a peer sends, before or after
 the hello, raises past the connection's handler: a malformed frame closes that connection
 and every other one carries on.
+
+:class:`RpcClient` is the async caller (nodes to their master, the trio client to
+everyone); its blocking twin is :class:`kvstored.client.connection.Connection`.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ import math
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
 import trio
 
@@ -38,30 +44,25 @@ from kvstored.errors import (
     StoreError,
     UnauthorizedError,
     UnreachableError,
-    from_wire,
 )
-from kvstored.protocol import PROTOCOL_VERSION, Hello, OpSpec, Role
+from kvstored.protocol import HELLO, PROTOCOL_VERSION, Hello, HelloReply, OpSpec, Role
+from kvstored.protocol.ops import Rep, Req, lost_connection
 from kvstored.security import Credentials
 from kvstored.wire import (
     DEFAULT_MAX_PAYLOAD,
     MAX_HEADER,
     PREFIX,
     READ_AHEAD,
+    Buffer,
     ConnectionClosed,
+    FrameDecoder,
     FrameError,
-    ReadAhead,
-    pack_header,
-    parse_prefix,
-    unpack_header,
+    Outgoing,
 )
 
 log = logging.getLogger(__name__)
 
-Payload = Sequence[memoryview | bytes | bytearray]
-#: A handler returns (response header, payload), or (None, ()) when it sent the
-#: response itself (to stream a payload while holding pins).
-Handler = Callable[["FramedSocket", dict[str, Any]],
-                   Awaitable[tuple[dict[str, Any] | None, Payload]]]
+Payload = Sequence[Buffer]
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 #: accept() errors that mean "out of descriptors or memory for now", not "stop serving".
 _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
@@ -70,32 +71,37 @@ KEEPALIVE = tuple((getattr(socket, name), value) for name, value in (
     ("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)) if hasattr(socket, name))
 
 
+class Answered:
+    """What a handler returns when it sent its reply itself (:meth:`FramedSocket.answer`:
+    to stream a payload while it holds pins)."""
+
+    __slots__ = ()
+
+
+ANSWERED = Answered()
+
+
 class FramedSocket:
-    """A trio socket that speaks frames, through a small read-ahead buffer.
+    """A trio socket that speaks frames: the trio shell of :class:`~kvstored.wire.FrameDecoder`.
 
     A small request (prefix, header, small payload) is read with one ``recv_into`` instead
     of three; every await is a trip through trio's scheduler, and on the latency of a
     single get those trips are most of the daemon's cost. Large payloads still go straight
-    into their destination. ``payload_left`` counts the unread bytes of the current
-    frame's payload; ``max_header`` and ``max_payload`` bound what the next frame may
-    declare; ``role`` is what the hello granted (None before).
+    into their destination. ``role`` is what the hello granted (None before).
     """
 
     def __init__(self, sock: trio.socket.SocketType, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  *, max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD,
                  send_stall: float = math.inf):
         self.sock = sock
-        self.max_payload = max_payload
-        self.max_header = max_header
+        self.decoder = FrameDecoder(max_payload, max_header=max_header, read_ahead=read_ahead)
         #: A send that makes no progress for this long breaks the connection: a peer that
         #: stopped reading must not hold the pins and buffers of its answer forever.
         self.send_stall = send_stall
-        self.payload_left = 0
         self.peer: Any = None
         self.role: Role | None = None
         #: The peer address this connection counts against until it authenticates.
         self.admitted_as: str | None = None
-        self._ahead = ReadAhead(read_ahead)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A peer that vanished without closing (a host gone, a cable pulled) is found
@@ -106,78 +112,62 @@ class FramedSocket:
         except OSError:
             pass  # not TCP (a socketpair in tests)
 
+    @property
+    def payload_left(self) -> int:
+        """Unread bytes of the current frame's payload."""
+        return self.decoder.payload_left
+
     def authenticated(self, role: Role, max_payload: int) -> None:
         """The hello succeeded: lift the pre-authentication bounds."""
         self.role = role
-        self.max_header = MAX_HEADER
-        self.max_payload = max_payload
-        self._ahead.grow(READ_AHEAD)
+        self.decoder.max_header = MAX_HEADER
+        self.decoder.max_payload = max_payload
+        self.decoder.grow(READ_AHEAD)
 
-    async def recv_exactly_into(self, view: memoryview) -> None:
-        """Fill ``view`` from the socket itself (the read-ahead must be drained first)."""
-        got, total = 0, len(view)
-        while got < total:
-            n = await self.sock.recv_into(view[got:], total - got)
-            if n == 0:
-                raise ConnectionClosed("the peer closed the connection mid-frame")
-            got += n
-
-    async def _fill(self, need: int, *, between_frames: bool = False) -> None:
-        """Have at least ``need`` (<= the read-ahead's size) bytes buffered."""
-        ahead = self._ahead
-        while ahead.buffered < need:
-            n = await self.sock.recv_into(ahead.room())
-            if n == 0:
-                if between_frames and ahead.buffered == 0:
-                    raise ConnectionClosed("closed between frames")
-                raise ConnectionClosed("the peer closed the connection mid-frame")
-            ahead.received(n)
+    async def _pump(self) -> None:
+        decoder, recv_into = self.decoder, self.sock.recv_into
+        while (room := decoder.room()) is not None:
+            decoder.received(await recv_into(room))
 
     async def recv_header(self) -> dict[str, Any]:
-        await self._fill(PREFIX.size, between_frames=True)
-        header_len, payload_len = parse_prefix(self._ahead.consume(PREFIX.size),
-                                               self.max_payload, self.max_header)
-        if header_len <= self._ahead.size:
-            await self._fill(header_len)
-            body = self._ahead.consume(header_len)
-        else:
-            big = memoryview(bytearray(header_len))
-            await self.recv_exactly_into(big[self._ahead.take(big):])
-            body = bytes(big)
-        self.payload_left = payload_len
-        return unpack_header(body)
+        self.decoder.read_header()
+        await self._pump()
+        return self.decoder.header()
 
     async def recv_payload_into(self, view: memoryview) -> None:
-        if len(view) > self.payload_left:
-            raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
-        taken = self._ahead.take(view)
-        if taken < len(view):
-            await self.recv_exactly_into(view[taken:])
-        self.payload_left -= len(view)
+        self.decoder.read_payload(view)
+        await self._pump()
 
     async def discard_payload(self) -> None:
-        if not self.payload_left:
-            return
-        scratch = memoryview(bytearray(min(self.payload_left, 1 << 20)))
-        while self.payload_left:
-            await self.recv_payload_into(scratch[:min(self.payload_left, len(scratch))])
+        if self.decoder.payload_left:
+            self.decoder.skip_payload()
+            await self._pump()
 
     async def send_frame(self, header: dict[str, Any], payload: Payload = ()) -> None:
-        views = [memoryview(p).cast("B") for p in payload if len(p)]
-        pieces = [memoryview(pack_header(header, sum(v.nbytes for v in views))), *views]
-        while pieces:
+        out = Outgoing(header, payload)
+        while pieces := out.pieces():
             sent = None
             with trio.move_on_after(self.send_stall):
-                sent = await self.sock.sendmsg(pieces[:512])
+                sent = await self.sock.sendmsg(pieces)
             if sent is None:
                 raise trio.BrokenResourceError(f"the peer read nothing for {self.send_stall:g}s")
-            while sent:
-                if sent >= pieces[0].nbytes:
-                    sent -= pieces[0].nbytes
-                    pieces.pop(0)
-                else:
-                    pieces[0] = pieces[0][sent:]
-                    sent = 0
+            out.sent(sent)
+
+    async def answer(self, reply: Any, payload: Payload = ()) -> Answered:
+        """Send ``reply`` (a message) with ``payload`` now, from inside a handler."""
+        await self.send_frame(OpSpec.reply_header(reply), payload)
+        return ANSWERED
+
+
+Handler = Callable[[FramedSocket, Req], Awaitable[Rep | Answered]]
+
+
+@dataclass(frozen=True, slots=True)
+class Binding(Generic[Req, Rep]):
+    """One op of a service and the handler that serves it."""
+
+    spec: OpSpec[Req, Rep]
+    handler: Handler[Req, Rep]
 
 
 @dataclass(frozen=True)
@@ -215,45 +205,46 @@ class _QuietLog:
             log.log(level, message, *args)
 
 
-class Service:
-    """The ops of one server (master or node data server), the credentials its peers
-    must present, and the limits on what unauthenticated peers can make it hold."""
+def _error_reply(exc: StoreError) -> dict[str, Any]:
+    return {"ok": False, "error": exc.to_wire()}
 
-    def __init__(self, name: str, ops: Mapping[str, OpSpec], *,
+
+class Service:
+    """The ops of one server (master or node data server), their handlers, the
+    credentials its peers must present, and the limits on what unauthenticated peers can
+    make it hold.
+
+    ``bindings`` must serve every op of ``ops`` once and nothing else: an op without a
+    declaration would have no role to check. ``hello`` is the reply to a peer's hello,
+    given the role it was granted."""
+
+    def __init__(self, name: str, ops: Mapping[str, OpSpec[Any, Any]],
+                 bindings: Iterable[Binding[Any, Any]], *,
                  credentials: Credentials | None = None, limits: ServerLimits | None = None,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+                 max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 hello: Callable[[Role], HelloReply] | None = None) -> None:
         self.name = name
-        self.ops = dict(ops)
         self.credentials = credentials or Credentials.open()
         self.limits = limits or ServerLimits()
         self.max_payload = max_payload
-        self.handlers: dict[str, tuple[OpSpec, Handler]] = {}
-        self.hello_extra: Callable[[dict[str, Any]], dict[str, Any]] = lambda header: {}
+        self.hello_reply = hello or (lambda role: HelloReply(service=name, role=role))
+        self.handlers: dict[str, Binding[Any, Any]] = {}
+        for binding in bindings:
+            op = binding.spec.name
+            if ops.get(op) is not binding.spec:
+                raise TypeError(f"{name}: op {op!r} is not one of this service's ops "
+                                "(kvstored/protocol/ops.py)")
+            if op in self.handlers:
+                raise TypeError(f"{name}: op {op!r} has two handlers")
+            self.handlers[op] = binding
+        missing = sorted(set(ops) - set(self.handlers))
+        if missing:
+            raise TypeError(f"{name}: declared ops without a handler: {missing}")
         self.on_disconnect: Callable[[FramedSocket], Awaitable[None]] | None = None
         self.connections = 0
         self.unauthenticated: Counter[str] = Counter()
         self._refusing = 0
         self._quiet = _QuietLog()
-
-    def add(self, name: str, handler: Handler) -> None:
-        """Serve the declared op ``name`` with ``handler``."""
-        if name not in self.ops:
-            raise TypeError(f"{self.name}: op {name!r} is not declared in the protocol "
-                            "(kvstored/protocol.py), so it has no role and no fields")
-        self.handlers[name] = (self.ops[name], handler)
-
-    def bind(self, owner: object) -> None:
-        """Serve every declared op with ``owner.op_<name>``. Every ``op_*`` method of
-        ``owner`` must be declared and every declared op must have one: an op nobody
-        declared would have no role to check."""
-        defined = {attr[3:] for attr in dir(owner) if attr.startswith("op_")}
-        undeclared, missing = sorted(defined - set(self.ops)), sorted(set(self.ops) - defined)
-        if undeclared or missing:
-            raise TypeError(f"{self.name}: handlers without a declaration in "
-                            f"kvstored/protocol.py: {undeclared}; declared ops without a "
-                            f"handler: {missing}")
-        for name in self.ops:
-            self.add(name, getattr(owner, "op_" + name))
 
     # -- connections -------------------------------------------------------------------
 
@@ -300,10 +291,8 @@ class Service:
         if refusal is not None:
             await self._refuse(stream, address, refusal)
             return
-        conn = FramedSocket(stream.socket, 0, max_header=self.limits.preauth_header_limit,
-                            read_ahead=min(READ_AHEAD,
-                                           PREFIX.size + self.limits.preauth_header_limit),
-                            send_stall=self.limits.send_stall)
+        conn = self._preauth_socket(stream, min(READ_AHEAD,
+                                                PREFIX.size + self.limits.preauth_header_limit))
         conn.peer = peer
         conn.admitted_as = address
         try:
@@ -312,6 +301,10 @@ class Service:
             self.connections -= 1
             if conn.admitted_as is not None:
                 self._authenticated(conn.admitted_as)
+
+    def _preauth_socket(self, stream: trio.SocketStream, read_ahead: int) -> FramedSocket:
+        return FramedSocket(stream.socket, 0, max_header=self.limits.preauth_header_limit,
+                            read_ahead=read_ahead, send_stall=self.limits.send_stall)
 
     async def _refuse(self, stream: trio.SocketStream, address: str, reason: str) -> None:
         """Tell a refused peer why (within a second), then close."""
@@ -322,8 +315,8 @@ class Service:
             # Bounded too: past this many refusals in flight, just close.
             if self._refusing <= 64:
                 with trio.move_on_after(1):
-                    await FramedSocket(stream.socket, 0, read_ahead=PREFIX.size).send_frame(
-                        {"ok": False, "error": UnreachableError(reason).to_wire()})
+                    await self._preauth_socket(stream, PREFIX.size).send_frame(
+                        _error_reply(UnreachableError(reason)))
                     await stream.send_eof()
                     # Closing with the peer's hello unread would reset the connection,
                     # and the reset can overtake the answer: read until the peer hangs up.
@@ -340,7 +333,7 @@ class Service:
                                 conn: FramedSocket | None = None) -> None:
         """Serve one connection until it closes; nothing it sends raises past here."""
         if conn is None:
-            conn = FramedSocket(stream.socket, 0, max_header=self.limits.preauth_header_limit)
+            conn = self._preauth_socket(stream, READ_AHEAD)
             try:
                 conn.peer = stream.socket.getpeername()
             except OSError:
@@ -357,8 +350,8 @@ class Service:
                         conn.peer, exc)
             with trio.move_on_after(1):
                 try:
-                    await conn.send_frame({"ok": False, "error": BadRequestError(
-                        f"malformed frame: {exc}").to_wire()})
+                    await conn.send_frame(_error_reply(BadRequestError(
+                        f"malformed frame: {exc}")))
                 except _BROKEN:
                     pass
         except _BROKEN as exc:
@@ -389,14 +382,13 @@ class Service:
             except StoreError as exc:
                 self._quiet(logging.INFO, "%s: refused the hello of %s: %s", self.name,
                             conn.peer, exc)
-                await conn.send_frame({"ok": False, "error": exc.to_wire()})
+                await conn.send_frame(_error_reply(exc))
                 return False
             conn.authenticated(role, self.max_payload)
             if conn.admitted_as is not None:
                 self._authenticated(conn.admitted_as)
                 conn.admitted_as = None
-            await conn.send_frame({"ok": True, "service": self.name,
-                                   "role": role.value, **self.hello_extra(header)})
+            await conn.answer(self.hello_reply(role))
             return True
         self._quiet(logging.INFO, "%s: %s sent no hello within %gs (security.hello_timeout); "
                     "closed", self.name, conn.peer, self.limits.hello_timeout)
@@ -404,44 +396,41 @@ class Service:
 
     async def _dispatch(self, conn: FramedSocket, header: dict[str, Any]) -> None:
         op = header.get("op")
-        entry = self.handlers.get(op) if isinstance(op, str) else None
-        if conn.payload_left and (entry is None or not entry[0].payload):
+        binding = self.handlers.get(op) if isinstance(op, str) else None
+        if conn.payload_left and (binding is None or not binding.spec.payload):
             # Reading a payload nobody wants would cost up to max_payload: hang up instead.
             raise FrameError(f"op {op!r:.60} takes no payload, but the frame carries "
                              f"{conn.payload_left} bytes")
-        payload: Payload = ()
         try:
-            if entry is None:
+            if binding is None:
                 known = ", ".join(sorted(self.handlers))
                 raise BadRequestError(f"unknown op {op!r:.60}; known: {known}")
-            spec, handler = entry
+            spec = binding.spec
             assert conn.role is not None
             if not conn.role.may_call(spec.role):
                 raise UnauthorizedError(f"{op} is a {spec.role.value} operation and this "
                                         f"connection is authenticated as a {conn.role.value}")
-            spec.check(header)
-            result = await handler(conn, header)
-            if result[0] is None:
-                return  # the handler streamed its own response
-            response, payload = result
-            response.setdefault("ok", True)
+            result = await binding.handler(conn, spec.check(header))
+            if isinstance(result, Answered):
+                return
+            response = OpSpec.reply_header(result)
         except StoreError as exc:
-            response = {"ok": False, "error": exc.to_wire()}
+            response = _error_reply(exc)
         except (FrameError, ConnectionClosed, OSError, trio.BrokenResourceError):
             raise
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("%s: op %s from %s: %r", self.name, op, conn.peer, exc)
-            response = {"ok": False, "error": BadRequestError(
-                f"malformed {op} request: {exc!r}").to_wire()}
+            response = _error_reply(BadRequestError(f"malformed {op} request: {exc!r}"))
         except Exception as exc:
             log.exception("%s: op %s failed", self.name, op)
-            response = {"ok": False, "error": InternalError(f"{op} failed: {exc!r}").to_wire()}
+            response = _error_reply(InternalError(f"{op} failed: {exc!r}"))
         await conn.discard_payload()
-        await conn.send_frame(response, payload)
+        await conn.send_frame(response)
 
 
 async def serve(service: Service, host: str, port: int, *,
-                task_status=trio.TASK_STATUS_IGNORED) -> None:
+                task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+                ) -> None:
     """Listen on host:port and serve ``service`` until cancelled. Reports the bound
     (host, port) through ``task_status``."""
     try:
@@ -459,26 +448,31 @@ class RpcClient:
     """An async caller over one connection; calls are serialised by a lock.
 
     ``connect_timeout`` bounds reaching the peer and its answer to the hello, so a port
-    that serves something else, or nothing, fails in seconds with the address named.
+    that serves something else, or nothing, fails in seconds with the address named;
+    ``timeout`` bounds each call after that. A call that fails on the way (the
+    connection broke, timed out, or the peer answered something that is not this op's
+    reply) closes the connection and raises :class:`UnreachableError`; the next call
+    connects again. An error the peer answered (a ``StoreError``) leaves it open.
     """
 
     def __init__(self, address: tuple[str, int], *, token: str | None = None,
                  role: Role = Role.CLIENT, connect_timeout: float = 10.0,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+                 timeout: float = math.inf, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
         self.address = address
         self.token = token
         self.role = role
         self.connect_timeout = connect_timeout
+        self.timeout = timeout
         self.max_payload = max_payload
         self.conn: FramedSocket | None = None
-        self.server_hello: dict[str, Any] = {}
+        self.server_hello: HelloReply | None = None
         self._lock = trio.Lock()
 
     @property
     def where(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
 
-    async def connect(self) -> dict[str, Any]:
+    async def connect(self) -> HelloReply:
         """Open the connection and say hello; on any failure nothing stays open."""
         try:
             with trio.fail_after(self.connect_timeout):
@@ -492,8 +486,8 @@ class RpcClient:
         conn = FramedSocket(stream.socket, self.max_payload)
         try:
             with trio.fail_after(self.connect_timeout):
-                await conn.send_frame(Hello(self.role, self.token).to_wire())
-                reply = await conn.recv_header()
+                await conn.send_frame(HELLO.request_header(Hello(self.role, self.token)))
+                reply = HELLO.decode_reply(await conn.recv_header())
         except trio.TooSlowError:
             stream.socket.close()
             raise UnreachableError(f"{self.where} did not answer the hello within "
@@ -502,40 +496,52 @@ class RpcClient:
         except (*_BROKEN, ConnectionClosed, FrameError) as exc:
             stream.socket.close()
             raise UnreachableError(f"hello to {self.where} failed: {exc}") from None
-        except BaseException:
+        except BaseException:  # refused (a StoreError), or cancelled
             stream.socket.close()
             raise
-        if not reply.get("ok"):
-            stream.socket.close()
-            raise from_wire(reply.get("error") or {})
         self.conn = conn
         self.server_hello = reply
         return reply
 
-    async def call(self, op: str, payload: Payload = (), **args: Any) -> dict[str, Any]:
-        """Send a request and return the response header (raising its error). A response
-        payload, if any, is left for :meth:`call_into` callers; here it is discarded."""
+    async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Payload = (),
+                   into: Sequence[memoryview] | None = None) -> Rep:
+        """Send ``request`` and return the reply (raising the error the peer answered).
+        A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
+        or discarded."""
         async with self._lock:
             conn = await self._ready()
             try:
-                await conn.send_frame({"op": op, **args}, payload)
-                reply = await conn.recv_header()
-                await conn.discard_payload()
-            except (OSError, ConnectionClosed, FrameError, trio.BrokenResourceError) as exc:
+                with trio.fail_after(self.timeout):
+                    await conn.send_frame(spec.request_header(request), payload)
+                    header = await conn.recv_header()
+                    try:
+                        reply = spec.decode_reply(header)
+                    except StoreError:
+                        await conn.discard_payload()
+                        raise
+                    if into is not None:
+                        for view in spec.payload_views(reply, into):
+                            await conn.recv_payload_into(view)
+                    await conn.discard_payload()
+                    return reply
+            except StoreError:
+                raise
+            except trio.TooSlowError:
                 self.close()
-                raise UnreachableError(f"{op}: lost the connection to {self.where}: "
-                                       f"{exc}") from None
+                raise lost_connection(spec.name, self.where,
+                                      f"no answer within {self.timeout:g}s") from None
+            except (*_BROKEN, ConnectionClosed, FrameError) as exc:
+                self.close()
+                raise lost_connection(spec.name, self.where, exc) from None
             except BaseException:
                 self.close()  # cancelled mid-call: the stream is out of step now
                 raise
-        if not reply.get("ok"):
-            raise from_wire(reply.get("error") or {})
-        return reply
 
-    async def hello(self) -> dict[str, Any]:
+    async def hello(self) -> HelloReply:
         """The server's answer to the hello, connecting first if need be."""
         async with self._lock:
             await self._ready()
+        assert self.server_hello is not None
         return self.server_hello
 
     async def _ready(self) -> FramedSocket:

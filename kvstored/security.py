@@ -203,12 +203,16 @@ def find_client_token(token: str | None = None,
     ``token_file``, else the configuration's ``security.token_file`` (its default is
     where the master generated it) if that file exists. No token at all when
     ``security.auth = none`` or the file is missing or unreadable (the server then says
-    whether it needs one)."""
+    whether it needs one). A ``token_file`` that cannot be read, or a configuration that
+    cannot be, raises :class:`CredentialsError`."""
     if token is not None:
         return ClientToken(token, "the token passed to connect()")
     if token_file is not None:
         return ClientToken(read_token_file(Path(token_file)), f"the token in {token_file}")
-    cfg = load_config()
+    try:
+        cfg = load_config()
+    except ConfigError as exc:
+        raise CredentialsError(f"cannot tell which token to present: {exc}") from None
     if cfg["security.auth"] == "none":
         return ClientToken(None, "no token (security.auth = none)")
     path = cfg["security.token_file"]

@@ -13,16 +13,18 @@ import logging
 import resource
 import signal
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry
 
-from kvstored.config import Config, split_address
+from kvstored.address import split_address
+from kvstored.config import Config
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
-from kvstored.node.service import Node
+from kvstored.node.service import Node, NodeConfig, open_node
 from kvstored.rpc import ServerLimits, serve
 from kvstored.sdk.registry import backend_class, backend_options, parse_options
 from kvstored.security import (
@@ -107,8 +109,9 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
                   metrics=MasterMetrics(registry))
 
 
-def build_node(cfg: Config, master: tuple[str, int] | None = None,
-               registry: CollectorRegistry | None = None, **extra: Any) -> Node:
+def node_config(cfg: Config, master: tuple[str, int] | None = None,
+                **extra: Any) -> NodeConfig:
+    """The node's settings, its backend's options typed for the backend."""
     backend = cfg["node.backend"]
     cls = backend_class(backend)
     raw = cfg["node.backend_options"]
@@ -119,15 +122,20 @@ def build_node(cfg: Config, master: tuple[str, int] | None = None,
         options.setdefault("engine", cfg["io.engine"])
     if "direct" in accepted and cfg.source("io.direct") != "default":
         options.setdefault("direct", cfg["io.direct"])  # else the backend's own default
-    return Node(data_dir=cfg["node.data"], dram=cfg["node.dram"], ssd=cfg["node.ssd"],
-                backend=backend, backend_options=options,
-                master=master or split_address(cfg["node.master"]),
-                listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
-                credentials=node_credentials(cfg), limits=server_limits(cfg),
-                max_read_staging=cfg["security.max_read_staging"],
-                put_timeout=cfg["master.put_timeout"],
-                shutdown_flush_timeout=cfg["node.shutdown_flush_timeout"],
-                metrics=NodeMetrics(registry), **extra)
+    return NodeConfig(data_dir=cfg["node.data"], dram=cfg["node.dram"], ssd=cfg["node.ssd"],
+                      backend=backend, backend_options=options,
+                      master=master or split_address(cfg["node.master"]),
+                      listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
+                      max_read_staging=cfg["security.max_read_staging"],
+                      put_timeout=cfg["master.put_timeout"],
+                      shutdown_flush_timeout=cfg["node.shutdown_flush_timeout"], **extra)
+
+
+def open_configured_node(cfg: Config, master: tuple[str, int] | None = None,
+                         registry: CollectorRegistry | None = None
+                         ) -> AbstractAsyncContextManager[Node]:
+    return open_node(node_config(cfg, master), credentials=node_credentials(cfg),
+                     limits=server_limits(cfg), metrics=NodeMetrics(registry))
 
 
 async def _until_signalled(stop: trio.CancelScope,
@@ -169,10 +177,10 @@ async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> No
 async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
-    node = build_node(cfg, registry=registry)
     if cfg["node.metrics"]:
         serve_metrics(split_address(cfg["node.metrics"]), registry)
-    async with trio.open_nursery() as nursery:
+    async with open_configured_node(cfg, registry=registry) as node, \
+            trio.open_nursery() as nursery:
         nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
         bound = await nursery.start(node.run)
         task_status.started(bound)
@@ -190,8 +198,10 @@ async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     async with trio.open_nursery() as nursery:
         bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
         nursery.start_soon(master.run_housekeeping)
-        node = build_node(cfg, master=bound, registry=registry)
-        nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
-        node_address = await nursery.start(node.run)
-        await node.registered.wait()
-        task_status.started({"master": bound, "node": node_address, "node_name": node.name})
+        async with open_configured_node(cfg, bound, registry) as node, \
+                trio.open_nursery() as node_nursery:
+            node_nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
+            node_address = await node_nursery.start(node.run)
+            await node.registered.wait()
+            task_status.started({"master": bound, "node": node_address,
+                                 "node_name": node.name})

@@ -1,4 +1,4 @@
-"""The wire format shared by the master, the nodes and the clients.
+"""The wire format shared by the master, the nodes and the clients, and its one codec.
 
 A frame is a fixed prefix, a msgpack header, and an optional raw payload::
 
@@ -12,7 +12,7 @@ A frame is a fixed prefix, a msgpack header, and an optional raw payload::
 Control data travels in the header; bulk bytes travel as the payload, so a receiver can
 ``recv_into`` the destination buffer directly instead of copying out of a msgpack
 object. A request header holds ``op`` and its arguments; a response header holds
-``ok`` and either results or ``error`` (see kvstored.errors).
+``ok`` and either results or ``error`` (see kvstored.errors and kvstored.protocol).
 
 msgpack is decoded with every length bounded (``max_*_len``) and ``strict_map_key``,
 so a hostile peer cannot make a receiver allocate more than the frame it sent, which is
@@ -20,6 +20,15 @@ itself bounded: both limits are the receiver's, checked on the prefix before any
 else is read (a server keeps them small until the peer has authenticated). A malformed
 frame raises :class:`FrameError`; servers answer it (when they can) and close the
 connection.
+
+The codec does no I/O. :class:`FrameDecoder` reads frames out of a byte stream through a
+read-ahead buffer (one ``recv_into`` brings in a whole small frame; a large payload still
+goes straight into its destination), and :class:`Outgoing` plans the ``sendmsg`` calls
+of one frame. A *shell* moves the bytes: it asks the decoder's :meth:`~FrameDecoder.room`
+where to receive next and reports what came in with :meth:`~FrameDecoder.received` until
+``room`` is None, and hands ``sendmsg`` what :meth:`Outgoing.pieces` gives. Shells:
+:class:`FrameReader` and :func:`send_frame` here (blocking sockets), ``FramedSocket`` in
+:mod:`kvstored.rpc` (trio); an asyncio shell is the same two loops.
 """
 
 from __future__ import annotations
@@ -37,6 +46,13 @@ PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER = 8 * 1024 * 1024
 #: Default payload bound for one frame (a batch of values).
 DEFAULT_MAX_PAYLOAD = 4 * 1024**3
+#: Bytes a connection reads ahead: a whole small response (prefix, header and a small
+#: payload) arrives in one system call instead of three.
+READ_AHEAD = 64 * 1024
+#: Pieces per sendmsg (IOV_MAX is 1024 on Linux).
+MAX_PIECES = 512
+
+Buffer = memoryview | bytes | bytearray
 
 
 class FrameError(Exception):
@@ -49,12 +65,13 @@ class ConnectionClosed(Exception):
 
 def pack_header(header: dict[str, Any], payload_len: int = 0) -> bytes:
     body = msgpack.packb(header, use_bin_type=True)
+    assert body is not None, "packb returns None only when given a stream to write to"
     if len(body) > MAX_HEADER:
         raise FrameError(f"header of {len(body)} bytes exceeds {MAX_HEADER}; split the batch")
     return PREFIX.pack(MAGIC, len(body), payload_len) + body
 
 
-def parse_prefix(prefix: bytes, max_payload: int,
+def parse_prefix(prefix: bytes | memoryview, max_payload: int,
                  max_header: int = MAX_HEADER) -> tuple[int, int]:
     """``(header_len, payload_len)`` of a frame's 16-byte prefix, checked against the
     receiver's limits; FrameError for a bad magic, an empty or oversized header, or an
@@ -71,12 +88,13 @@ def parse_prefix(prefix: bytes, max_payload: int,
     return header_len, payload_len
 
 
-def unpack_header(body: bytes) -> dict[str, Any]:
+def unpack_header(body: bytes | memoryview) -> dict[str, Any]:
+    size = len(body)
     try:
         header = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=len(body), max_bin_len=len(body), max_array_len=len(body),
-            max_map_len=len(body), max_ext_len=0)
+            max_str_len=size, max_bin_len=size, max_array_len=size,
+            max_map_len=size, max_ext_len=0)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise FrameError(f"undecodable header: {exc}") from None
     if not isinstance(header, dict):
@@ -84,167 +102,254 @@ def unpack_header(body: bytes) -> dict[str, Any]:
     return header
 
 
-# -- blocking sockets (the client library) ---------------------------------------------
+# -- reading -------------------------------------------------------------------------------
 
-#: Bytes a connection reads ahead: a whole small response (prefix, header and a small
-#: payload) arrives in one system call instead of three.
-READ_AHEAD = 64 * 1024
+_HEADER, _PAYLOAD, _SKIP = "header", "payload", "skip"
 
 
-class ReadAhead:
-    """The read-ahead buffer of a frame reader, without any I/O (both the blocking
-    :class:`FrameReader` and the trio ``FramedSocket`` keep one): bytes received from
-    the socket and not yet consumed, between ``_pos`` and ``_end``."""
+class FrameDecoder:
+    """Frames out of a byte stream, without I/O (see the module docstring).
 
-    def __init__(self, size: int = READ_AHEAD) -> None:
-        self._view = memoryview(bytearray(size))
+    One read at a time: :meth:`read_header`, :meth:`read_payload` (into the caller's
+    view) or :meth:`skip_payload` starts it; the shell then loops ``while (room :=
+    decoder.room()) is not None: decoder.received(recv_into(room))``, and
+    :meth:`header` gives the header read. ``max_header`` and ``max_payload`` bound what
+    the next frame may declare (a server lifts them once the peer has authenticated);
+    ``payload_left`` counts the unread bytes of the current frame's payload.
+    """
+
+    def __init__(self, max_payload: int = DEFAULT_MAX_PAYLOAD, *,
+                 max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD) -> None:
+        self.max_payload = max_payload
+        self.max_header = max_header
+        self.payload_left = 0
+        self._ahead = memoryview(bytearray(read_ahead))
         self._pos = self._end = 0
+        self._goal: str | None = None
+        #: A header larger than the read-ahead, or the payload destination, being filled.
+        self._target: memoryview | None = None
+        self._filled = 0
+        self._header_len = 0
+        self._header: dict[str, Any] | None = None
 
-    @property
-    def size(self) -> int:
-        """Capacity: the most bytes one ``recv_into`` can bring in."""
-        return len(self._view)
-
-    def grow(self, size: int) -> None:
-        """Make the capacity ``size`` (if larger), keeping what is buffered. A server
-        reads an unauthenticated peer through a small buffer and grows it afterwards."""
-        if size <= len(self._view):
-            return
-        left = self._end - self._pos
-        view = memoryview(bytearray(size))
-        view[:left] = self._view[self._pos:self._end]
-        self._view, self._pos, self._end = view, 0, left
+    # -- the read-ahead buffer ------------------------------------------------------------
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet consumed."""
         return self._end - self._pos
 
-    def room(self) -> memoryview:
-        """Where the next ``recv_into`` goes, after moving the unread bytes to the front
-        so that the whole buffer can fill."""
-        if self._pos:
-            left = self._end - self._pos
-            self._view[:left] = self._view[self._pos:self._end]
-            self._pos, self._end = 0, left
-        return self._view[self._end:]
+    @property
+    def read_ahead(self) -> int:
+        """Capacity: the most bytes one ``recv_into`` of the read-ahead brings in."""
+        return len(self._ahead)
 
-    def received(self, n: int) -> None:
-        """``n`` bytes were just received into :meth:`room`."""
-        self._end += n
+    def grow(self, size: int) -> None:
+        """Make the read-ahead ``size`` bytes (if larger), keeping what is buffered. A
+        server reads an unauthenticated peer through a small buffer and grows it later."""
+        if size <= len(self._ahead):
+            return
+        left = self.buffered
+        view = memoryview(bytearray(size))
+        view[:left] = self._ahead[self._pos:self._end]
+        self._ahead, self._pos, self._end = view, 0, left
 
-    def consume(self, n: int) -> bytes:
-        """The next ``n`` (<= :attr:`buffered`) bytes."""
-        data = bytes(self._view[self._pos:self._pos + n])
-        self._pos += n
-        return data
-
-    def take(self, view: memoryview) -> int:
-        """Copy what is buffered, up to ``len(view)``, into ``view``; returns the count."""
+    def _take(self, view: memoryview) -> int:
+        """Copy buffered bytes, up to ``len(view)``, into ``view``; returns the count."""
         n = min(len(view), self._end - self._pos)
         if n:
-            view[:n] = self._view[self._pos:self._pos + n]
+            view[:n] = self._ahead[self._pos:self._pos + n]
             self._pos += n
         return n
 
+    def _consume(self, n: int) -> memoryview:
+        data = self._ahead[self._pos:self._pos + n]
+        self._pos += n
+        return data
+
+    def _free_room(self) -> memoryview:
+        """The free end of the read-ahead, after moving unread bytes to the front."""
+        if self._pos:
+            left = self._end - self._pos
+            self._ahead[:left] = self._ahead[self._pos:self._end]
+            self._pos, self._end = 0, left
+        return self._ahead[self._end:]
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read_header(self) -> None:
+        """Start reading the next frame's prefix and header. Whatever is left of the
+        current frame's payload must have been read or skipped."""
+        if self.payload_left:
+            raise FrameError(f"{self.payload_left} bytes of the last payload are unread")
+        self._goal, self._target, self._header_len, self._header = _HEADER, None, 0, None
+
+    def header(self) -> dict[str, Any]:
+        """The header :meth:`read_header` started to read (once ``room`` is None)."""
+        assert self._header is not None, "the header has not arrived yet"
+        return self._header
+
+    def read_payload(self, view: memoryview) -> None:
+        """Start filling ``view`` with the next ``len(view)`` payload bytes: what the
+        read-ahead holds is copied, the rest is received straight into ``view``."""
+        if len(view) > self.payload_left:
+            raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
+        taken = self._take(view)
+        self.payload_left -= taken
+        self._goal, self._target, self._filled = _PAYLOAD, view, taken
+
+    def skip_payload(self) -> None:
+        """Start dropping what is left of the current frame's payload."""
+        taken = min(self.payload_left, self.buffered)
+        self._pos += taken
+        self.payload_left -= taken
+        self._goal, self._target = _SKIP, None
+
+    def room(self) -> memoryview | None:
+        """Where the next ``recv_into`` should write, or None: the read is complete."""
+        goal = self._goal
+        if goal == _HEADER:
+            if self._advance_header():
+                return None
+            if self._target is not None:
+                return self._target[self._filled:]
+            return self._free_room()
+        if goal == _PAYLOAD:
+            target = self._target
+            assert target is not None
+            return target[self._filled:] if self._filled < len(target) else None
+        if goal == _SKIP:
+            if not self.payload_left:
+                return None
+            if self._target is None:
+                self._target = memoryview(bytearray(min(self.payload_left, 1 << 20)))
+            return self._target[:min(self.payload_left, len(self._target))]
+        return None
+
+    def received(self, n: int) -> None:
+        """``n`` bytes arrived in the last :meth:`room`; 0 means the peer closed."""
+        goal = self._goal
+        if n == 0:
+            if goal == _HEADER and not self._header_len and not self.buffered:
+                raise ConnectionClosed("closed between frames")
+            raise ConnectionClosed("the peer closed the connection mid-frame")
+        if goal == _HEADER and self._target is None:
+            self._end += n
+        elif goal == _SKIP:
+            self.payload_left -= n
+        else:
+            self._filled += n
+            if goal == _PAYLOAD:
+                self.payload_left -= n
+
+    def _advance_header(self) -> bool:
+        """Parse what has arrived of the prefix and header; True once the header is in."""
+        if self._header is not None:
+            return True
+        if not self._header_len:
+            if self.buffered < PREFIX.size:
+                return False
+            self._header_len, self.payload_left = parse_prefix(
+                self._consume(PREFIX.size), self.max_payload, self.max_header)
+            if self._header_len > len(self._ahead):
+                big = memoryview(bytearray(self._header_len))
+                self._target, self._filled = big, self._take(big)
+        if self._target is not None:
+            if self._filled < self._header_len:
+                return False
+            self._header = unpack_header(self._target)
+            self._target = None
+        elif self.buffered >= self._header_len:
+            self._header = unpack_header(self._consume(self._header_len))
+        else:
+            return False
+        self._goal = None
+        return True
+
+
+# -- sending -------------------------------------------------------------------------------
+
+class Outgoing:
+    """The ``sendmsg`` calls of one frame: its prefix and header, then the payload pieces
+    back to back, never joined. The shell loops ``while (pieces := out.pieces()):
+    out.sent(sendmsg(pieces))``."""
+
+    __slots__ = ("_cursor", "_pieces")
+
+    def __init__(self, header: dict[str, Any], payload: Sequence[Buffer] = ()) -> None:
+        views = [memoryview(p).cast("B") for p in payload if len(p)]
+        self._pieces = [memoryview(pack_header(header, sum(v.nbytes for v in views))), *views]
+        self._cursor = 0
+
+    def pieces(self) -> list[memoryview]:
+        """What to send next (at most MAX_PIECES pieces); empty once all is sent."""
+        return self._pieces[self._cursor:self._cursor + MAX_PIECES]
+
+    def sent(self, n: int) -> None:
+        """``n`` bytes of :meth:`pieces` went out."""
+        pieces = self._pieces
+        while n:
+            head = pieces[self._cursor]
+            if n >= head.nbytes:
+                n -= head.nbytes
+                self._cursor += 1
+            else:
+                pieces[self._cursor] = head[n:]
+                n = 0
+
+
+# -- the blocking shell (the client library) ----------------------------------------------------
+
+class FrameReader:
+    """Reads frames from a blocking socket (see :class:`FrameDecoder`)."""
+
+    def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(max_payload)
+
+    @property
+    def payload_left(self) -> int:
+        """Unread bytes of the current frame's payload."""
+        return self.decoder.payload_left
+
+    def _pump(self) -> None:
+        decoder, recv_into = self.decoder, self.sock.recv_into
+        while (room := decoder.room()) is not None:
+            decoder.received(recv_into(room))
+
+    def recv_header(self) -> dict[str, Any]:
+        """Read the next frame's prefix and header (skipping what is left of the last
+        frame's payload); then read its ``payload_left``."""
+        if self.decoder.payload_left:
+            self.discard_payload()
+        self.decoder.read_header()
+        self._pump()
+        return self.decoder.header()
+
+    def recv_payload_into(self, view: memoryview) -> None:
+        self.decoder.read_payload(view)
+        self._pump()
+
+    def discard_payload(self) -> None:
+        self.decoder.skip_payload()
+        self._pump()
+
+
+def send_frame(sock: socket.socket, header: dict[str, Any],
+               payload: Sequence[Buffer] = ()) -> None:
+    """Send a frame over a blocking socket; ``payload`` pieces go out back to back
+    without being joined."""
+    out = Outgoing(header, payload)
+    while pieces := out.pieces():
+        out.sent(sock.sendmsg(pieces))
+
 
 def recv_exactly_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from ``sock``; ConnectionClosed if the peer goes away first."""
-    got = 0
-    total = len(view)
+    """Fill ``view`` from a blocking ``sock`` (no frames: the raw-socket peers of the
+    benchmarks); ConnectionClosed if the peer goes away first."""
+    got, total = 0, len(view)
     while got < total:
         n = sock.recv_into(view[got:], total - got)
         if n == 0:
             raise ConnectionClosed("the peer closed the connection mid-frame")
         got += n
-
-
-class FrameReader:
-    """Reads frames from a blocking socket through a small read-ahead buffer.
-
-    Large payloads still go straight into the caller's buffer with ``recv_into``; only
-    what the read-ahead already holds is copied.
-    """
-
-    def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
-        self.sock = sock
-        self.max_payload = max_payload
-        self._ahead = ReadAhead()
-        #: Unread bytes of the current frame's payload.
-        self.payload_left = 0
-
-    def _fill(self, need: int) -> None:
-        """Have at least ``need`` (<= the read-ahead's size) bytes buffered."""
-        ahead = self._ahead
-        while ahead.buffered < need:
-            n = self.sock.recv_into(ahead.room())
-            if n == 0:
-                raise ConnectionClosed("the peer closed the connection mid-frame")
-            ahead.received(n)
-
-    def recv_header(self) -> dict[str, Any]:
-        """Read the next frame's prefix and header; then read its ``payload_left``."""
-        if self.payload_left:
-            self.discard_payload()
-        self._fill(PREFIX.size)
-        header_len, payload_len = parse_prefix(self._ahead.consume(PREFIX.size),
-                                               self.max_payload)
-        if header_len <= self._ahead.size:
-            self._fill(header_len)
-            body = self._ahead.consume(header_len)
-        else:
-            big = memoryview(bytearray(header_len))
-            recv_exactly_into(self.sock, big[self._ahead.take(big):])
-            body = bytes(big)
-        self.payload_left = payload_len
-        return unpack_header(body)
-
-    def recv_payload_into(self, view: memoryview) -> None:
-        if len(view) > self.payload_left:
-            raise FrameError(f"payload is {self.payload_left} bytes, {len(view)} wanted")
-        taken = self._ahead.take(view)
-        if taken < len(view):
-            recv_exactly_into(self.sock, view[taken:])
-        self.payload_left -= len(view)
-
-    def discard_payload(self) -> None:
-        scratch = memoryview(bytearray(min(self.payload_left, 1 << 20) or 1))
-        while self.payload_left:
-            self.recv_payload_into(scratch[:min(self.payload_left, len(scratch))])
-
-
-def recv_header(sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD
-                ) -> tuple[dict[str, Any], int]:
-    """Read one frame's prefix and header without read-ahead (nothing of the payload is
-    consumed); the caller then reads ``payload_len`` bytes. Prefer :class:`FrameReader`."""
-    prefix = bytearray(PREFIX.size)
-    recv_exactly_into(sock, memoryview(prefix))
-    header_len, payload_len = parse_prefix(bytes(prefix), max_payload)
-    body = bytearray(header_len)
-    recv_exactly_into(sock, memoryview(body))
-    return unpack_header(bytes(body)), payload_len
-
-
-def send_frame(sock: socket.socket, header: dict[str, Any],
-               payload: Sequence[memoryview | bytes | bytearray] = ()) -> None:
-    """Send a frame; ``payload`` pieces go out back to back without being joined."""
-    views = [memoryview(p).cast("B") for p in payload if len(p)]
-    total = sum(v.nbytes for v in views)
-    pieces = [memoryview(pack_header(header, total)), *views]
-    while pieces:
-        sent = sock.sendmsg(pieces[:512])  # IOV_MAX is 1024 on Linux
-        while sent:
-            if sent >= pieces[0].nbytes:
-                sent -= pieces[0].nbytes
-                pieces.pop(0)
-            else:
-                pieces[0] = pieces[0][sent:]
-                sent = 0
-
-
-def discard(sock: socket.socket, nbytes: int) -> None:
-    scratch = memoryview(bytearray(min(nbytes, 1 << 20) or 1))
-    while nbytes:
-        chunk = scratch[:min(nbytes, len(scratch))]
-        recv_exactly_into(sock, chunk)
-        nbytes -= len(chunk)

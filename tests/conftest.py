@@ -41,7 +41,7 @@ def _credentials_dir(tmp_path_factory):
 def _sweep_dram_segments():
     """Tests kill nodes with SIGKILL; free the shared memory they leave behind."""
     yield
-    from kvstored.node.segment import sweep_stale
+    from kvstored.shm import sweep_stale
 
     sweep_stale()
 

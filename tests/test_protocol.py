@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstored.errors import BadRequestError
-from kvstored.protocol import MASTER_OPS, NODE_OPS, Hello, Role
+from kvstored.protocol import HELLO, MASTER_OPS, NODE_OPS, Hello, Role
 
 
 def _refused(spec, header: dict) -> str:
@@ -33,8 +33,12 @@ def test_a_request_names_the_field_that_is_wrong():
     assert "checksums[0] must be an integer from 0 to 4294967295, not 4294967296" in \
         _refused(put, {"keys": ["a"], "sizes": [1], "checksums": [2**32]})
     heartbeat = MASTER_OPS["heartbeat"]
-    assert "done.dropped[0][1] must be 'dram' or 'ssd'" in _refused(
-        heartbeat, {"node": "n", "done": {"dropped": [["k", "tape", 1]]}})
+    assert "done.dropped.tiers[0] must be 'dram' or 'ssd'" in _refused(
+        heartbeat, {"node": "n", "done": {"dropped": {"keys": ["k"], "tiers": ["tape"],
+                                                      "versions": [1]}}})
+    assert "done.dropped one entry per key expected, but keys has 1, tiers has 2" in \
+        _refused(heartbeat, {"node": "n", "done": {"dropped": {
+            "keys": ["k"], "tiers": ["ssd", "ssd"], "versions": [1]}}})
     assert "stats must be a map" in _refused(heartbeat, {"node": "n", "stats": [1]})
     flush = MASTER_OPS["flush"]
     for timeout in (-1, float("nan"), float("inf"), 10**9, True):
@@ -53,7 +57,7 @@ def test_the_hello_is_typed():
     hello = Hello.parse({"op": "hello", "version": 1, "role": "node", "token": "t", "x": 1})
     assert hello == Hello(Role.NODE, "t", 1)
     assert Hello.parse({"op": "hello", "version": 1}).role is Role.CLIENT
-    assert Hello.parse(hello.to_wire()) == hello
+    assert Hello.parse(HELLO.request_header(hello)) == hello
     for bad in ({"op": "lookup"}, {"op": "hello"}, {"op": "hello", "version": "1"},
                 {"op": "hello", "version": 1, "role": "admin"},
                 {"op": "hello", "version": 1, "token": b"bin"}):

@@ -7,41 +7,57 @@ import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import trio
 
 from kvstored.errors import BadRequestError, UnauthorizedError, UnreachableError
-from kvstored.protocol import Int, OpSpec, Role
-from kvstored.rpc import RpcClient, ServerLimits, Service, serve
+from kvstored.protocol import PROTOCOL_VERSION, Message, Op, OpSpec, Role, message
+from kvstored.protocol.master_api import Empty
+from kvstored.protocol.shapes import Int
+from kvstored.rpc import Binding, RpcClient, ServerLimits, Service, serve
 from kvstored.security import Credentials
 from kvstored.wire import MAGIC, PREFIX, FrameReader, pack_header
 
-OPS = {
-    "echo": OpSpec("echo", Role.CLIENT, {"n": Int(0, 100)}),
-    "boom": OpSpec("boom", Role.CLIENT, {}),
-    "report": OpSpec("report", Role.NODE, {}),
-}
+
+@message
+class Echo(Message):
+    n: Annotated[int, Int(0, 100)]
 
 
-class Handlers:
-    async def op_echo(self, conn, h):
-        return {"n": h["n"], "role": conn.role.value}, ()
+@message
+class Echoed(Message):
+    n: int
+    role: Role
 
-    async def op_boom(self, conn, h):
-        return {}.attrs, ()  # a bug: AttributeError
 
-    async def op_report(self, conn, h):
-        return {}, ()
+# Test ops borrow names of the protocol's (a service serves one table of specs).
+ECHO = OpSpec(Op.LOOKUP, Role.CLIENT, Echo, Echoed)
+BOOM = OpSpec(Op.STAT, Role.CLIENT, Empty, Empty)
+REPORT = OpSpec(Op.COMMIT, Role.NODE, Empty, Empty)
+OPS = {spec.name: spec for spec in (ECHO, BOOM, REPORT)}
+
+
+async def echo(conn, request: Echo) -> Echoed:
+    return Echoed(request.n, conn.role)
+
+
+async def boom(conn, request: Empty) -> Empty:
+    raise AttributeError("a bug")
+
+
+async def report(conn, request: Empty) -> Empty:
+    return Empty()
+
+
+BINDINGS = [Binding(ECHO, echo), Binding(BOOM, boom), Binding(REPORT, report)]
 
 
 def _service(**limits: Any) -> Service:
-    service = Service("test", OPS, credentials=Credentials(True, client="c-token",
-                                                             node="n-token"),
-                      limits=ServerLimits(**limits))
-    service.bind(Handlers())
-    return service
+    return Service("test", OPS, BINDINGS, credentials=Credentials(True, client="c-token",
+                                                                   node="n-token"),
+                   limits=ServerLimits(**limits))
 
 
 def _run(service: Service, scenario: Callable[[tuple[str, int]], Awaitable[None]]) -> None:
@@ -60,7 +76,8 @@ def _hello(address, role="client", token="c-token", **extra) -> tuple[socket.soc
                                                                      FrameReader, dict]:
     sock = socket.create_connection(address, timeout=10)
     reader = FrameReader(sock)
-    sock.sendall(pack_header({"op": "hello", "version": 1, "role": role, "token": token,
+    sock.sendall(pack_header({"op": "hello", "version": PROTOCOL_VERSION, "role": role,
+                              "token": token,
                               **extra}))
     return sock, reader, reader.recv_header()
 
@@ -78,7 +95,7 @@ def test_a_non_ascii_token_is_refused_and_the_server_serves_on():
             sock.close()
         sock, reader, reply = _hello(address)
         assert reply["ok"] and reply["role"] == "client"
-        assert _ask(sock, reader, {"op": "echo", "n": 3})["n"] == 3
+        assert _ask(sock, reader, {"op": "lookup", "n": 3})["n"] == 3
         sock.close()
 
     _run(_service(), scenario)
@@ -87,10 +104,10 @@ def test_a_non_ascii_token_is_refused_and_the_server_serves_on():
 def test_roles_come_from_the_token_and_node_ops_need_the_node_token():
     def scenario(address):
         sock, reader, reply = _hello(address)
-        refused = _ask(sock, reader, {"op": "report"})
+        refused = _ask(sock, reader, {"op": "commit"})
         assert refused["error"]["code"] == "unauthorized"
         assert "node operation" in refused["error"]["message"]
-        assert _ask(sock, reader, {"op": "echo", "n": 1})["ok"]  # still usable
+        assert _ask(sock, reader, {"op": "lookup", "n": 1})["ok"]  # still usable
         sock.close()
         sock, _, reply = _hello(address, role="node", token="c-token")
         assert reply["error"]["code"] == "unauthorized" and "node token" in \
@@ -98,8 +115,8 @@ def test_roles_come_from_the_token_and_node_ops_need_the_node_token():
         sock.close()
         sock, reader, reply = _hello(address, role="node", token="n-token")
         assert reply["role"] == "node"
-        assert _ask(sock, reader, {"op": "report"})["ok"]
-        assert _ask(sock, reader, {"op": "echo", "n": 2})["role"] == "node"
+        assert _ask(sock, reader, {"op": "commit"})["ok"]
+        assert _ask(sock, reader, {"op": "lookup", "n": 2})["role"] == "node"
         sock.close()
 
     _run(_service(), scenario)
@@ -108,20 +125,20 @@ def test_roles_come_from_the_token_and_node_ops_need_the_node_token():
 def test_requests_are_checked_against_their_declaration_before_the_handler():
     def scenario(address):
         sock, reader, _ = _hello(address)
-        for bad, words in (({"op": "echo"}, "n is missing"),
-                           ({"op": "echo", "n": -1}, "from 0 to 100, not -1"),
-                           ({"op": "echo", "n": True}, "not a boolean"),
-                           ({"op": "echo", "n": [1]}, "not a list"),
+        for bad, words in (({"op": "lookup"}, "n is missing"),
+                           ({"op": "lookup", "n": -1}, "from 0 to 100, not -1"),
+                           ({"op": "lookup", "n": True}, "not a boolean"),
+                           ({"op": "lookup", "n": [1]}, "not a list"),
                            ({"op": "nope"}, "unknown op 'nope'")):
             reply = _ask(sock, reader, bad)
             assert reply["error"]["code"] == "bad_request" and words in \
                 reply["error"]["message"], (bad, reply)
-        assert _ask(sock, reader, {"op": "echo", "n": 5, "extra": {"ignored": [1]}})["n"] == 5
+        assert _ask(sock, reader, {"op": "lookup", "n": 5, "extra": {"ignored": [1]}})["n"] == 5
         # A handler's own bug is an internal error for that request only.
-        assert _ask(sock, reader, {"op": "boom"})["error"]["code"] == "internal"
-        assert _ask(sock, reader, {"op": "echo", "n": 6})["n"] == 6
+        assert _ask(sock, reader, {"op": "stat"})["error"]["code"] == "internal"
+        assert _ask(sock, reader, {"op": "lookup", "n": 6})["n"] == 6
         # A payload on an op that takes none: answered, then hung up (not read).
-        sock.sendall(pack_header({"op": "echo", "n": 1}, payload_len=1 << 30))
+        sock.sendall(pack_header({"op": "lookup", "n": 1}, payload_len=1 << 30))
         reply = reader.recv_header()
         assert "takes no payload" in reply["error"]["message"]
         assert sock.recv(1) == b""
@@ -130,16 +147,14 @@ def test_requests_are_checked_against_their_declaration_before_the_handler():
     _run(_service(), scenario)
 
 
-def test_bind_requires_every_handler_declared_and_every_declared_op_handled():
-    class Extra(Handlers):
-        async def op_secret(self, conn, h):
-            return {}, ()
-
-    with pytest.raises(TypeError, match=r"without a declaration.*'secret'"):
-        Service("test", OPS).bind(Extra())
-    with pytest.raises(TypeError, match=r"without a handler.*'report'"):
-        Service("test", {**OPS, "report": OPS["report"]}).bind(type("Some", (), {
-            "op_echo": Handlers.op_echo, "op_boom": Handlers.op_boom})())
+def test_a_service_serves_each_op_of_its_table_once_and_nothing_else():
+    with pytest.raises(TypeError, match=r"'put' is not one of this service's ops"):
+        Service("test", OPS, [*BINDINGS, Binding(OpSpec(Op.PUT, Role.CLIENT, Empty, Empty),
+                                                 report)])
+    with pytest.raises(TypeError, match=r"without a handler: \['commit'\]"):
+        Service("test", OPS, BINDINGS[:2])
+    with pytest.raises(TypeError, match="two handlers"):
+        Service("test", OPS, [*BINDINGS, BINDINGS[0]])
 
 
 def test_before_the_hello_headers_are_small_payloads_absent_and_time_short():
@@ -151,7 +166,8 @@ def test_before_the_hello_headers_are_small_payloads_absent_and_time_short():
         assert "header length 8388608 exceeds 1024" in reply["error"]["message"]
         sock.close()
         sock = socket.create_connection(address, timeout=10)
-        sock.sendall(pack_header({"op": "hello", "version": 1, "token": "c-token"}, 10))
+        sock.sendall(pack_header({"op": "hello", "version": PROTOCOL_VERSION,
+                                  "token": "c-token"}, 10))
         assert "payload length 10 exceeds the limit 0" in \
             FrameReader(sock).recv_header()["error"]["message"]
         sock.close()
@@ -161,7 +177,7 @@ def test_before_the_hello_headers_are_small_payloads_absent_and_time_short():
         sock.close()
         # After the hello, the usual header limit applies.
         sock, reader, _ = _hello(address)
-        assert _ask(sock, reader, {"op": "echo", "n": 1, "pad": "x" * 100_000})["ok"]
+        assert _ask(sock, reader, {"op": "lookup", "n": 1, "pad": "x" * 100_000})["ok"]
         sock.close()
 
     _run(_service(preauth_header_limit=1024, hello_timeout=0.3), scenario)
@@ -234,19 +250,19 @@ def test_a_failed_connect_leaves_nothing_open(server):
 
 
 def test_a_call_cancelled_midway_closes_its_connection():
-    async def slow(conn, h):
+    async def slow(conn, request: Empty) -> Empty:
         await trio.sleep(5)
-        return {}, ()
+        return Empty()
 
-    service = Service("test", {"slow": OpSpec("slow", Role.CLIENT, {})})
-    service.add("slow", slow)
+    spec = OpSpec(Op.STATUS, Role.CLIENT, Empty, Empty)
+    service = Service("test", {spec.name: spec}, [Binding(spec, slow)])
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(serve, service, "127.0.0.1", 0)
             client = RpcClient(address)
             with trio.move_on_after(0.2):
-                await client.call("slow")
+                await client.call(spec, Empty())
             assert client.conn is None  # a later call must not read this call's answer
             nursery.cancel_scope.cancel()
 
@@ -257,21 +273,21 @@ def test_a_peer_that_stops_reading_is_disconnected():
     big = b"x" * (32 << 20)
     gone = threading.Event()
 
-    async def flood(conn, h):
-        return {}, [big]
+    async def flood(conn, request: Empty):
+        return await conn.answer(Empty(), [big])
 
     async def disconnected(conn) -> None:
         gone.set()
 
-    service = Service("test", {"flood": OpSpec("flood", Role.CLIENT, {})},
+    spec = OpSpec(Op.STATUS, Role.CLIENT, Empty, Empty)
+    service = Service("test", {spec.name: spec}, [Binding(spec, flood)],
                       limits=ServerLimits(send_stall=0.3))
-    service.add("flood", flood)
     service.on_disconnect = disconnected
 
     def scenario(address):
         sock, _, _ = _hello(address)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.sendall(pack_header({"op": "flood"}))
+        sock.sendall(pack_header({"op": "status"}))
         # Read nothing of the answer: the server gives up on this connection.
         assert gone.wait(20), "the server kept sending to a peer that reads nothing"
         sock.close()
@@ -280,5 +296,5 @@ def test_a_peer_that_stops_reading_is_disconnected():
 
 
 def test_bad_request_error_is_the_one_a_spec_raises():
-    with pytest.raises(BadRequestError, match="malformed echo request: n must be"):
-        OPS["echo"].check({"n": "x"})
+    with pytest.raises(BadRequestError, match="malformed lookup request: n must be"):
+        ECHO.check({"n": "x"})

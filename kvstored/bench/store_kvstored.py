@@ -44,6 +44,7 @@ from kvstored.bench.store_workload import (
     run_op,
     run_ops,
 )
+from kvstored.protocol import ReplicaState, Tier
 
 BANNER = re.compile(r"^kvstored up: listening on ([\d.]+):(\d+)")
 
@@ -230,7 +231,8 @@ class KvstoredRunner:
         for key in keys[:: max(1, len(keys) // 16)]:  # and ask about a sample directly
             info = client.stat(key)
             # A DRAM replica still "removing" is never handed to readers.
-            readable = {r.tier for r in info.replicas if r.state == "complete"} if info else {}
-            if readable != {"ssd"}:
+            readable = {r.tier for r in info.replicas
+                        if r.state is ReplicaState.COMPLETE} if info else set()
+            if readable != {Tier.SSD}:
                 raise WorkloadError(f"{key!r} is not SSD-only: {info}")
         return tiers["ssd"]["objects"]

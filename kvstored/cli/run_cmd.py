@@ -28,8 +28,8 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug d
 
 def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
     """Run a role until it is signalled; its errors go to the programs' one handler."""
-    from kvstored.node.segment import SegmentExistsError
     from kvstored.sdk.errors import BackendBusyError
+    from kvstored.shm import SegmentExistsError
 
     async def wrapper() -> None:
         async with trio.open_nursery() as nursery:

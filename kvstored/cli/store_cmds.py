@@ -122,14 +122,14 @@ def ls(client, prefix: str, as_json: bool) -> None:
     listed: list[Any] = []
     while True:
         reply = client.call("list", prefix=prefix, after=after, limit=1000)
-        for key, size, tiers in reply["objects"]:
+        for key, size, tiers in zip(reply["keys"], reply["sizes"], reply["tiers"]):
             if as_json:
                 listed.append({"key": key, "size": size, "tiers": tiers})
             else:
                 click.echo(f"{size:>12}  {','.join(tiers):<8}  {key}")
-        if not reply["more"] or not reply["objects"]:
+        if not reply["more"] or not reply["keys"]:
             break
-        after = reply["objects"][-1][0]
+        after = reply["keys"][-1]
     if as_json:
         _print_json({"prefix": prefix, "objects": listed})
 

@@ -17,6 +17,7 @@ from kvstored.client import Client
 from kvstored.errors import NotFoundError
 from kvstored.fuse.names import ParsedName, digest
 from kvstored.fuse.sources import PAGE, Entry, ObjectGone, Source, Space
+from kvstored.protocol import ReplicaState, Tier
 
 _XATTRS = ("key", "tier", "size", "checksum", "replicas", "location", "reads")
 
@@ -49,13 +50,13 @@ class LiveSource(Source):
         while True:
             reply = await self._call("list", prefix="", after=cursor, limit=PAGE,
                                      node=node, tier=tier)
-            for key, size, _tiers in reply["objects"]:
+            for key, size in zip(reply["keys"], reply["sizes"]):
                 yield Entry(key, size)
             if not reply["more"]:
                 return
             # A filtered page may hold no object yet have more to come: the master says
             # where it stopped looking.
-            cursor = reply.get("after") or reply["objects"][-1][0]
+            cursor = reply.get("after") or reply["keys"][-1]
 
     async def _stat(self, key: str) -> dict[str, Any]:
         try:
@@ -69,7 +70,7 @@ class LiveSource(Source):
         except ObjectGone:
             return None
         places = frozenset((r["node"], r["tier"]) for r in obj["replicas"]
-                           if r["state"] == "complete")
+                           if r["state"] == ReplicaState.COMPLETE)
         if not places:
             return None
         return Entry(key, obj["size"], checksum=obj["checksum"], places=places)
@@ -98,9 +99,9 @@ class LiveSource(Source):
                 raise ObjectGone(key)
             return _json(where)
         obj = await self._stat(key)
-        complete = [r for r in obj["replicas"] if r["state"] == "complete"]
+        complete = [r for r in obj["replicas"] if r["state"] == ReplicaState.COMPLETE]
         if name == "tier":
-            tiers = sorted({r["tier"] for r in complete}, key=("dram", "ssd").index)
+            tiers = sorted({r["tier"] for r in complete}, key=list(Tier).index)
             return ",".join(tiers).encode()
         if name == "size":
             return str(obj["size"]).encode()
@@ -116,12 +117,12 @@ class LiveSource(Source):
         after = None
         while True:
             reply = await self._call("list", prefix=parsed.prefix, after=after, limit=PAGE)
-            for key, _size, _tiers in reply["objects"]:
+            for key in reply["keys"]:
                 if digest(key) == parsed.digest:
                     return key
-            if not reply["more"] or not reply["objects"]:
+            if not reply["more"] or not reply["keys"]:
                 return None
-            after = reply["objects"][-1][0]
+            after = reply["keys"][-1]
 
     # -- cluster -----------------------------------------------------------------------
 

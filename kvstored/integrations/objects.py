@@ -195,7 +195,7 @@ class ObjectIO:
         try:
             while limit is None or len(keys) < limit:
                 page = self.client.call("list", prefix=prefix, after=after, limit=1000)
-                keys.extend(entry[0] for entry in page["objects"])
+                keys.extend(page["keys"])
                 if not page["more"]:
                     break
                 after = page["after"]

@@ -1,134 +1,162 @@
 """The master's admin ops: status, flush, evict and recover (what ``kvstore`` drives).
-Mixed into :class:`kvstored.master.service.Master`."""
+Flush and recover wait on the nodes."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import trio
 
-from kvstored.errors import BadRequestError, NotFoundError
-from kvstored.master.table import DRAM, SSD, TIERS
+from kvstored.errors import NotFoundError
+from kvstored.master.cluster import Cluster
+from kvstored.master.table import DRAM, SSD, ObjectMeta, Replica
 from kvstored.master.waits import Waiter
-from kvstored.rpc import FramedSocket
+from kvstored.protocol import ops
+from kvstored.protocol.master_api import (
+    Empty,
+    EvictReply,
+    EvictRequest,
+    FlushFailure,
+    FlushReply,
+    FlushRequest,
+    HitRate,
+    RecoverReply,
+    RecoverRequest,
+    RecoverTask,
+    StatusReply,
+    TierStatus,
+)
+from kvstored.rpc import Binding, FramedSocket
+
+#: How long a flush or recover waits when the client does not say.
+DEFAULT_FLUSH_WAIT = 600.0
+DEFAULT_RECOVER_WAIT = 3600.0
 
 
 class AdminOps:
-    """``op_*`` handlers for operators; they may wait on nodes (flush, recover)."""
+    """The handlers for operators (:meth:`bindings`)."""
 
-    async def op_status(self, conn: FramedSocket, h: dict[str, Any]):
-        usage = self.table.usage()
-        tiers = {}
-        for tier in TIERS:
-            cap_key = "dram_capacity" if tier == DRAM else "ssd_capacity"
-            used_key = "dram_used" if tier == DRAM else "ssd_used"
-            live = [n for n in self.nodes.values() if n.alive]
-            tiers[tier] = {"objects": usage[tier]["objects"],
-                           "logical_bytes": usage[tier]["bytes"],
-                           "used_bytes": sum(getattr(n, used_key) for n in live),
-                           "capacity_bytes": sum(getattr(n, cap_key) for n in live)}
-        lookups = self.metrics.lookup_counts()
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def bindings(self) -> list[Binding]:
+        return [Binding(ops.STATUS, self.status),
+                Binding(ops.FLUSH, self.flush),
+                Binding(ops.EVICT, self.evict),
+                Binding(ops.RECOVER, self.recover)]
+
+    async def status(self, conn: FramedSocket, request: Empty) -> StatusReply:
+        cluster = self.cluster
+        usage = cluster.table.usage()
+        live = [n for n in cluster.nodes.values() if n.alive]
+        tiers = {
+            DRAM.value: TierStatus(usage[DRAM].objects, usage[DRAM].bytes,
+                                   sum(n.dram_used for n in live),
+                                   sum(n.dram_capacity for n in live)),
+            SSD.value: TierStatus(usage[SSD].objects, usage[SSD].bytes,
+                                  sum(n.ssd_used for n in live),
+                                  sum(n.ssd_capacity for n in live))}
+        lookups = cluster.metrics.lookup_counts()
         total = sum(lookups.values()) or 1
-        return {"nodes": [n.status() for n in self.nodes.values()], "tiers": tiers,
-                "objects": len(self.table.objects),
-                "lookups": lookups,
-                "hit_rate": {"dram": lookups.get("hit_dram", 0) / total,
-                             "ssd": lookups.get("hit_ssd", 0) / total,
-                             "total": (lookups.get("hit_dram", 0)
-                                       + lookups.get("hit_ssd", 0)) / total}}, ()
+        dram, ssd = lookups.get("hit_dram", 0) / total, lookups.get("hit_ssd", 0) / total
+        return StatusReply(nodes=[n.status() for n in cluster.nodes.values()], tiers=tiers,
+                           objects=len(cluster.table.objects), lookups=lookups,
+                           hit_rate=HitRate(dram, ssd, dram + ssd))
 
-    async def op_flush(self, conn: FramedSocket, h: dict[str, Any]):
-        only = h.get("node")
-        targets = [n for n in self._live_nodes() if only in (None, n.node_id)]
+    async def flush(self, conn: FramedSocket, request: FlushRequest) -> FlushReply:
+        cluster = self.cluster
+        only = request.node
+        targets = [n for n in cluster.live_nodes() if only in (None, n.node_id)]
         if only is not None and not targets:
             raise NotFoundError(f"no live node named {only!r}")
         waiter = Waiter(set())
         for node in targets:
-            keys = [m.key for m in self.table.on_node(node.node_id, DRAM)
+            keys = [m.key for m in cluster.table.on_node(node.node_id, DRAM)
                     if m.replica(node.node_id, SSD) is None]
             waiter.pending.update((node.node_id, k) for k in keys)
             # Named again even if queued: objects waiting for a retry go now.
-            self._queue_offload(node, keys, urgent=True, again=True)
+            cluster.queue_offload(node, keys, urgent=True, again=True)
         queued = len(waiter.pending)
-        if not h.get("wait") or not waiter.pending:
-            return {"queued": queued, "done": not waiter.pending, "failed": []}, ()
-        self.flushes.append(waiter)
+        if not request.wait or not waiter.pending:
+            return FlushReply(queued, done=not waiter.pending, failed=[])
+        cluster.flushes.append(waiter)
         try:
-            with trio.move_on_after(float(h.get("timeout", 600))):
+            with trio.move_on_after(_or(request.timeout, DEFAULT_FLUSH_WAIT)):
                 await waiter.event.wait()
         finally:
-            self.flushes.remove(waiter)
+            cluster.flushes.remove(waiter)
         # Only what still fails: an attempt that failed and was then retried and
         # written is not reported.
-        return {"queued": queued, "done": not waiter.pending,
-                "failed": [[k, reason] for k, reason in waiter.failed.items()],
-                "remaining": len(waiter.pending)}, ()
+        return FlushReply(queued, done=not waiter.pending,
+                          failed=[FlushFailure(k, why) for k, why in waiter.failed.items()],
+                          remaining=len(waiter.pending))
 
-    async def op_evict(self, conn: FramedSocket, h: dict[str, Any]):
-        tier = h["tier"]
-        if tier not in TIERS:
-            raise BadRequestError(f"tier must be dram or ssd, not {tier!r}")
-        drop, dry_run = bool(h.get("drop")), bool(h.get("dry_run"))
-        candidates = self._evict_candidates(tier, h)
-        budget = h.get("bytes")
+    async def evict(self, conn: FramedSocket, request: EvictRequest) -> EvictReply:
+        cluster = self.cluster
+        tier = request.tier
         now = time.monotonic()
-        evicted, offloading, skipped = [], [], []
+        evicted: list[str] = []
+        offloading: list[str] = []
+        skipped: list[str] = []
         freed = 0
-        for meta, replica in candidates:
-            if budget is not None and freed >= int(budget):
+        for meta, replica in self._candidates(request):
+            if request.bytes is not None and freed >= request.bytes:
                 break
-            node = self.nodes.get(replica.node)
+            node = cluster.nodes.get(replica.node)
             last_copy = not meta.has_other_copy(replica.node, tier)
-            if last_copy and not drop:
-                if tier == DRAM and node is not None and not self.policy.dram_only:
+            if last_copy and not request.drop:
+                if tier is DRAM and node is not None and not cluster.policy.dram_only:
                     offloading.append(meta.key)
-                    if not dry_run:
+                    if not request.dry_run:
                         node.evict_after_offload.add(meta.key)
-                        self._queue_offload(node, [meta.key], urgent=True)
+                        cluster.queue_offload(node, [meta.key], urgent=True)
                     freed += meta.size
                 else:
                     skipped.append(meta.key)
                 continue
             evicted.append(meta.key)
             freed += meta.size
-            if not dry_run:
-                self.metrics.evictions.labels(tier=tier).inc()
-                self._drop_when_unleased(meta.key, replica.node, tier, now)
+            if not request.dry_run:
+                cluster.metrics.evictions.labels(tier=tier).inc()
+                cluster.drop_when_unleased(meta.key, replica.node, tier, now)
                 if last_copy:
-                    self.table.remove(meta.key)
-        return {"evicted": evicted, "offloading": offloading, "skipped_last_copy": skipped,
-                "bytes": freed, "dry_run": dry_run}, ()
+                    cluster.table.remove(meta.key)
+        return EvictReply(evicted, offloading, skipped, freed, request.dry_run)
 
-    def _evict_candidates(self, tier: str, h: dict[str, Any]):
-        if h.get("keys") is not None:
-            metas = [self.table.objects[k] for k in self._keys(h) if k in self.table.objects]
-        elif h.get("prefix") is not None:
-            metas = [m for k, m in self.table.objects.items() if k.startswith(h["prefix"])]
+    def _candidates(self, request: EvictRequest) -> list[tuple[ObjectMeta, Replica]]:
+        """The complete replicas in the request's tier of the objects it names (keys, a
+        prefix, or all of them, least recently used first)."""
+        objects = self.cluster.table.objects
+        if request.keys is not None:
+            metas = [objects[k] for k in request.keys if k in objects]
+        elif request.prefix is not None:
+            prefix = request.prefix
+            metas = [m for k, m in objects.items() if k.startswith(prefix)]
         else:
-            metas = sorted(self.table.objects.values(), key=lambda m: m.last_access)
-        out = []
-        for meta in metas:
-            for replica in meta.replicas:
-                if replica.tier == tier and replica.state == "complete":
-                    out.append((meta, replica))
-        return out
+            metas = sorted(objects.values(), key=lambda m: m.last_access)
+        return [(meta, replica) for meta in metas for replica in meta.readable()
+                if replica.tier is request.tier]
 
-    async def op_recover(self, conn: FramedSocket, h: dict[str, Any]):
-        only = h.get("node")
-        targets = [n for n in self._live_nodes() if only in (None, n.node_id)]
+    async def recover(self, conn: FramedSocket, request: RecoverRequest) -> RecoverReply:
+        cluster = self.cluster
+        only = request.node
+        targets = [n for n in cluster.live_nodes() if only in (None, n.node_id)]
         if not targets:
             raise NotFoundError(f"no live node named {only!r}" if only else "no live node")
-        ident = next(self._ids)
+        ident = cluster.next_id()
         waiter = Waiter({(n.node_id, "") for n in targets})
-        self.recoveries[ident] = waiter
+        cluster.recoveries[ident] = waiter
         for node in targets:
-            self._queue(node, {"t": "recover", "id": ident, "repair": bool(h.get("repair"))})
+            node.queue(RecoverTask(ident, repair=request.repair))
         try:
-            with trio.move_on_after(float(h.get("timeout", 3600))):
+            with trio.move_on_after(_or(request.timeout, DEFAULT_RECOVER_WAIT)):
                 await waiter.event.wait()
         finally:
-            del self.recoveries[ident]
-        missing = sorted(n for n, _ in waiter.pending)
-        return {"reports": waiter.reports, "missing": missing}, ()
+            del cluster.recoveries[ident]
+        return RecoverReply(reports=waiter.reports,
+                            missing=sorted(n for n, _ in waiter.pending))
 
+
+
+def _or(seconds: float | None, default: float) -> float:
+    return default if seconds is None else seconds

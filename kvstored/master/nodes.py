@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from kvstored.protocol.master_api import (
+    DropTask,
+    NodeContact,
+    NodeStatus,
+    OffloadTask,
+    PromoteTask,
+    Task,
+    TierUse,
+)
 
 
 @dataclass(slots=True)
 class NodeState:
     node_id: str
-    #: The node's data server, as clients should dial it.
-    address: tuple[str, int]
-    #: Identifies the machine, so that a client on the same host can map the segment.
-    host_id: str
-    segment: str
-    segment_token: str
+    #: How clients reach it: its data server, its host, its DRAM segment.
+    contact: NodeContact
     dram_capacity: int
     ssd_capacity: int
     backend: str = ""
@@ -35,7 +40,7 @@ class NodeState:
     offload_problem: str | None = None
     #: Bytes promised to puts placed here since the last heartbeat.
     pending_bytes: int = 0
-    tasks: list[dict[str, Any]] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
     offload_queued: set[str] = field(default_factory=set)
     promote_queued: set[str] = field(default_factory=set)
     #: Keys whose DRAM copy goes as soon as their SSD copy lands (evict, not drop).
@@ -44,23 +49,49 @@ class NodeState:
     #: open (and the node alive) no other registration may take the name.
     session: object | None = None
 
+    @property
+    def host_id(self) -> str:
+        return self.contact.host_id
+
     def dram_free(self) -> int:
         return self.dram_capacity - self.dram_used - self.pending_bytes
 
     def dram_fraction(self) -> float:
         return self.dram_used / self.dram_capacity if self.dram_capacity else 1.0
 
-    def public(self) -> dict[str, Any]:
-        """What a client needs to reach this node."""
-        return {"addr": list(self.address), "host": self.host_id, "segment": self.segment,
-                "token": self.segment_token}
+    def queue(self, task: Task) -> None:
+        """Queue ``task`` for the next heartbeat reply, merged into a queued task of the
+        same kind where one can take it (one drop task per tier, say)."""
+        for queued in self.tasks:
+            if _merge(queued, task):
+                return
+        self.tasks.append(task)
 
-    def status(self) -> dict[str, Any]:
-        return {"node": self.node_id, "address": f"{self.address[0]}:{self.address[1]}",
-                "alive": self.alive, "backend": self.backend,
-                "dram": {"used": self.dram_used, "capacity": self.dram_capacity},
-                "ssd": {"used": self.ssd_used, "capacity": self.ssd_capacity,
-                        "objects": self.ssd_objects},
-                "corrupt_reads": self.corrupt_reads, "quarantined": self.quarantined,
-                "queued_offloads": len(self.offload_queued), "leaving": self.leaving,
-                "offload_problem": self.offload_problem}
+    def take_tasks(self) -> list[Task]:
+        tasks, self.tasks = self.tasks, []
+        return tasks
+
+    def status(self) -> NodeStatus:
+        return NodeStatus(
+            node=self.node_id, address=str(self.contact.endpoint), alive=self.alive,
+            backend=self.backend, dram=TierUse(self.dram_used, self.dram_capacity),
+            ssd=TierUse(self.ssd_used, self.ssd_capacity, self.ssd_objects),
+            corrupt_reads=self.corrupt_reads, quarantined=self.quarantined,
+            queued_offloads=len(self.offload_queued), leaving=self.leaving,
+            offload_problem=self.offload_problem)
+
+
+def _merge(queued: Task, task: Task) -> bool:
+    """Fold ``task`` into ``queued`` if they are of one kind (and tier); urgent offloads
+    and recoveries stay tasks of their own."""
+    match queued, task:
+        case OffloadTask(), OffloadTask() if not queued.urgent and not task.urgent:
+            queued.keys.extend(task.keys)
+        case DropTask(), DropTask() if queued.tier is task.tier:
+            queued.keys.extend(task.keys)
+            queued.versions.extend(task.versions)
+        case PromoteTask(), PromoteTask():
+            queued.keys.extend(task.keys)
+        case _:
+            return False
+    return True

@@ -17,20 +17,19 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-DRAM = "dram"
-SSD = "ssd"
-TIERS = (DRAM, SSD)
-COMPLETE = "complete"
-REMOVING = "removing"
+from kvstored.protocol import ReplicaState, Tier
+
+DRAM, SSD = Tier.DRAM, Tier.SSD
+COMPLETE, REMOVING = ReplicaState.COMPLETE, ReplicaState.REMOVING
 
 
 @dataclass(slots=True)
 class Replica:
     node: str
-    tier: str
+    tier: Tier
     #: DRAM: the offset in the node's segment (for same-host readers); SSD: -1.
     offset: int = -1
-    state: str = COMPLETE
+    state: ReplicaState = COMPLETE
 
 
 @dataclass(slots=True)
@@ -47,7 +46,7 @@ class ObjectMeta:
     window_start: float = 0.0
     window_reads: int = 0
 
-    def replica(self, node: str, tier: str) -> Replica | None:
+    def replica(self, node: str, tier: Tier) -> Replica | None:
         for r in self.replicas:
             if r.node == node and r.tier == tier:
                 return r
@@ -56,12 +55,20 @@ class ObjectMeta:
     def readable(self) -> list[Replica]:
         return [r for r in self.replicas if r.state == COMPLETE]
 
-    def has_other_copy(self, node: str, tier: str) -> bool:
+    def has_other_copy(self, node: str, tier: Tier) -> bool:
         return any(r.state == COMPLETE and (r.node, r.tier) != (node, tier)
                    for r in self.replicas)
 
     def leased(self, now: float) -> bool:
         return self.lease_until > now
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """Complete replicas in one tier: how many, and their logical bytes."""
+
+    objects: int
+    bytes: int
 
 
 @dataclass(slots=True)
@@ -87,9 +94,9 @@ class ObjectTable:
         self.dram_lru: dict[str, OrderedDict[str, None]] = {}
         # node -> keys with any replica there.
         self.node_keys: dict[str, set[str]] = {}
-        self.sorted_keys = SortedList()
-        self._tier_objects = dict.fromkeys(TIERS, 0)
-        self._tier_bytes = dict.fromkeys(TIERS, 0)
+        self.sorted_keys: SortedList = SortedList()
+        self._tier_objects = dict.fromkeys(Tier, 0)
+        self._tier_bytes = dict.fromkeys(Tier, 0)
 
     # -- bookkeeping of every replica change ---------------------------------------------
 
@@ -142,7 +149,7 @@ class ObjectTable:
             del self.pending[key]
         return stale
 
-    def commit(self, key: str, node: str, tier: str, size: int, checksum: int, offset: int,
+    def commit(self, key: str, node: str, tier: Tier, size: int, checksum: int, offset: int,
                now: float) -> bool:
         """Make a replica visible. False (and nothing changes) if another put of the key
         already committed: objects are written once."""
@@ -161,7 +168,7 @@ class ObjectTable:
         self._attach(meta, Replica(node, tier, offset))
         return True
 
-    def add_replica(self, key: str, node: str, tier: str, offset: int = -1) -> bool:
+    def add_replica(self, key: str, node: str, tier: Tier, offset: int = -1) -> bool:
         """Record a copy made by offload or promotion; False if the object is gone."""
         meta = self.objects.get(key)
         if meta is None:
@@ -197,26 +204,26 @@ class ObjectTable:
 
     # -- removal -----------------------------------------------------------------------
 
-    def mark_removing(self, key: str, node: str, tier: str) -> Replica | None:
+    def mark_removing(self, key: str, node: str, tier: Tier) -> Replica | None:
         """Stop new leases on one replica; the caller frees it once unleased."""
         meta = self.objects.get(key)
-        replica = meta.replica(node, tier) if meta else None
-        if replica is None:
+        replica = meta.replica(node, tier) if meta is not None else None
+        if meta is None or replica is None:
             return None
         if replica.state == COMPLETE:
             replica.state = REMOVING
             self._counted(meta, replica, -1)
         return replica
 
-    def drop_replica(self, key: str, node: str, tier: str, ident: int | None = None) -> bool:
+    def drop_replica(self, key: str, node: str, tier: Tier, ident: int | None = None) -> bool:
         """Forget one replica (freed by its node); the object goes with its last one.
 
         ``ident`` names the version the node freed (the DRAM offset, or the SSD
         checksum); a replica of another version (the key was removed and written again
         meanwhile) is kept. Returns True if the object is now gone."""
         meta = self.objects.get(key)
-        replica = meta.replica(node, tier) if meta else None
-        if replica is None:
+        replica = meta.replica(node, tier) if meta is not None else None
+        if meta is None or replica is None:
             return False
         if ident is not None and ident != (replica.offset if tier == DRAM else meta.checksum):
             return False
@@ -267,17 +274,17 @@ class ObjectTable:
                 break
         return out
 
-    def on_node(self, node: str, tier: str | None = None) -> Iterator[ObjectMeta]:
+    def on_node(self, node: str, tier: Tier | None = None) -> Iterator[ObjectMeta]:
         for key in list(self.node_keys.get(node, ())):
             meta = self.objects[key]
             if tier is None or meta.replica(node, tier) is not None:
                 yield meta
 
-    def usage(self) -> dict[str, dict[str, int]]:
+    def usage(self) -> dict[Tier, TierUsage]:
         """Per tier: objects and logical bytes of complete replicas (kept up to date, not
         computed: the master reports them ten times a second)."""
-        return {tier: {"objects": self._tier_objects[tier], "bytes": self._tier_bytes[tier]}
-                for tier in TIERS}
+        return {tier: TierUsage(self._tier_objects[tier], self._tier_bytes[tier])
+                for tier in Tier}
 
     def check(self) -> None:
         """Assert the table's invariants (tests call this after every mutation)."""
@@ -287,7 +294,7 @@ class ObjectTable:
             seen = {(r.node, r.tier) for r in meta.replicas}
             assert len(seen) == len(meta.replicas), f"{key!r} has duplicate replicas"
             for r in meta.replicas:
-                assert r.tier in TIERS and r.state in (COMPLETE, REMOVING)
+                assert type(r.tier) is Tier and type(r.state) is ReplicaState
                 in_lru = key in self.dram_lru.get(r.node, {})
                 if r.tier == DRAM:
                     assert in_lru == (r.state == COMPLETE), f"{key!r} LRU mismatch on {r.node}"
@@ -299,7 +306,7 @@ class ObjectTable:
         for key in self.pending:
             assert key not in self.objects, f"{key!r} is both pending and committed"
         holders: dict[str, set[str]] = {}
-        objects, sizes = dict.fromkeys(TIERS, 0), dict.fromkeys(TIERS, 0)
+        objects, sizes = dict.fromkeys(Tier, 0), dict.fromkeys(Tier, 0)
         for key, meta in self.objects.items():
             for r in meta.replicas:
                 holders.setdefault(r.node, set()).add(key)
@@ -307,5 +314,5 @@ class ObjectTable:
                     objects[r.tier] += 1
                     sizes[r.tier] += meta.size
         assert {n: k for n, k in self.node_keys.items() if k} == holders, "node_keys drifted"
-        assert self.usage() == {t: {"objects": objects[t], "bytes": sizes[t]} for t in TIERS}
+        assert self.usage() == {t: TierUsage(objects[t], sizes[t]) for t in Tier}
         assert list(self.sorted_keys) == sorted(self.objects), "sorted_keys drifted"

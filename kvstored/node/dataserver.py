@@ -9,125 +9,189 @@
   read in one backend batch into a reused staging buffer and sent. The client passes
   the checksums the master gave it, so a node never serves another version of a key
   (one removed and written again) in its place.
+- ``report_corrupt``: a client found a DRAM copy here that fails its checksum.
 - ``locate``: where a key's bytes are, for debugging.
 
-:class:`DataServerOps` is mixed into :class:`kvstored.node.service.Node`, which owns the
-tiers and the master session these ops use.
+:class:`DataServer` holds the handlers (:meth:`DataServer.bindings`); the node
+(:class:`NodeControl`) owns the tiers, the commits and the master session they use.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from crc32c import crc32c
 
 from kvstored.errors import BadRequestError
-from kvstored.master.table import DRAM, SSD
-from kvstored.node.dram import DramObject
-from kvstored.rpc import FramedSocket
-from kvstored.sdk import ReadStatus
+from kvstored.metrics import NodeMetrics
+from kvstored.node.dram import DramObject, DramTier
+from kvstored.node.report import Integrity, Outcomes
+from kvstored.node.staging import StagingPool
+from kvstored.protocol import PutStatus, Tier, ops
+from kvstored.protocol.master_api import Empty, KeysRequest
+from kvstored.protocol.node_api import (
+    AllocReply,
+    DramLocation,
+    GetReply,
+    GetRequest,
+    LocateReply,
+    Location,
+    PutReply,
+    PutRequest,
+    ReportCorruptReply,
+    ReportCorruptRequest,
+    SsdLocation,
+)
+from kvstored.rpc import Answered, Binding, FramedSocket
+from kvstored.sdk import ObjectRecord, ReadStatus, StorageBackend
+from kvstored.shm import DramSegment
 
 log = logging.getLogger(__name__)
 
-
-def batch_columns(h: dict[str, Any], *fields: str) -> list[list[Any]]:
-    """``keys`` and per-key fields of a request, checked to be lists of one length."""
-    keys = h["keys"]
-    columns = [keys, *(h[f] for f in fields)]
-    if not isinstance(keys, list) or any(not isinstance(c, list) or len(c) != len(keys)
-                                         for c in columns):
-        raise BadRequestError("keys and their per-key fields must be lists of one length")
-    return columns
+#: Commits received objects at the master (all of them, or raises); per object, whether
+#: the master took it.
+Commit = Callable[[list[DramObject]], Awaitable[list[bool]]]
+#: Reads ``(key, destination)`` pairs from the SSD tier in one batch; per item the length
+#: read or a ReadStatus.
+ReadFromSsd = Callable[[list[tuple[str, memoryview]]], Awaitable[list[int]]]
 
 
-class DataServerOps:
-    """The ``op_*`` handlers of the node's data server (see the module docstring)."""
+class NodeControl(Protocol):
+    """What the data server asks of its node."""
 
-    async def op_put(self, conn: FramedSocket, h: dict[str, Any]):
-        keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
-        if sum(sizes) != conn.payload_left:
-            raise BadRequestError(f"sizes add up to {sum(sizes)} but the payload is "
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def leaving(self) -> bool:
+        """Shutting down: puts are refused."""
+        ...
+
+    def no_space_reason(self) -> str:
+        """Why the node could not take a put, for the client's error message."""
+        ...
+
+    def wake_heartbeat(self) -> None: ...
+
+    def schedule_quarantine(self) -> None:
+        """A record on SSD failed its checksum: run a repairing check soon."""
+        ...
+
+
+class DataServer:
+    def __init__(self, node: NodeControl, *, dram: DramTier, segment: DramSegment,
+                 backend: StorageBackend, staging: StagingPool, commit: Commit,
+                 read_from_ssd: ReadFromSsd, outcomes: Outcomes, integrity: Integrity,
+                 metrics: NodeMetrics, put_timeout: float) -> None:
+        self.node = node
+        self.dram = dram
+        self.segment = segment
+        self.backend = backend
+        self.staging = staging
+        self.commit = commit
+        self.read_from_ssd = read_from_ssd
+        self.outcomes = outcomes
+        self.integrity = integrity
+        self.metrics = metrics
+        self.put_timeout = put_timeout
+
+    def bindings(self) -> list[Binding]:
+        return [Binding(ops.PUT, self.put), Binding(ops.ALLOC, self.alloc),
+                Binding(ops.SEAL, self.seal), Binding(ops.ABORT, self.abort),
+                Binding(ops.GET, self.get), Binding(ops.LOCATE, self.locate),
+                Binding(ops.REPORT_CORRUPT, self.report_corrupt)]
+
+    # -- puts ------------------------------------------------------------------------------
+
+    def _no_space(self, results: list[PutStatus]) -> str | None:
+        if PutStatus.NO_SPACE not in results:
+            return None
+        self.node.wake_heartbeat()
+        return self.node.no_space_reason()
+
+    async def put(self, conn: FramedSocket, request: PutRequest) -> PutReply:
+        if sum(request.sizes) != conn.payload_left:
+            raise BadRequestError(f"sizes add up to {sum(request.sizes)} but the payload is "
                                   f"{conn.payload_left} bytes")
-        results: list[str] = []
+        results: list[PutStatus | None] = []
         received: list[tuple[int, DramObject]] = []
-        for key, size, checksum in zip(keys, sizes, checksums):
-            if self.leaving or self.dram.allocate(key, size, checksum,
-                                                  self.put_timeout) is None:
-                # "exists": another put of this key is in flight here.
-                results.append("exists" if self.dram.being_written(key) is not None
-                               else "no_space")
+        for key, size, checksum in zip(request.keys, request.sizes, request.checksums):
+            if self.node.leaving or self.dram.allocate(key, size, checksum,
+                                                       self.put_timeout) is None:
+                # Exists: another put of this key is in flight here.
+                results.append(PutStatus.EXISTS if self.dram.being_written(key) is not None
+                               else PutStatus.NO_SPACE)
                 await _skip(conn, size)
                 continue
             obj = self.dram.being_written(key)
+            assert obj is not None  # allocated just now
             view = self.dram.view(obj)
             await conn.recv_payload_into(view)
             if crc32c(view) != checksum:
                 self.dram.free(key, obj.offset)
-                results.append("corrupt")
+                results.append(PutStatus.CORRUPT)
                 continue
-            results.append("")
+            results.append(None)
             received.append((len(results) - 1, obj))
-        self.metrics.bytes_received.inc(sum(sizes))
-        await self._commit(received, results)
-        reply: dict[str, Any] = {"results": results}
-        if "no_space" in results:
-            self.wake_heartbeat()
-            reply["no_space"] = self.no_space_reason()
-        return reply, ()
+        self.metrics.bytes_received.inc(sum(request.sizes))
+        done = await self._commit(received, results)
+        return PutReply(done, no_space=self._no_space(done))
 
-    async def _commit(self, received: list[tuple[int, DramObject]], results: list[str]) -> None:
+    async def _commit(self, received: list[tuple[int, DramObject]],
+                      results: list[PutStatus | None]) -> list[PutStatus]:
         """Commit the received objects at the master (with every other connection's, in
-        one call: see kvstored.node.commits) and fill in their results."""
-        oks = await self.commits.submit([obj for _, obj in received])
+        one call: see kvstored.node.coalesce) and fill in their results."""
+        oks = await self.commit([obj for _, obj in received])
         for (i, _), ok in zip(received, oks):
-            results[i] = "ok" if ok else "exists"
+            results[i] = PutStatus.OK if ok else PutStatus.EXISTS
+        return [PutStatus.EXISTS if r is None else r for r in results]
 
-    async def op_alloc(self, conn: FramedSocket, h: dict[str, Any]):
-        keys, sizes, checksums = batch_columns(h, "sizes", "checksums")
-        offsets = [None if self.leaving else self.dram.allocate(k, n, c, self.put_timeout)
-                   for k, n, c in zip(keys, sizes, checksums)]
-        reply: dict[str, Any] = {"offsets": offsets}
+    async def alloc(self, conn: FramedSocket, request: PutRequest) -> AllocReply:
+        offsets = [None if self.node.leaving
+                   else self.dram.allocate(k, n, c, self.put_timeout)
+                   for k, n, c in zip(request.keys, request.sizes, request.checksums)]
+        no_space = None
         if None in offsets:
-            self.wake_heartbeat()
-            reply["no_space"] = self.no_space_reason()
-        return reply, ()
+            self.node.wake_heartbeat()
+            no_space = self.node.no_space_reason()
+        return AllocReply(offsets, no_space)
 
-    async def op_seal(self, conn: FramedSocket, h: dict[str, Any]):
-        (keys,) = batch_columns(h)
-        results: list[str] = []
+    async def seal(self, conn: FramedSocket, request: KeysRequest) -> PutReply:
+        results: list[PutStatus | None] = []
         received: list[tuple[int, DramObject]] = []
-        for key in keys:
+        for key in request.keys:
             obj = self.dram.being_written(key)
             if obj is None:
-                results.append("missing")
+                results.append(PutStatus.MISSING)
                 continue
             if crc32c(self.dram.view(obj)) != obj.checksum:
                 self.dram.free(key, obj.offset)
-                results.append("corrupt")
+                results.append(PutStatus.CORRUPT)
                 continue
-            results.append("")
+            results.append(None)
             received.append((len(results) - 1, obj))
-        await self._commit(received, results)
-        return {"results": results}, ()
+        return PutReply(await self._commit(received, results))
 
-    async def op_abort(self, conn: FramedSocket, h: dict[str, Any]):
-        (keys,) = batch_columns(h)
-        for key in keys:
+    async def abort(self, conn: FramedSocket, request: KeysRequest) -> Empty:
+        for key in request.keys:
             obj = self.dram.being_written(key)
             if obj is not None:
                 self.dram.free(key, obj.offset)
-        return {}, ()
+        return Empty()
 
-    async def op_report_corrupt(self, conn: FramedSocket, h: dict[str, Any]):
+    # -- bad copies and debugging ----------------------------------------------------------
+
+    async def report_corrupt(self, conn: FramedSocket, request: ReportCorruptRequest
+                             ) -> ReportCorruptReply:
         """A client read bytes of a DRAM object here that failed the object's checksum
         (a same-host writer may scribble over its mapping after its seal). The node
         checks its copy itself; a bad one is dropped, counted and reported to the master,
         so that readers fall back to another replica. Returns, per key, whether the copy
         here was bad."""
-        keys, checksums = batch_columns(h, "checksums")
         bad = []
-        for key, checksum in zip(keys, checksums):
+        for key, checksum in zip(request.keys, request.checksums):
             pinned = self.dram.pin([key])
             obj = pinned.get(key)
             try:
@@ -136,35 +200,33 @@ class DataServerOps:
             finally:
                 self.dram.unpin(pinned.values())
             bad.append(corrupt)
-            if corrupt:
-                self.count_corrupt(key, DRAM)
+            if corrupt and obj is not None:
+                self.integrity.corrupt(key, Tier.DRAM)
                 if self.dram.free(key, obj.offset):
-                    self.report.add("dropped", [[key, DRAM, obj.offset]])
+                    self.outcomes.dropped([(key, Tier.DRAM, obj.offset)])
         if any(bad):
-            self.wake_heartbeat()
-        return {"corrupt": bad}, ()
+            self.node.wake_heartbeat()
+        return ReportCorruptReply(bad)
 
-    async def op_locate(self, conn: FramedSocket, h: dict[str, Any]):
+    async def locate(self, conn: FramedSocket, request: KeysRequest) -> LocateReply:
         """Where each key's bytes are on this node: the DRAM offset and the SSD file and
         offset (for debugging, and for tests that damage records on purpose)."""
-        (keys,) = batch_columns(h)
         out = []
-        for key in keys:
+        for key in request.keys:
             obj = self.dram.get(key)
             where = self.backend.locate(key)
-            out.append({
-                "dram": None if obj is None else {"segment": self.segment.name,
-                                                  "offset": obj.offset, "size": obj.size},
-                "ssd": None if where is None else {
-                    "path": where.path, "offset": where.offset, "length": where.length,
-                    "record_offset": where.record_offset, "device": where.device}})
-        return {"locations": out}, ()
+            out.append(Location(
+                dram=None if obj is None else DramLocation(self.segment.name, obj.offset,
+                                                           obj.size),
+                ssd=None if where is None else SsdLocation(
+                    where.path, where.offset, where.length, where.record_offset,
+                    where.device)))
+        return LocateReply(out)
 
-    async def op_get(self, conn: FramedSocket, h: dict[str, Any]):
-        (keys,) = batch_columns(h)
-        wanted = h.get("checksums")
-        if wanted is not None and (not isinstance(wanted, list) or len(wanted) != len(keys)):
-            raise BadRequestError("checksums must be a list with one entry per key")
+    # -- gets ------------------------------------------------------------------------------
+
+    async def get(self, conn: FramedSocket, request: GetRequest) -> Answered:
+        keys, wanted = request.keys, request.checksums
         pinned = self.dram.pin(keys)
         try:
             sizes: list[int] = [ReadStatus.MISSING] * len(keys)
@@ -177,28 +239,24 @@ class DataServerOps:
                     sizes[i] = obj.size
                 else:
                     ssd_wanted.append(i)
-            self.metrics.bytes_served.labels(tier=DRAM).inc(
+            self.metrics.bytes_served.labels(tier=Tier.DRAM).inc(
                 sum(s for s in sizes if s > 0))
             records = self._ssd_records(keys, ssd_wanted, wanted)
             need = sum(r.size for r in records.values())
             if not need:
-                await conn.send_frame({"ok": True, "sizes": sizes},
-                                      [p for p in pieces if p is not None])
-                return None, ()
+                return await conn.answer(GetReply(sizes), [p for p in pieces if p is not None])
             async with self.staging.lend(need) as staging:
                 await self._load_from_ssd(keys, ssd_wanted, wanted, records, staging, sizes,
                                           pieces)
-                await conn.send_frame({"ok": True, "sizes": sizes},
-                                      [p for p in pieces if p is not None])
+                return await conn.answer(GetReply(sizes), [p for p in pieces if p is not None])
         finally:
             self.dram.unpin(pinned.values())
-        return None, ()
 
     def _ssd_records(self, keys: list[str], indexes: list[int],
-                     wanted: list[int | None] | None) -> dict[str, Any]:
+                     wanted: list[int | None] | None) -> dict[str, ObjectRecord]:
         """The SSD record of each distinct key among ``indexes`` that has the wanted
         version: a key named many times in one get is read (and staged) once."""
-        records: dict[str, Any] = {}
+        records: dict[str, ObjectRecord] = {}
         for i in indexes:
             key = keys[i]
             if key in records:
@@ -210,7 +268,7 @@ class DataServerOps:
         return records
 
     async def _load_from_ssd(self, keys: list[str], indexes: list[int],
-                             wanted: list[int | None] | None, records: dict[str, Any],
+                             wanted: list[int | None] | None, records: dict[str, ObjectRecord],
                              staging: memoryview, sizes: list[int],
                              pieces: list[memoryview | None]) -> None:
         """Read ``records`` into ``staging`` in one backend batch, then point every index
@@ -219,29 +277,22 @@ class DataServerOps:
         for key, record in records.items():
             views[key] = staging[cursor:cursor + record.size]
             cursor += record.size
-        results = await self.ssd_reads.submit(list(zip(records, views.values())))
+        results = await self.read_from_ssd(list(zip(records, views.values())))
         got_by_key = dict(zip(records, results))
         for key, got in got_by_key.items():
             if got >= 0:
-                self.metrics.bytes_served.labels(tier=SSD).inc(got)
+                self.metrics.bytes_served.labels(tier=Tier.SSD).inc(got)
             elif got == ReadStatus.CORRUPT:
-                self.count_corrupt(key, SSD)
-                self.report.add("dropped", [[key, SSD, records[key].checksum]])
-                self._schedule_quarantine()
-                self.wake_heartbeat()
+                self.integrity.corrupt(key, Tier.SSD)
+                self.outcomes.dropped([(key, Tier.SSD, records[key].checksum)])
+                self.node.schedule_quarantine()
+                self.node.wake_heartbeat()
         for i in indexes:
             key = keys[i]
             got = got_by_key.get(key, ReadStatus.MISSING)
             if got >= 0 and (wanted is None or wanted[i] == records[key].checksum):
                 sizes[i] = got
                 pieces[i] = views[key][:got]
-
-    def count_corrupt(self, key: str, tier: str) -> None:
-        """Count a copy of ``key`` that failed its checksum (served as a miss)."""
-        self.corrupt_reads += 1
-        self.metrics.checksum_failures.labels(tier=tier).inc()
-        log.warning("node %s: %r failed its checksum in %s: served as a miss%s", self.name,
-                    key, tier, ", quarantining" if tier == SSD else ", dropped this copy")
 
 
 async def _skip(conn: FramedSocket, size: int) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvstored.allocator import OffsetAllocator
-from kvstored.node.segment import DramSegment
+from kvstored.shm import DramSegment
 
 
 @dataclass(slots=True)

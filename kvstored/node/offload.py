@@ -31,15 +31,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import trio
 from crc32c import crc32c
 
-from kvstored.master.table import DRAM
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dram import DramObject, DramTier
-from kvstored.protocol import OffloadFailed, OffloadFailure
+from kvstored.node.report import Outcomes
+from kvstored.protocol import OffloadFailed, OffloadFailure, Tier
 from kvstored.sdk import (
     BackendError,
     CapacityError,
@@ -67,17 +66,17 @@ def classify(error: BaseException | None) -> OffloadFailure:
 
 
 class Offloader:
-    """See the module docstring. ``report`` collects outcomes for the next heartbeat
-    (``add(field, items)``), ``wake`` sends that heartbeat now, ``on_corrupt(key, tier)``
-    counts a DRAM copy that failed its checksum."""
+    """See the module docstring. ``outcomes`` collects outcomes for the next heartbeat,
+    ``wake`` sends that heartbeat now, ``on_corrupt(key, tier)`` counts a DRAM copy that
+    failed its checksum."""
 
-    def __init__(self, *, node: str, backend: StorageBackend, dram: DramTier, report: Any,
-                 metrics: NodeMetrics, supervisor: Supervisor, wake: Callable[[], None],
-                 on_corrupt: Callable[[str, str], None]) -> None:
+    def __init__(self, *, node: str, backend: StorageBackend, dram: DramTier,
+                 outcomes: Outcomes, metrics: NodeMetrics, supervisor: Supervisor,
+                 wake: Callable[[], None], on_corrupt: Callable[[str, Tier], None]) -> None:
         self.node = node
         self.backend = backend
         self.dram = dram
-        self.report = report
+        self.outcomes = outcomes
         self.metrics = metrics
         self.supervisor = supervisor
         self.wake = wake
@@ -182,7 +181,7 @@ class Offloader:
             pinned = self.dram.pin(batch)
             failed = [OffloadFailed(k, OffloadFailure.GONE, "no longer in DRAM")
                       for k in batch if k not in pinned]
-            done: list[list[Any]] = []
+            done: list[tuple[str, int]] = []
             if pinned:
                 started = time.perf_counter()
                 try:
@@ -197,9 +196,9 @@ class Offloader:
         return written
 
     def _write_to_ssd(self, objects: dict[str, DramObject]
-                      ) -> tuple[list[list[Any]], list[OffloadFailed]]:
-        """Write pinned DRAM objects to the backend (on a worker thread): ``[key,
-        checksum]`` of each now on SSD, and the failures."""
+                      ) -> tuple[list[tuple[str, int]], list[OffloadFailed]]:
+        """Write pinned DRAM objects to the backend (on a worker thread): ``(key,
+        checksum)`` of each now on SSD, and the failures."""
         failed: list[OffloadFailed] = []
         todo: dict[str, DramObject] = {}
         for key, obj in objects.items():
@@ -208,9 +207,9 @@ class Offloader:
                     f"{format_size(obj.size)} is larger than the {self.backend.name} "
                     f"backend's max_value_size ({format_size(self.max_value_size)})")))
             elif crc32c(self.dram.view(obj)) != obj.checksum:
-                self.on_corrupt(key, DRAM)
+                self.on_corrupt(key, Tier.DRAM)
                 if self.dram.free(key, obj.offset):
-                    self.report.add("dropped", [[key, DRAM, obj.offset]])
+                    self.outcomes.dropped([(key, Tier.DRAM, obj.offset)])
                 failed.append(OffloadFailed(key, OffloadFailure.CORRUPT,
                                             "its DRAM copy failed its checksum; dropped"))
             else:
@@ -227,7 +226,7 @@ class Offloader:
                 results[key] = error
                 if error is not None and classify(error) is OffloadFailure.NO_SPACE:
                     break
-        done = [[k, todo[k].checksum] for k, error in results.items() if error is None]
+        done = [(k, todo[k].checksum) for k, error in results.items() if error is None]
         failed += [OffloadFailed(k, classify(error), str(error))
                    for k, error in results.items() if error is not None]
         return done, failed
@@ -250,12 +249,10 @@ class Offloader:
 
     # -- outcomes ----------------------------------------------------------------------
 
-    def _settle(self, done: list[list[Any]], failed: list[OffloadFailed]) -> None:
+    def _settle(self, done: list[tuple[str, int]], failed: list[OffloadFailed]) -> None:
         """Report a batch's outcomes, schedule retries, and log state changes."""
-        if done:
-            self.report.add("offloaded", done)
-        if failed:
-            self.report.add("offload_failed", [f.to_wire() for f in failed])
+        self.outcomes.offloaded(done)
+        self.outcomes.offload_failed(failed)
         for failure in failed:
             self.metrics.offload_failures.labels(reason=failure.reason.value).inc()
             if failure.retrying:
@@ -280,7 +277,7 @@ class Offloader:
         if done or failed:
             self.wake()
 
-    def _log_state(self, done: list[list[Any]], retrying: list[OffloadFailed]) -> None:
+    def _log_state(self, done: list[tuple[str, int]], retrying: list[OffloadFailed]) -> None:
         """One line when offloads start failing (or fail differently), one when they
         work again; nothing per retry."""
         if retrying:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction
 
 

@@ -10,18 +10,31 @@ import uuid
 import pytest
 from crc32c import crc32c
 
-from kvstored.client.common import MISSING, BatchRead, NodeHealth, ReadStats, Segments
+from kvstored.client.read import MISSING, BatchRead, NodeHealth, ReadStats, split_by_bytes
+from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError
 from kvstored.hostid import host_id
-from kvstored.node.segment import DramSegment
+from kvstored.protocol import Tier
+from kvstored.protocol.master_api import Endpoint, LookupReply, NodeContact, Replicas
+from kvstored.shm import DramSegment
 
 VALUE = os.urandom(5000)
-NODES = {n: {"addr": ["127.0.0.1", 1], "host": "elsewhere", "segment": "s", "token": "00"}
+NODES = {n: NodeContact(Endpoint("127.0.0.1", 1), "elsewhere", "s", "00")
          for n in ("n1", "n2")}
 
 
-def _reply(*objects, nodes=NODES):
-    return {"objects": list(objects), "nodes": nodes, "lease_ttl": 5.0}
+def _reply(*objects, nodes=NODES) -> LookupReply:
+    """A lookup's reply; each object is None (not found) or ``[size, checksum,
+    [[node, tier, offset], ...]]``."""
+    replicas = Replicas()
+    for i, found in enumerate(objects):
+        for node, tier, offset in found[2] if found else ():
+            replicas.of.append(i)
+            replicas.nodes.append(node)
+            replicas.tiers.append(Tier(tier))
+            replicas.offsets.append(offset)
+    return LookupReply([o[0] if o else None for o in objects],
+                       [o[1] if o else None for o in objects], replicas, 5.0, nodes)
 
 
 def _read(reply, keys, *, transport="tcp", health=None, segments=None):
@@ -98,8 +111,8 @@ def segment():
 
 
 def test_a_same_host_copy_is_checked_and_a_bad_one_is_read_again_over_tcp(segment):
-    nodes = {"n1": {"addr": ["127.0.0.1", 1], "host": host_id(), "segment": segment.name,
-                    "token": segment.token.hex()}}
+    nodes = {"n1": NodeContact(Endpoint("127.0.0.1", 1), host_id(), segment.name,
+                               segment.token.hex())}
     segment.view(0, len(VALUE))[:] = VALUE
     segment.view(8192, len(VALUE))[:] = b"forged" + VALUE[6:]
     segments = Segments("auto")
@@ -108,10 +121,8 @@ def test_a_same_host_copy_is_checked_and_a_bad_one_is_read_again_over_tcp(segmen
                             [len(VALUE), crc32c(VALUE), [["n1", "dram", 8192]]], nodes=nodes),
                      ["good", "forged"], segments=segments, transport="auto")
         copies = read.shm_copies()
-        assert [c[:3] for c in copies] == [(0, "n1", 0), (1, "n1", 8192)]
-        for i, node, offset, size in copies:
-            read.buffers[i][:size] = segments.mapping(node, nodes[node]).view(offset, size)
-            read.copied(i)
+        assert [(c.index, c.node, c.offset) for c in copies] == [(0, "n1", 0), (1, "n1", 8192)]
+        read.copy_from_segments(0.0, lambda: 0.0)
         assert read.results == [len(VALUE), MISSING]
         assert read.take_corrupt() == {"n1": (["forged"], [crc32c(VALUE)])}
         assert read.tcp_requests() == {"n1": [1]}  # the node dropped its bad copy: ask it
@@ -119,3 +130,12 @@ def test_a_same_host_copy_is_checked_and_a_bad_one_is_read_again_over_tcp(segmen
         assert read.results == [len(VALUE), len(VALUE)]
     finally:
         segments.close()
+
+
+def test_gets_are_split_below_the_budget_in_order():
+    assert split_by_bytes([3, 3, 3], None) == [[0, 1, 2]]
+    assert split_by_bytes([3, 3, 3], 9) == [[0, 1, 2]]
+    assert split_by_bytes([3, 3, 3], 6) == [[0, 1], [2]]
+    assert split_by_bytes([10, 1, 1], 5) == [[0], [1, 2]]  # too big alone: alone
+    assert split_by_bytes([0, 0, 7], 5) == [[0, 1], [2]]
+    assert split_by_bytes([], 5) == [[]]

@@ -122,9 +122,7 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str =
 def flip_ssd_byte(client, key: str, at: int = 1234) -> None:
     """Flip one byte of ``key``'s value in its SSD record, found through the node's
     ``locate`` op (bit rot, for tests of checksums and quarantine)."""
-    node = next(n for n in client._nodes if n in {r.node for r in client.stat(key).replicas})
-    where = client._node_conn(node).request({"op": "locate", "keys": [key]})
-    ssd = where["locations"][0]["ssd"]
+    ssd = next(w["ssd"] for w in client.locate(key).values() if w.get("ssd"))
     with open(ssd["path"], "r+b") as f:
         f.seek(ssd["offset"] + at)
         byte = f.read(1)

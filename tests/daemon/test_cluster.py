@@ -127,7 +127,7 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
             run = kvstore("flush", "--wait", "--json", master=master.addr)
             report = json.loads(run.stdout)
             assert report["failed"], "offload to a full disk should report failures"
-            assert any("full" in reason for _, reason in report["failed"]), report["failed"]
+            assert any("full" in f["reason"] for f in report["failed"]), report["failed"]
             for key, value in values.items():
                 assert c.get(key) == value, key
             with pytest.raises(NoSpaceError):

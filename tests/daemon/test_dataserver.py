@@ -8,7 +8,18 @@ import json
 from crc32c import crc32c
 
 import kvstored
+from kvstored.client.connection import Connection
+from kvstored.protocol import PutStatus, ops
+from kvstored.protocol.master_api import KeysRequest
+from kvstored.protocol.node_api import PutRequest
+from kvstored.security import find_client_token
 from tests.daemon.harness import kvstore_ok, wait_for
+
+
+def _node_connection(client) -> Connection:
+    endpoint = next(iter(client.nodes.values())).endpoint
+    return Connection((endpoint.host, endpoint.port), find_client_token(), timeout=30,
+                      connect_timeout=30)
 
 
 def test_a_node_put_of_an_existing_key_leaves_the_committed_object_intact(embedded):
@@ -16,12 +27,10 @@ def test_a_node_put_of_an_existing_key_leaves_the_committed_object_intact(embedd
     original = b"committed " * 10_000
     with kvstored.connect(up.addr, transport="tcp") as c:
         assert c.put("k", original)
-        node = next(iter(c._nodes))
         other = b"other bytes" * 5_000
-        reply = c._node_conn(node).request(
-            {"op": "put", "keys": ["k"], "sizes": [len(other)], "checksums": [crc32c(other)]},
-            [other])
-        assert reply["results"] == ["exists"]
+        reply = _node_connection(c).call(
+            ops.PUT, PutRequest(["k"], [len(other)], [crc32c(other)]), [other])
+        assert reply.results == [PutStatus.EXISTS]
         assert c.get("k") == original  # over TCP, from the node's DRAM
         report = json.loads(kvstore_ok("flush", "--wait", "--json", master=up.addr))
         assert report["done"] and report["failed"] == [], report
@@ -35,8 +44,7 @@ def test_a_seal_without_a_write_in_flight_is_missing_and_changes_nothing(embedde
     up = embedded()
     with kvstored.connect(up.addr, transport="tcp") as c:
         assert c.put("k", b"v" * 5000)
-        node = next(iter(c._nodes))
-        assert c._node_conn(node).request({"op": "seal", "keys": ["k"]})["results"] == \
-            ["missing"]
-        c._node_conn(node).request({"op": "abort", "keys": ["k"]})
+        node = _node_connection(c)
+        assert node.call(ops.SEAL, KeysRequest(["k"])).results == [PutStatus.MISSING]
+        node.call(ops.ABORT, KeysRequest(["k"]))
         assert c.get("k") == b"v" * 5000

@@ -148,7 +148,8 @@ def test_garbage_on_the_ports_leaves_the_daemon_serving(embedded):
     up = embedded()
     with kvstored.connect(up.addr) as c:
         c.put("survivor", b"still here")
-        node_addr = next(iter(c._nodes.values()))["addr"]
+        endpoint = next(iter(c.nodes.values())).endpoint
+        node_addr = (endpoint.host, endpoint.port)
     rng = __import__("random").Random(7)
     payloads = [b"", b"GET / HTTP/1.1\r\n\r\n", b"KVW1" + b"\xff" * 12,
                 b"KVW1\x05\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xc1\xc1\xc1\xc1\xc1",

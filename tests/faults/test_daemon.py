@@ -162,8 +162,10 @@ def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):  # n
 def _two_nodes(spawn, tmp_path):  # noqa: F811
     master = spawn("master", "--listen", "127.0.0.1:0")
     nodes = {name: _node(spawn, tmp_path, master.addr, name) for name in ("n1", "n2")}
-    wait_for(lambda: sum(n["alive"] for n in _status(master.addr)["nodes"]) == 2,
-             what="two nodes")
+    # A node is listed (alive) as soon as it says hello; it takes puts once registered.
+    for name, node in nodes.items():
+        wait_for(lambda node=node: any("registered" in line and "objects" in line
+                                       for line in node.lines), what=f"{name} registered")
     values = {f"x{i}": os.urandom(50_000) for i in range(40)}
     with kvstored.connect(master.addr, transport="tcp") as c:
         # One batch: each placement counts against its node, so they alternate.
@@ -201,10 +203,11 @@ def test_a_killed_node_makes_its_keys_miss_and_the_rest_of_the_batch_succeed(
 
 def _forge(c, key: str) -> None:
     """Overwrite ``key``'s DRAM bytes through this client's mapping, after its seal."""
-    size, _, replicas = c.call("lookup", keys=[key])["objects"][0]
-    node, tier, offset = replicas[0]
+    found = c.call("lookup", keys=[key])
+    size, replicas = found["sizes"][0], found["replicas"]
+    node, tier, offset = replicas["nodes"][0], replicas["tiers"][0], replicas["offsets"][0]
     assert tier == "dram"
-    mapping = c.segments.mapping(node, c._nodes[node])
+    mapping = c.segments.mapping(node, c.nodes[node])
     mapping.view(offset, size)[:16] = b"forged by client"
 
 

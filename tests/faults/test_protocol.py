@@ -20,6 +20,7 @@ import pytest
 from crc32c import crc32c
 
 import kvstored
+from kvstored.protocol import MASTER_OPS, NODE_OPS, PROTOCOL_VERSION
 from kvstored.wire import MAGIC, PREFIX
 from tests.daemon.harness import Daemon
 from tests.faults import wirefuzz
@@ -65,8 +66,8 @@ def daemon(tmp_path):
 def _ports(up: Daemon) -> dict[str, tuple[str, int]]:
     with kvstored.connect(up.addr, token=CLIENT_TOKEN) as c:
         c.put("fuzz/survivor", b"still here")
-        node = next(iter(c._nodes.values()))["addr"]
-    return {"master": up.address, "node": (node[0], int(node[1]))}
+        node = next(iter(c.nodes.values())).endpoint
+    return {"master": up.address, "node": (node.host, node.port)}
 
 
 def _still_serving(up: Daemon) -> None:
@@ -141,14 +142,17 @@ def test_a_put_of_a_key_no_backend_accepts_is_refused_at_the_door(daemon):
     _still_serving(up)
 
 
-def test_every_op_of_the_protocol_is_fuzzed():
-    from kvstored.protocol import MASTER_OPS, NODE_OPS
-
-    fuzzed = set(wirefuzz.templates({"client": None, "node": None}, "n"))
-    declared = {f"master/{op}" for op in MASTER_OPS} | {f"node/{op}" for op in NODE_OPS}
-    assert fuzzed == declared, "give every new op a template in tests/faults/wirefuzz.py"
+def test_every_op_of_the_protocol_is_fuzzed_from_a_valid_request():
+    templates = wirefuzz.templates({"client": None, "node": None}, "n")
+    declared = {f"master/{op}": spec for op, spec in MASTER_OPS.items()}
+    declared |= {f"node/{op}": spec for op, spec in NODE_OPS.items()}
+    assert set(templates) == set(declared), \
+        "give every new op a template in tests/faults/wirefuzz.py"
+    for name, header in templates.items():
+        declared[name].check(header)  # a mutation of a valid request tests one field
     assert set(wirefuzz.NODE_ONLY) == {op for op, spec in MASTER_OPS.items()
                                        if spec.role.value == "node"}
+    assert wirefuzz.VERSION == PROTOCOL_VERSION
 
 
 def _fds(pid: int) -> int:

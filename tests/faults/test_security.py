@@ -107,8 +107,8 @@ def _request(sock: socket.socket, reader: FrameReader, header: dict) -> dict:
 def _node_address(master: str, token: str) -> tuple[str, int]:
     with kvstored.connect(master, token=token) as c:
         c.put("probe", b"p")
-        info = next(iter(c._nodes.values()))
-    return info["addr"][0], int(info["addr"][1])
+        endpoint = next(iter(c.nodes.values())).endpoint
+    return endpoint.host, endpoint.port
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def test_another_user_can_read_no_token_no_data_and_is_refused(start, shared_dir
     with kvstored.connect(up.addr, token=token, transport="tcp") as c:
         c.put("secret", b"s" * 5000)
         assert c.call("flush", wait=True)["done"]
-        info = next(iter(c._nodes.values()))
+        info = next(iter(c.nodes.values()))
     folder = start.config_home / "kvstored"
     for path in (folder / "token", folder / "node-token"):
         assert _as_nobody("cat", str(path), cwd=shared_dir).returncode != 0
@@ -160,12 +160,12 @@ def test_another_user_can_read_no_token_no_data_and_is_refused(start, shared_dir
     assert run.returncode == 2 and "token" in run.stderr, run.stderr
     assert "s" * 100 not in run.stdout
     # The DRAM segment: 0600, so even its token does not open it to another user.
-    segment = Path("/dev/shm") / info["segment"]
+    segment = Path("/dev/shm") / info.segment
     assert _mode(segment) == 0o600
-    probe = ("import sys; from kvstored.node.segment import SegmentMapping, SegmentUnavailable\n"
+    probe = ("import sys; from kvstored.shm import SegmentMapping, SegmentUnavailable\n"
              "try:\n    SegmentMapping.attach(sys.argv[1], bytes.fromhex(sys.argv[2]))\n"
              "except SegmentUnavailable as exc:\n    print(exc); sys.exit(3)\n")
-    run = _as_nobody(sys.executable, "-c", probe, info["segment"], info["token"],
+    run = _as_nobody(sys.executable, "-c", probe, info.segment, info.segment_token,
                      cwd=shared_dir)
     assert run.returncode == 3 and "permission denied" in run.stdout, run.stdout + run.stderr
     # Given a copy of the client token, the same user is a client like any other.
@@ -193,12 +193,13 @@ def test_a_token_file_that_cannot_be_used_is_a_clear_error(start, shared_dir):
 
 # -- roles --------------------------------------------------------------------------------------
 
-NODE_OPS = {"register": {"info": {"node": "x", "address": ["127.0.0.1", 1], "host": "h",
-                                  "segment": "s", "token": "00", "dram_capacity": 1,
-                                  "ssd_capacity": 1}},
-            "register_objects": {"node": "x", "objects": []},
+NODE_OPS = {"register": {"node": "x", "contact": {
+                "endpoint": {"host": "127.0.0.1", "port": 1}, "host_id": "h", "segment": "s",
+                "segment_token": "00"}, "dram_capacity": 1, "ssd_capacity": 1},
+            "register_objects": {"node": "x", "keys": [], "sizes": [], "checksums": [],
+                                 "tiers": [], "offsets": []},
             "register_done": {"node": "x"},
-            "commit": {"node": "x", "objects": []},
+            "commit": {"node": "x", "keys": [], "sizes": [], "checksums": [], "offsets": []},
             "heartbeat": {"node": "x"},
             "ssd_evicted": {"node": "x", "keys": []}}
 
@@ -218,8 +219,9 @@ def test_a_client_token_cannot_send_node_operations_nor_forge_a_commit(start, sh
         assert not reply["ok"] and reply["error"]["code"] == "unauthorized", (op, reply)
         assert "node operation" in reply["error"]["message"]
     # The forged commit that made same-host readers get another object's bytes.
-    forged = _request(sock, reader, {"op": "commit", "node": node, "objects": [
-        ["forged", where["size"], crc32c(b"the victim's bytes"), where["offset"]]]})
+    forged = _request(sock, reader, {
+        "op": "commit", "node": node, "keys": ["forged"], "sizes": [where["size"]],
+        "checksums": [crc32c(b"the victim's bytes")], "offsets": [where["offset"]]})
     assert forged["error"]["code"] == "unauthorized"
     assert _request(sock, reader, {"op": "status"})["ok"]  # the connection is still fine
     assert hello["role"] == "client"
@@ -245,13 +247,14 @@ def test_a_live_node_name_cannot_be_taken_over(start, shared_dir):
                   "file-per-key")
     token, node_token = _token(start), _token(start, "node-token")
     with kvstored.connect(master.addr, token=token) as c:
-        wait_for(lambda: any(n["alive"] for n in c.call("status")["nodes"]), what="n1")
+        # Listed (alive) from its hello on; it takes puts once it has registered its objects.
+        wait_for(lambda: any("registered 0 objects" in line for line in first.lines),
+                 what="n1 registered")
         assert c.put("kept", b"still listed")
     # Even with the node token, a second registration of a live name is refused...
     sock, reader, hello = _hello(master.address, "node", node_token)
     assert hello["ok"]
-    info = {**NODE_OPS["register"]["info"], "node": "n1"}
-    reply = _request(sock, reader, {"op": "register", "info": info})
+    reply = _request(sock, reader, {"op": "register", **NODE_OPS["register"], "node": "n1"})
     with kvstored.connect(master.addr, token=token) as c:
         assert c.get("kept") == b"still listed", "the takeover hid the live node's objects"
     assert not reply["ok"] and "live node" in reply["error"]["message"], reply

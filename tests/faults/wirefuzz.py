@@ -69,22 +69,27 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
     """A valid request for every op, by ``"port/op"``. ``node_name`` is a node name the
     fuzzer may register (never the live node's)."""
     value = b"abc"
-    objects = [["fuzz/k", 3, crc32c(value), 4096]]
-    done = {"offloaded": [["fuzz/k", crc32c(value)]],
-            "offload_failed": [["fuzz/k", "no_space", "because"]],
-            "dropped": [["fuzz/k", "dram", 4096], ["fuzz/k", "ssd", None]],
-            "ssd_evicted": ["fuzz/k"], "promoted": [["fuzz/k", 4096, crc32c(value)]],
-            "recovered": [{"id": 1, "repaired": False, "records_checked": 0, "problems": []}]}
+    k, crc = "fuzz/k", crc32c(value)
+    done = {"offloaded": {"keys": [k], "checksums": [crc]},
+            "offload_failed": [{"key": k, "reason": "no_space", "message": "because"}],
+            "dropped": {"keys": [k, k], "tiers": ["dram", "ssd"], "versions": [4096, None]},
+            "ssd_evicted": [k],
+            "promoted": {"keys": [k], "offsets": [4096], "checksums": [crc]},
+            "recovered": [{"id": 1, "repaired": False, "records_checked": 0, "problems": [
+                {"kind": "bad-record", "detail": "d", "key": k, "path": "/p",
+                 "action": None}]}]}
     return {
-        "master/register": {"op": "register", "info": {
-            "node": node_name, "address": ["127.0.0.1", 1], "host": "fuzz-host",
-            "segment": "kvstored-fuzz", "token": "00" * 16, "dram_capacity": 0,
-            "ssd_capacity": 0, "backend": "fuzz", "shared": False,
-            "max_value_size": 1 << 20}},
+        "master/register": {"op": "register", "node": node_name, "contact": {
+            "endpoint": {"host": "127.0.0.1", "port": 1}, "host_id": "fuzz-host",
+            "segment": "kvstored-fuzz", "segment_token": "00" * 16},
+            "dram_capacity": 0, "ssd_capacity": 0, "backend": "fuzz", "shared": False,
+            "max_value_size": 1 << 20},
         "master/register_objects": {"op": "register_objects", "node": node_name,
-                                    "objects": [["fuzz/k", 3, crc32c(value), "ssd", -1]]},
+                                    "keys": [k], "sizes": [3], "checksums": [crc],
+                                    "tiers": ["ssd"], "offsets": [-1]},
         "master/register_done": {"op": "register_done", "node": node_name},
-        "master/commit": {"op": "commit", "node": node_name, "objects": objects},
+        "master/commit": {"op": "commit", "node": node_name, "keys": [k], "sizes": [3],
+                          "checksums": [crc], "offsets": [4096]},
         "master/heartbeat": {"op": "heartbeat", "node": node_name, "done": done,
                              "stats": {"dram_used": 0, "ssd_used": 0, "ssd_objects": 0,
                                        "corrupt_reads": 0, "quarantined": 0,
@@ -191,8 +196,12 @@ class Case:
         return f"[{self.role or 'unauthenticated'} -> {self.port}] {self.what}"
 
 
+#: The protocol version the templates are written in (kvstored.protocol.PROTOCOL_VERSION).
+VERSION = 2
+
+
 def hello(role: str, token: str | None) -> dict[str, Any]:
-    return {"op": "hello", "version": 1, "role": role, "token": token}
+    return {"op": "hello", "version": VERSION, "role": role, "token": token}
 
 
 def cases(tokens: dict[str, str | None], node_name: str, seed: int,

@@ -249,7 +249,7 @@ def test_listing_pages_through_the_master(cluster):
     def counting(op, **args):
         reply = ask(op, **args)
         if op == "list":
-            pages.append((args["limit"], len(reply["objects"])))
+            pages.append((args["limit"], len(reply["keys"])))
         return reply
 
     source.client.call = counting
@@ -295,10 +295,10 @@ def test_a_filtered_list_page_may_be_empty_and_says_where_to_resume(cluster):
         node = c.stat("filt:b0").replicas[0].node
         ask = {"prefix": "filt:", "node": node, "tier": "dram", "limit": 1}
         first = c.call("list", after=None, **ask)  # looks at 20 keys, none in DRAM
-        assert first["objects"] == [] and first["more"] and first["after"] == "filt:a19"
+        assert first["keys"] == [] and first["more"] and first["after"] == "filt:a19"
         second = c.call("list", after=first["after"], **ask)
-        assert [o[0] for o in second["objects"]] == ["filt:b0"] and not second["more"]
+        assert second["keys"] == ["filt:b0"] and not second["more"]
         on_ssd = c.call("list", prefix="filt:", node=node, tier="ssd", limit=1000)
         # filt:b0 joins them once the eager offload has copied it.
-        assert [o[0] for o in on_ssd["objects"]] in (cold, [*cold, "filt:b0"])
-        assert c.call("list", prefix="filt:", node="no-such-node", limit=10)["objects"] == []
+        assert on_ssd["keys"] in (cold, [*cold, "filt:b0"])
+        assert c.call("list", prefix="filt:", node="no-such-node", limit=10)["keys"] == []

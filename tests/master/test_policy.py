@@ -4,12 +4,14 @@ promotion."""
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import PolicyConfig, count_ssd_read, plan_node
 from kvstored.master.table import DRAM, REMOVING, SSD, ObjectTable
+from kvstored.protocol.master_api import Endpoint, NodeContact
 
 MiB = 1 << 20
 
 
 def _node(used: int, cap: int = 100 * MiB) -> NodeState:
-    return NodeState("n1", ("127.0.0.1", 1), "h", "seg", "00", cap, 10 * cap, dram_used=used)
+    return NodeState("n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "seg", "00"), cap,
+                     10 * cap, dram_used=used)
 
 
 def _fill(table: ObjectTable, count: int, *, on_ssd: bool) -> None:

@@ -1,6 +1,7 @@
-"""The master's ops in-process: placement refuses objects no node can ever hold, nodes
-that leave are forgotten at once, offload failures the node retries stay queued, a
-flush reports only what still fails, and housekeeping survives its own failures."""
+"""The master in-process, over loopback sockets (tests/master/harness.py): registration
+and its inventory, roles, placement and commits, lookups and leases, eviction plans,
+tasks riding heartbeats, nodes that leave or die, flushes and recoveries that wait on
+nodes, and housekeeping that survives its own failures."""
 
 from __future__ import annotations
 
@@ -8,131 +9,358 @@ import pytest
 import trio
 import trio.testing
 
-from kvstored.errors import NoSpaceError
+from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
-from kvstored.master.table import SSD
-from kvstored.protocol import OffloadFailed, OffloadFailure
+from kvstored.protocol import OffloadFailed, OffloadFailure, Role, Tier, ops
+from kvstored.protocol.master_api import (
+    CommitRequest,
+    DropTask,
+    Empty,
+    Endpoint,
+    EvictRequest,
+    FlushRequest,
+    HeartbeatRequest,
+    KeysRequest,
+    LookupRequest,
+    NodeContact,
+    NodeReport,
+    NodeRequest,
+    Offloaded,
+    OffloadTask,
+    PutTargetRequest,
+    RecoverRequest,
+    RecoverTask,
+    RecoveryReport,
+    RegisterObjectsRequest,
+    RegisterRequest,
+    StatRequest,
+)
+from tests.master.harness import NODE_TOKEN, Cluster, run
 
 MiB = 1 << 20
+DRAM, SSD = Tier.DRAM, Tier.SSD
 
 
-def _run(coro_fn, *args):
-    return trio.run(coro_fn, *args, clock=trio.testing.MockClock(autojump_threshold=0))
+async def _found(cluster: Cluster, *keys: str) -> list[list[tuple[str, Tier]]]:
+    """Per key, the replicas a lookup (without a lease) returns."""
+    reply = await cluster.client().call(ops.LOOKUP, LookupRequest(list(keys), lease=False))
+    out: list[list[tuple[str, Tier]]] = [[] for _ in keys]
+    columns = reply.replicas
+    for i, node, tier in zip(columns.of, columns.nodes, columns.tiers):
+        out[i].append((node, tier))
+    return out
 
 
-def _master(**policy) -> Master:
-    return Master(policy=PolicyConfig(**policy), node_ttl=10.0)
+async def _poll(condition, what: str, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.01)
 
 
-async def _register(master: Master, name: str, *, dram: int = 64 * MiB,
-                    max_value: int = 8 * MiB) -> None:
-    await master.op_register(None, {"info": {
-        "node": name, "address": ["127.0.0.1", 1], "host": "h", "segment": "s", "token": "00",
-        "dram_capacity": dram, "ssd_capacity": 1 << 30, "backend": "bucket",
-        "max_value_size": max_value}})
-    await master.op_register_done(None, {"node": name})
+# -- registration and roles ----------------------------------------------------------------
+
+def test_a_node_registers_its_inventory_and_a_conflicting_copy_is_refused():
+    async def scenario(cluster: Cluster) -> None:
+        await cluster.node("n1", inventory=[("a", 10, 7, DRAM, 0), ("b", 20, 8, SSD, -1)])
+        assert await _found(cluster, "a", "b", "c") == [[("n1", DRAM)], [("n1", SSD)], []]
+        rpc = cluster.rpc(Role.NODE)
+        await rpc.call(ops.REGISTER, cluster_register("n2"))
+        conflicts = await rpc.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
+            "n2", ["a", "b"], [10, 20], [99, 8], [DRAM, SSD], [0, -1]))
+        assert (conflicts.keys, conflicts.tiers) == (["a"], [DRAM])  # another version
+        await rpc.call(ops.REGISTER_DONE, NodeRequest("n2"))
+        assert await _found(cluster, "b") == [[("n1", SSD), ("n2", SSD)]]
+        cluster.master.cluster.table.check()
+
+    run(scenario)
+
+
+def cluster_register(name: str) -> ops.RegisterRequest:
+    return RegisterRequest(name, NodeContact(Endpoint("127.0.0.1", 1), "h", "s",
+                                                     "00"), dram_capacity=MiB,
+                               ssd_capacity=MiB)
+
+
+def test_a_live_node_name_belongs_to_its_connection_until_it_disconnects():
+    async def scenario(cluster: Cluster) -> None:
+        first = await cluster.node("n1")
+        other = cluster.rpc(Role.NODE)
+        with pytest.raises(BadRequestError, match="belongs to a live node"):
+            await other.call(ops.REGISTER, cluster_register("n1"))
+        with pytest.raises(BadRequestError, match="registered over another connection"):
+            await other.call(ops.HEARTBEAT, HeartbeatRequest("n1"))
+        first.rpc.close()
+        await _poll(lambda: cluster.master.cluster.nodes["n1"].session is None,
+                    "the master to see the disconnect")
+        await other.call(ops.REGISTER, cluster_register("n1"))  # free now
+
+    run(scenario)
+
+
+def test_node_ops_need_the_node_token_and_a_node_may_call_client_ops():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        client = cluster.client()
+        with pytest.raises(UnauthorizedError, match="commit is a node operation"):
+            await client.call(ops.COMMIT, CommitRequest("n1", ["forged"], [1], [1], [0]))
+        with pytest.raises(UnauthorizedError, match="node token"):
+            await cluster.rpc(Role.NODE, token="client-token").connect()
+        assert (await client.call(ops.EXISTS, KeysRequest(["forged"]))).exists == [False]
+        assert (await node.rpc.call(ops.EXISTS, KeysRequest(["x"]))).exists == [False]
+        hello = await cluster.rpc(Role.NODE, token=NODE_TOKEN).hello()
+        assert hello.role is Role.NODE and hello.heartbeat_interval == 0.2
+
+    run(scenario)
+
+
+# -- puts ----------------------------------------------------------------------------------------
+
+def test_puts_go_to_the_clients_host_and_become_visible_once_committed():
+    async def scenario(cluster: Cluster) -> None:
+        await cluster.node("n1", host_id="host-a")
+        n2 = await cluster.node("n2", host_id="host-b", dram=32 * MiB)
+        client = cluster.client()
+        placed = await client.call(ops.PUT_TARGET, PutTargetRequest(["k", "j"], [10, 10],
+                                                                    host="host-b"))
+        assert placed.targets == ["n2", "n2"]  # n1 has more room, but n2 is local
+        assert placed.nodes["n2"].host_id == "host-b"
+        again = await client.call(ops.PUT_TARGET, PutTargetRequest(["k"], [10]))
+        assert again.targets == [None]  # held for the put in flight
+        assert await _found(cluster, "k") == [[]]  # nothing is visible before the commit
+        assert await n2.commit(("k", 10, 5, 0)) == [True]
+        assert await _found(cluster, "k") == [[("n2", DRAM)]]
+        assert await n2.commit(("k", 10, 6, 4096)) == [False]  # written once
+        await client.call(ops.PUT_ABORT, KeysRequest(["j"]))
+        assert (await client.call(ops.PUT_TARGET, PutTargetRequest(["j"], [10]))).targets \
+            != [None]
+        cluster.master.cluster.table.check()
+
+    run(scenario)
 
 
 def test_put_target_refuses_objects_no_node_can_hold_and_reserves_nothing():
-    async def main() -> None:
-        master = _master()
-        await _register(master, "n1", dram=64 * MiB, max_value=8 * MiB)
-        await _register(master, "n2", dram=32 * MiB, max_value=16 * MiB)
+    async def scenario(cluster: Cluster) -> None:
+        await cluster.node("n1", dram=64 * MiB, max_value_size=8 * MiB)
+        await cluster.node("n2", dram=32 * MiB, max_value_size=16 * MiB)
+        client = cluster.client()
         with pytest.raises(NoSpaceError, match=r"80\.0 MiB.*whole DRAM tier.*64\.0 MiB"):
-            await master.op_put_target(None, {"keys": ["a", "huge"], "sizes": [1, 80 * MiB]})
+            await client.call(ops.PUT_TARGET, PutTargetRequest(["a", "huge"], [1, 80 * MiB]))
         with pytest.raises(NoSpaceError, match=r"40\.0 MiB.*8\.0 MiB.*max_value_size"):
-            await master.op_put_target(None, {"keys": ["big"], "sizes": [40 * MiB]})
-        assert master.table.pending == {}  # the batch was refused whole
+            await client.call(ops.PUT_TARGET, PutTargetRequest(["big"], [40 * MiB]))
+        assert cluster.master.cluster.table.pending == {}  # the batch was refused whole
         # 12 MiB fits only n2's backend: it goes there, though n1 has more DRAM free.
-        reply, _ = await master.op_put_target(None, {"keys": ["mid"], "sizes": [12 * MiB]})
-        assert reply["targets"] == ["n2"]
+        reply = await client.call(ops.PUT_TARGET, PutTargetRequest(["mid"], [12 * MiB]))
+        assert reply.targets == ["n2"]
 
-    _run(main)
-
-
-def test_a_dram_only_store_takes_what_fits_in_dram():
-    async def main() -> None:
-        master = _master(dram_only=True)
-        await _register(master, "n1", dram=64 * MiB, max_value=8 * MiB)
-        reply, _ = await master.op_put_target(None, {"keys": ["k"], "sizes": [40 * MiB]})
-        assert reply["targets"] == ["n1"]
-
-    _run(main)
+    run(scenario)
 
 
-def test_a_leaving_node_takes_no_puts_and_an_unregistered_one_is_gone_at_once():
-    async def main() -> None:
-        master = _master()
-        await _register(master, "n1")
-        await _register(master, "n2")
-        await master.op_commit(None, {"node": "n1", "objects": [["k", 10, 7, 0]]})
-        await master.op_leaving(None, {"node": "n1"})
-        for _ in range(5):
-            reply, _ = await master.op_put_target(None, {"keys": ["x"], "sizes": [1]})
-            assert reply["targets"] in (["n2"], [None])
-        found, _ = await master.op_lookup(None, {"keys": ["k"]})
-        assert found["objects"][0] is not None  # still served while it flushes
-        reply, _ = await master.op_unregister(None, {"node": "n1"})
-        assert reply["dropped"] == 1
-        assert "n1" not in master.nodes
-        found, _ = await master.op_lookup(None, {"keys": ["k"]})
-        assert found["objects"] == [None]
-        master.table.check()
+def test_a_dram_only_store_takes_what_fits_in_dram_and_tells_its_nodes():
+    async def scenario(cluster: Cluster) -> None:
+        await cluster.node("n1", dram=64 * MiB, max_value_size=8 * MiB)
+        reply = await cluster.client().call(ops.PUT_TARGET, PutTargetRequest(["k"],
+                                                                             [40 * MiB]))
+        assert reply.targets == ["n1"]
+        registered = await cluster.rpc(Role.NODE).call(ops.REGISTER, cluster_register("n2"))
+        assert registered.dram_only is True and registered.client_token == "client-token"
 
-    _run(main)
+    run(scenario, policy={"dram_only": True})
+
+
+# -- reads and leases ------------------------------------------------------------------------
+
+def test_a_removed_object_is_freed_at_once_unless_a_lease_holds_it():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("leased", 10, 1, 0), ("free", 10, 2, 4096))
+        client = cluster.client()
+        found = await client.call(ops.LOOKUP, LookupRequest(["leased", "nothing"]))
+        assert found.sizes == [10, None] and found.checksums == [1, None]
+        assert found.lease_ttl == 5.0 and set(found.nodes) == {"n1"}
+        removed = await client.call(ops.REMOVE, KeysRequest(["leased", "free", "nothing"]))
+        assert removed.removed == [True, True, False]
+        tasks = await node.heartbeat()
+        assert tasks == [DropTask(DRAM, ["free"], [4096])]  # the leased one waits
+        cluster.housekeeping(after=1)
+        assert await node.heartbeat() == []
+        cluster.housekeeping(after=6)  # its lease has run out
+        assert await node.heartbeat() == [DropTask(DRAM, ["leased"], [0])]
+
+    run(scenario, lease_ttl=5.0, policy={"offload": "watermark"})
+
+
+def test_stat_shows_every_replica_and_its_state():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("k", 10, 3, 8192))
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["k"], [3])))
+        stat = (await cluster.client().call(ops.STAT, StatRequest("k"))).object
+        assert (stat.size, stat.checksum) == (10, 3)
+        assert {(r.node, r.tier, r.offset) for r in stat.replicas} == {
+            ("n1", DRAM, 8192), ("n1", SSD, -1)}
+
+    run(scenario)
+
+
+# -- eviction ------------------------------------------------------------------------------------
+
+def test_dram_pressure_offloads_last_copies_first_and_drops_them_once_on_ssd():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1", dram=100 * MiB)
+        for i in range(10):
+            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        # 95 MiB used, above the high watermark (90%): down to 80 MiB, least recent
+        # first; no object has another copy, so they are offloaded now, dropped later.
+        tasks = await node.heartbeat(dram_used=95 * MiB)
+        assert tasks == [OffloadTask(["k0", "k1"], urgent=True)]
+        tasks = await node.heartbeat(NodeReport(offloaded=Offloaded(["k0"], [0])),
+                                     dram_used=95 * MiB)
+        assert DropTask(DRAM, ["k0"], [0]) in tasks
+        assert await _found(cluster, "k0") == [[("n1", SSD)]]  # the DRAM copy is going
+        cluster.master.cluster.table.check()
+
+    run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def test_evict_by_key_drops_a_copy_that_has_another_and_offloads_a_last_copy():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("both", 10, 1, 0), ("only", 10, 2, 4096))
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["both"], [1])))
+        client = cluster.client()
+        dry = await client.call(ops.EVICT, EvictRequest(DRAM, dry_run=True,
+                                                        keys=["both", "only"]))
+        assert (dry.evicted, dry.offloading, dry.dry_run) == (["both"], ["only"], True)
+        assert await node.heartbeat() == []  # a dry run changes nothing
+        done = await client.call(ops.EVICT, EvictRequest(DRAM, keys=["both", "only"]))
+        assert done.bytes == 20
+        tasks = await node.heartbeat()
+        assert DropTask(DRAM, ["both"], [0]) in tasks
+        assert OffloadTask(["only"], urgent=True) in tasks
+
+    run(scenario, policy={"offload": "watermark"}, lease_ttl=0.0)
+
+
+# -- tasks -------------------------------------------------------------------------------------
+
+def test_tasks_ride_the_next_heartbeat_once_merged_by_kind():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        assert await node.commit(("a", 1, 1, 0), ("b", 1, 2, 4096)) == [True, True]
+        # Eager offload: both commits in one offload task, not yet sent.
+        assert cluster.master.cluster.nodes["n1"].tasks == [OffloadTask(["a", "b"])]
+        client = cluster.client()
+        await client.call(ops.REMOVE, KeysRequest(["a"]))
+        await client.call(ops.REMOVE, KeysRequest(["b"]))
+        tasks = await node.heartbeat()
+        assert tasks == [OffloadTask(["a", "b"]), DropTask(DRAM, ["a", "b"], [0, 4096])]
+        assert await node.heartbeat() == []  # delivered once
+
+    run(scenario, lease_ttl=0.0)
+
+
+def test_a_recovery_waits_for_its_nodes_and_one_that_leaves_is_reported_missing():
+    async def scenario(cluster: Cluster) -> None:
+        n1, n2 = await cluster.node("n1"), await cluster.node("n2")
+        results: dict = {}
+
+        async def recover() -> None:
+            results["recover"] = await cluster.client().call(
+                ops.RECOVER, RecoverRequest(repair=True, timeout=3600))
+
+        cluster.nursery.start_soon(recover)
+        await _poll(lambda: cluster.master.cluster.recoveries, "the recovery to start")
+        (task,) = await n2.heartbeat()
+        assert isinstance(task, RecoverTask) and task.repair
+        await n2.heartbeat(NodeReport(recovered=[RecoveryReport(task.id, True, 3, [])]))
+        assert await n1.unregister() == 0
+        await _poll(lambda: "recover" in results, "the recovery to answer")
+        assert results["recover"].missing == ["n1"]
+        assert results["recover"].reports["n2"].records_checked == 3
+
+    run(scenario)
 
 
 def test_retried_offload_failures_stay_queued_and_flush_reports_only_what_still_fails():
-    async def main() -> None:
-        master = _master(offload="watermark")
-        await _register(master, "n1")
-        await master.op_commit(None, {"node": "n1", "objects": [
-            ["a", 10, 1, 0], ["b", 10, 2, 4096], ["c", 10, 3, 8192]]})
-        node = master.nodes["n1"]
-        results: dict = {}
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("a", 10, 1, 0), ("b", 10, 2, 4096), ("c", 10, 3, 8192))
+        state = cluster.master.cluster.nodes["n1"]
+        results: list = []
 
         async def flush() -> None:
-            results["flush"], _ = await master.op_flush(None, {"wait": True, "timeout": 60})
+            results.append(await cluster.client().call(ops.FLUSH, FlushRequest(
+                wait=True, timeout=60)))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(flush)
-            await trio.sleep(0.1)
-            assert {t["t"] for t in node.tasks} == {"offload"}
-            full = OffloadFailure.NO_SPACE
-            await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
-                "offloaded": [["a", 1]],
-                "offload_failed": [OffloadFailed("b", full, "disk full").to_wire(),
-                                   OffloadFailed("c", OffloadFailure.TOO_LARGE,
-                                                 "too large").to_wire()]}})
-        assert results["flush"]["failed"] == [["b", "disk full"], ["c", "too large"]]
-        assert node.offload_queued == {"b"}  # the node retries b itself; c is final
-        assert master.table.objects["a"].replica("n1", SSD) is not None
-
+        cluster.nursery.start_soon(flush)
+        await _poll(lambda: cluster.master.cluster.flushes, "the flush to wait")
+        assert [type(t) for t in state.tasks] == [OffloadTask]
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["a"], [1]), offload_failed=[
+            OffloadFailed("b", OffloadFailure.NO_SPACE, "disk full"),
+            OffloadFailed("c", OffloadFailure.TOO_LARGE, "too large")]))
+        await _poll(lambda: results, "the flush to answer")
+        assert [(f.key, f.reason) for f in results[0].failed] == [("b", "disk full"),
+                                                                 ("c", "too large")]
+        assert state.offload_queued == {"b"}  # the node retries b itself; c is final
         # A second flush names b again (the node then retries at once); it lands.
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(flush)
-            await trio.sleep(0.1)
-            task = [t for t in node.tasks if t["t"] == "offload"][-1]
-            assert "b" in task["keys"]
-            await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
-                "offloaded": [["b", 2]]}})
-            await trio.sleep(0.1)
-            await master.op_heartbeat(None, {"node": "n1", "stats": {}, "done": {
-                "offload_failed": [OffloadFailed("c", OffloadFailure.TOO_LARGE,
-                                                 "too large").to_wire()]}})
-        assert results["flush"]["failed"] == [["c", "too large"]]
-        assert node.offload_queued == set()
-        master.table.check()
+        cluster.nursery.start_soon(flush)
+        await _poll(lambda: cluster.master.cluster.flushes, "the second flush")
+        (task,) = await node.heartbeat()
+        assert isinstance(task, OffloadTask) and "b" in task.keys
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["b"], [2])))
+        await node.heartbeat(NodeReport(offload_failed=[
+            OffloadFailed("c", OffloadFailure.TOO_LARGE, "too large")]))
+        await _poll(lambda: len(results) == 2, "the second flush to answer")
+        assert [(f.key, f.reason) for f in results[1].failed] == [("c", "too large")]
+        assert state.offload_queued == set()
+        cluster.master.cluster.table.check()
 
-    _run(main)
+    run(scenario, policy={"offload": "watermark"})
 
+
+# -- nodes that go ---------------------------------------------------------------------------
+
+def test_a_leaving_node_takes_no_puts_and_an_unregistered_one_is_gone_at_once():
+    async def scenario(cluster: Cluster) -> None:
+        n1 = await cluster.node("n1")
+        await cluster.node("n2")
+        await n1.commit(("k", 10, 7, 0))
+        await n1.leaving()
+        client = cluster.client()
+        for i in range(5):
+            reply = await client.call(ops.PUT_TARGET, PutTargetRequest([f"x{i}"], [1]))
+            assert reply.targets == ["n2"]
+        assert await _found(cluster, "k") == [[("n1", DRAM)]]  # still served meanwhile
+        assert await n1.unregister() == 1
+        assert "n1" not in cluster.master.cluster.nodes
+        assert await _found(cluster, "k") == [[]]
+        cluster.master.cluster.table.check()
+
+    run(scenario)
+
+
+def test_a_silent_node_is_declared_dead_and_must_register_again():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("k", 10, 7, 0))
+        cluster.housekeeping(after=11)  # past master.node_ttl
+        assert not cluster.master.cluster.nodes["n1"].alive
+        assert await _found(cluster, "k") == [[]]
+        with pytest.raises(BadRequestError, match="declared dead; re-register"):
+            await node.heartbeat()
+        assert (await cluster.client().call(ops.STATUS, Empty())).nodes[0].alive is False
+
+    run(scenario, node_ttl=10.0)
+
+
+# -- housekeeping -------------------------------------------------------------------------------
 
 def test_housekeeping_survives_a_failing_pass(monkeypatch):
     async def main() -> None:
-        master = _master()
-        await _register(master, "n1")
-        real = master.table.expire_pending
+        master = Master(policy=PolicyConfig(), node_ttl=10.0)
+        cluster = master.cluster
+        real = cluster.table.expire_pending
         calls = []
 
         def flaky(now: float):
@@ -141,50 +369,10 @@ def test_housekeeping_survives_a_failing_pass(monkeypatch):
                 raise RuntimeError("injected")
             return real(now)
 
-        monkeypatch.setattr(master.table, "expire_pending", flaky)
-        # Silent for longer than node_ttl: the first pass that gets through kills it.
-        master.nodes["n1"].last_heartbeat -= 100
+        monkeypatch.setattr(cluster.table, "expire_pending", flaky)
         with trio.move_on_after(30):
             await master.run_housekeeping()
         assert len(calls) > 10
         assert master.metrics.background_errors.labels(task="housekeeping")._value.get() == 2
-        assert not master.nodes["n1"].alive
 
-    _run(main)
-
-
-def test_register_tells_the_node_whether_the_store_is_dram_only():
-    async def main() -> None:
-        for dram_only in (False, True):
-            master = _master(dram_only=dram_only)
-            reply, _ = await master.op_register(None, {"info": {
-                "node": "n1", "address": ["h", 1], "host": "h", "segment": "s", "token": "0",
-                "dram_capacity": MiB, "ssd_capacity": MiB}})
-            assert reply["dram_only"] is dram_only
-
-    _run(main)
-
-
-
-def test_a_recovery_waiting_for_a_node_that_leaves_returns_at_once():
-    async def main() -> None:
-        master = _master()
-        await _register(master, "n1")
-        await _register(master, "n2")
-        results: dict = {}
-
-        async def recover() -> None:
-            results["recover"], _ = await master.op_recover(None, {"timeout": 3600})
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(recover)
-            await trio.sleep(1)
-            await master.op_heartbeat(None, {"node": "n2", "stats": {}, "done": {
-                "recovered": [{"id": 1, "repaired": False, "records_checked": 3,
-                               "problems": []}]}})
-            await master.op_unregister(None, {"node": "n1"})
-        assert results["recover"]["missing"] == ["n1"]
-        assert set(results["recover"]["reports"]) == {"n2"}
-        assert trio.current_time() < 10
-
-    _run(main)
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

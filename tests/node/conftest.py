@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from kvstored.node.dram import DramTier
-from kvstored.node.segment import DramSegment
+from kvstored.shm import DramSegment
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from kvstored.backends.file_per_key import FilePerKeyBackend
 from kvstored.metrics import NodeMetrics
 from kvstored.node.offload import Offloader
-from kvstored.node.service import _Report
-from kvstored.protocol import OffloadFailed, OffloadFailure
+from kvstored.node.report import Outcomes
+from kvstored.protocol import OffloadFailed, OffloadFailure, Tier
 from kvstored.sdk import BackendIOError, CapacityError, WriteOutcome, WriteResult
 from kvstored.supervisor import Supervisor
 
@@ -46,10 +46,10 @@ class AllOrNothing(FilePerKeyBackend):
 @pytest.fixture
 def setup(dram, tmp_path):
     backend = AllOrNothing(tmp_path / "ssd", max_value_size=2 * MiB)
-    report = _Report()
+    report = Outcomes()
     corrupt: list[str] = []
     metrics = NodeMetrics(CollectorRegistry())
-    offloader = Offloader(node="n1", backend=backend, dram=dram, report=report,
+    offloader = Offloader(node="n1", backend=backend, dram=dram, outcomes=report,
                           metrics=metrics, supervisor=Supervisor("node n1",
                                                                  metrics.background_errors),
                           wake=lambda: None, on_corrupt=lambda key, tier: corrupt.append(key))
@@ -66,8 +66,8 @@ def _commit(dram, key: str, size: int) -> bytes:
     return data
 
 
-def _failures(report) -> list[OffloadFailed]:
-    return [OffloadFailed.from_wire(f) for f in report.take().get("offload_failed", [])]
+def _failures(report: Outcomes) -> list[OffloadFailed]:
+    return report.take().offload_failed
 
 
 def test_what_fits_is_written_and_the_rest_waits_for_a_retry(setup):
@@ -78,8 +78,8 @@ def test_what_fits_is_written_and_the_rest_waits_for_a_retry(setup):
     backend.room = MiB + 450_000  # room for d, b and one of the 1 MiB objects
     assert trio.run(offloader.write, list(sizes)) == 3
     done = report.take()
-    assert sorted(k for k, _ in done["offloaded"]) == ["a", "b", "d"]
-    failed = [OffloadFailed.from_wire(f) for f in done["offload_failed"]]
+    assert sorted(done.offloaded.keys) == ["a", "b", "d"]
+    failed = done.offload_failed
     assert {f.key for f in failed} == {"c", "e"}
     assert all(f.reason is OffloadFailure.NO_SPACE and f.retrying for f in failed)
     assert set(offloader.waiting) == {"c", "e"} and offloader.retry_at is not None
@@ -94,7 +94,7 @@ def test_what_fits_is_written_and_the_rest_waits_for_a_retry(setup):
             await offloader.step()
 
     trio.run(drain)
-    assert sorted(k for k, _ in report.take()["offloaded"]) == ["c", "e"]
+    assert sorted(report.take().offloaded.keys) == ["c", "e"]
     assert offloader.problem is None
     assert sorted(r.key for r in backend.scan()) == list("abcde")
 
@@ -107,8 +107,8 @@ def test_a_changed_dram_copy_is_dropped_and_never_written(setup):
     offloader.dram.view(offloader.dram.get("bad"))[:4] = b"evil"
     assert trio.run(offloader.write, ["good", "bad"]) == 1
     done = report.take()
-    assert done["dropped"][0][:2] == ["bad", "dram"]
-    (failure,) = [OffloadFailed.from_wire(f) for f in done["offload_failed"]]
+    assert (done.dropped.keys, done.dropped.tiers) == (["bad"], [Tier.DRAM])
+    (failure,) = done.offload_failed
     assert failure.reason is OffloadFailure.CORRUPT and not failure.retrying
     assert corrupt == ["bad"] and offloader.dram.get("bad") is None
     assert [r.key for r in backend.scan()] == ["good"]
@@ -144,7 +144,8 @@ def test_a_backend_that_raises_fails_the_batch_and_is_retried(setup):
             await offloader.step()
 
     trio.run(once)
-    assert report.take()["offloaded"] == [["k", offloader.dram.get("k").checksum]]
+    offloaded = report.take().offloaded
+    assert (offloaded.keys, offloaded.checksums) == (["k"], [offloader.dram.get("k").checksum])
 
 
 def test_flush_all_writes_every_dram_only_object(setup):

@@ -1,6 +1,6 @@
 """The DRAM segment on real /dev/shm, with real second processes.
 
-``python -m tests.node.test_segment`` runs the copy and pre-fault measurements
+``python -m tests.test_shm`` runs the copy and pre-fault measurements
 (:func:`run_benchmark`); they are not tests.
 """
 
@@ -23,8 +23,8 @@ import uuid
 import numpy as np
 import pytest
 
-from kvstored.node import segment as segment_module
-from kvstored.node.segment import (
+from kvstored import shm as segment_module
+from kvstored.shm import (
     DATA_OFFSET,
     FORMAT_VERSION,
     MAGIC,
@@ -63,7 +63,7 @@ def python(code: str, *args: str, **kwargs) -> subprocess.Popen:
 
 HOLDER = """
     import sys, time
-    from kvstored.node.segment import DramSegment
+    from kvstored.shm import DramSegment
     segment = DramSegment.create(sys.argv[1], 1 << 20, populate=False)
     segment.view(0, 5)[:] = b"stale"
     print(segment.token.hex(), flush=True)
@@ -165,7 +165,7 @@ def test_a_stale_segment_of_a_killed_node_is_replaced_and_logged(name, caplog):
     assert os.path.exists(shm_path(name))
     with pytest.raises(SegmentUnavailable, match="is gone"):
         SegmentMapping.attach(name, old_token)
-    with caplog.at_level(logging.WARNING, logger="kvstored.node.segment"):
+    with caplog.at_level(logging.WARNING, logger="kvstored.shm"):
         segment = DramSegment.create(name, 8192, populate=False)
     with segment:
         assert segment.token != old_token
@@ -175,7 +175,7 @@ def test_a_stale_segment_of_a_killed_node_is_replaced_and_logged(name, caplog):
 
 
 def test_sweep_removes_only_segments_whose_creator_is_gone(name):
-    from kvstored.node.segment import sweep_stale
+    from kvstored.shm import sweep_stale
 
     dead, _ = start_holder(name)
     dead.send_signal(signal.SIGKILL)
@@ -209,7 +209,7 @@ def test_a_killed_node_not_yet_reaped_counts_as_gone(name):
 
 FORKING_HOLDER = """
     import os, sys, time
-    from kvstored.node.segment import DramSegment
+    from kvstored.shm import DramSegment
     segment = DramSegment.create(sys.argv[1], 1 << 20, populate=False)
     if os.fork() == 0:          # the child inherits the open segment, and its lock
         time.sleep(120)
@@ -333,7 +333,7 @@ def test_close_does_not_unlink_a_replacement(name):
 
 CLIENT = """
     import sys
-    from kvstored.node.segment import SegmentMapping
+    from kvstored.shm import SegmentMapping
     mapping = SegmentMapping.attach(sys.argv[1], bytes.fromhex(sys.argv[2]),
                                     populate=sys.argv[3] == "1")
     print(bytes(mapping.view(4096, 11)).decode(), mapping.data_size, flush=True)

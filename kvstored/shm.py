@@ -1,8 +1,9 @@
-"""The node's DRAM segment: one POSIX shared-memory file that same-host clients map.
+"""A node's DRAM segment: one POSIX shared-memory file that same-host clients map.
 
 The node creates ``/dev/shm/<name>`` (:meth:`DramSegment.create`); a client on the same
 host maps it (:meth:`SegmentMapping.attach`) and copies object bytes in and out directly,
-with no socket in the data path. Offsets into the data region come from the node's
+with no socket in the data path. Both import this module, which imports neither.
+Offsets into the data region come from the node's
 :class:`~kvstored.allocator.OffsetAllocator`; this module only owns the memory.
 
 Layout: a 4096-byte header page, then the data region (4096-aligned, ``data_size`` bytes).
@@ -26,7 +27,7 @@ token mismatch means the node restarted (a new segment under the same name) and 
 client must not trust its old offsets.
 
 Performance facts (measured on the 2-vCPU dev machine; re-measure with
-``python -m tests.node.test_segment``):
+``python -m tests.test_shm``):
 
 - Fresh memory is slow. The first write to a never-touched tmpfs page runs at about
   0.5 GB/s; the same copy into pre-faulted pages runs at 10-12 GB/s. So ``create``
@@ -234,7 +235,8 @@ class _Mapped:
         self._data = None
         mapping, self._mmap = self._mmap, None
         try:
-            mapping.close()
+            if mapping is not None:
+                mapping.close()
         except BufferError:
             # Views handed out are still alive; the mapping is unmapped when the last of
             # them is released or collected. Never unmap memory under a live view.

@@ -1,7 +1,10 @@
-"""What the blocking and the trio clients share: request checks, result types, the
-same-host segment mappings, and the read core (:class:`BatchRead`), which decides
-without doing any I/O where each object of a batch read comes from and what a reply
-means, so that both clients behave alike."""
+"""How a client reads a batch, without I/O: where each object comes from, in which order
+its replicas are tried, and what each answer means (:class:`BatchRead`); plus what reads
+remember across batches (nodes that just failed, counts of what went wrong).
+
+The I/O is the shells' (blocking, trio): :mod:`kvstored.client.core` drives a
+:class:`BatchRead` through them.
+"""
 
 from __future__ import annotations
 
@@ -14,114 +17,16 @@ from typing import Any
 
 from crc32c import crc32c
 
-from kvstored.config import ConfigError
-from kvstored.errors import BadRequestError, NoSpaceError
-from kvstored.hostid import host_id
-from kvstored.sdk.errors import InvalidKeyError
-from kvstored.sdk.types import encode_key
-from kvstored.security import ClientToken, find_client_token
+from kvstored.client.segments import Segments
+from kvstored.errors import BadRequestError
+from kvstored.protocol import Tier
+from kvstored.protocol.master_api import LookupReply, NodeContact
+from kvstored.protocol.node_api import GetRequest
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS = ("auto", "tcp", "shm")
 #: Missing: the value ``get_into`` and ``batch_get_into`` report for an absent key.
 MISSING = -1
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    node: str
-    tier: str
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """What ``stat`` reports: the size, the CRC-32C of the value, and where it lives."""
-
-    key: str
-    size: int
-    checksum: int
-    replicas: tuple[ReplicaInfo, ...]
-    reads: int = 0
-
-    @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> ObjectInfo:
-        return cls(obj["key"], obj["size"], obj["checksum"],
-                   tuple(ReplicaInfo(r["node"], r["tier"], r["state"]) for r in obj["replicas"]),
-                   obj.get("reads", 0))
-
-
-def check_keys(keys: list[str]) -> None:
-    for key in keys:
-        try:
-            encode_key(key)
-        except InvalidKeyError as exc:
-            raise BadRequestError(exc.message, key=exc.key) from None
-
-
-def prepare_values(keys: list[str], values: list[Any]) -> tuple[list[memoryview], list[int],
-                                                                list[int]]:
-    if len(keys) != len(values):
-        raise BadRequestError(f"{len(keys)} keys but {len(values)} values")
-    check_keys(keys)
-    views = [memoryview(v).cast("B") for v in values]
-    return views, [v.nbytes for v in views], [crc32c(v) for v in views]
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    from kvstored.config import split_address
-
-    try:
-        return split_address(text)
-    except ValueError as exc:
-        raise BadRequestError(f"bad address {text!r}: {exc}") from None
-
-
-class Segments:
-    """Same-host segment mappings, attached on first use; nodes that cannot be mapped
-    are remembered so the client does not retry on every read."""
-
-    def __init__(self, transport: str) -> None:
-        self.transport = transport
-        self._maps: dict[str, Any] = {}
-        self._refused: set[str] = set()
-        self._lock = threading.Lock()
-
-    def mapping(self, node: str, info: dict[str, Any]):
-        if self.transport == "tcp" or node in self._refused:
-            return None
-        with self._lock:
-            existing = self._maps.get(node)
-            if existing is not None:
-                if existing[0] == (info["segment"], info["token"]):
-                    return existing[1]
-                # The node restarted with a new segment under the same name: the old
-                # mapping shows freed memory, never read through it again.
-                self._maps.pop(node)[1].close()
-            if info.get("host") != host_id():
-                self._refused.add(node)
-                return None
-            from kvstored.node.segment import SegmentMapping, SegmentUnavailable
-
-            try:
-                mapping = SegmentMapping.attach(info["segment"], bytes.fromhex(info["token"]))
-            except (SegmentUnavailable, OSError) as exc:
-                log.info("node %s: shared memory unavailable (%s); using TCP", node, exc)
-                self._refused.add(node)
-                return None
-            self._maps[node] = ((info["segment"], info["token"]), mapping)
-            return mapping
-
-    def forget(self, node: str) -> None:
-        with self._lock:
-            entry = self._maps.pop(node, None)
-        if entry is not None:
-            entry[1].close()
-
-    def close(self) -> None:
-        for node in list(self._maps):
-            self.forget(node)
 
 
 @dataclass(slots=True)
@@ -172,6 +77,16 @@ class Route:
     shm_offset: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ShmCopy:
+    """An object to copy out of a mapped segment now."""
+
+    index: int
+    node: str
+    offset: int
+    size: int
+
+
 class BatchRead:
     """One batch read, as a state machine without I/O.
 
@@ -181,61 +96,58 @@ class BatchRead:
     the next: the node cannot be reached or fails the request, the node no longer has
     it, or the bytes fail the object's CRC-32C (which every copy handed to the caller is
     checked against). An object with no route left is a clean miss: a read never raises
-    because a node is down. Bad copies are collected in :attr:`corrupt` so that the
-    client can tell their nodes.
+    because a node is down. Bad copies are collected so that the client can tell their
+    nodes.
 
-    The caller loops while :attr:`pending`: it copies :meth:`shm_copies` and calls
-    :meth:`copied`, fetches :meth:`tcp_requests` and calls :meth:`received` per item or
-    :meth:`failed` for what a node could not deliver, then sends :meth:`take_corrupt`.
+    The caller loops while :attr:`pending`: :meth:`copy_from_segments`, then for each of
+    :meth:`tcp_requests` a node get (:meth:`node_get`) and :meth:`received` per item or
+    :meth:`failed` for what the node could not deliver, and sends :meth:`take_corrupt`.
     """
 
-    def __init__(self, keys: list[str], reply: dict[str, Any], buffers: list[Any],
+    def __init__(self, keys: list[str], reply: LookupReply, buffers: list[Any],
                  segments: Segments, health: NodeHealth, stats: ReadStats) -> None:
         """``buffers`` are the caller's, one per key; an empty list is filled with new
         bytearrays of the objects' sizes."""
         if not buffers:
-            buffers.extend(bytearray(o[0]) if o else bytearray() for o in reply["objects"])
-        buffers = [memoryview(b).cast("B") for b in buffers]
+            buffers.extend(bytearray(s or 0) for s in reply.sizes)
         self.keys = keys
-        self.buffers = buffers
+        self.buffers = [memoryview(b).cast("B") for b in buffers]
         self.segments = segments
         self.health = health
         self.stats = stats
-        self.nodes: dict[str, dict[str, Any]] = reply["nodes"]
-        self.lease_ttl = float(reply.get("lease_ttl", 0.0))
+        self.nodes: dict[str, NodeContact] = reply.nodes
+        self.lease_ttl = reply.lease_ttl
         self.results = [MISSING] * len(keys)
-        self.sizes: list[int] = []
-        self.checksums: list[int | None] = []
-        self._routes: list[list[Route]] = []
-        self._cursor: list[int] = []
+        self.sizes = [MISSING if s is None else s for s in reply.sizes]
+        self.checksums = reply.checksums
+        self._routes: list[list[Route]] = [[] for _ in keys]
+        self._cursor = [0] * len(keys)
         self._open: set[int] = set()
         self.corrupt: dict[str, list[tuple[str, int]]] = {}
-        for i, found in enumerate(reply["objects"]):
-            if found is None:
-                self.sizes.append(MISSING)
-                self.checksums.append(None)
-                self._routes.append([])
-                self._cursor.append(0)
+        replicas: dict[int, list[tuple[str, Tier, int]]] = {}
+        columns = reply.replicas
+        for i, node, tier, offset in zip(columns.of, columns.nodes, columns.tiers,
+                                         columns.offsets):
+            replicas.setdefault(i, []).append((node, tier, offset))
+        for i, held in replicas.items():
+            size = self.sizes[i]
+            if size < 0:
                 continue
-            size, checksum, replicas = found
-            if len(buffers[i]) < size:
-                raise BadRequestError(f"the buffer holds {len(buffers[i])} bytes but the "
+            if len(self.buffers[i]) < size:
+                raise BadRequestError(f"the buffer holds {len(self.buffers[i])} bytes but the "
                                       f"object is {size}; pass a buffer of at least {size}",
                                       key=keys[i])
-            self.sizes.append(size)
-            self.checksums.append(checksum)
-            self._routes.append(self._plan(replicas))
-            self._cursor.append(0)
+            self._routes[i] = self._plan(held)
             if not self._routes[i]:
                 raise BadRequestError("transport='shm' but the object is not in a DRAM "
                                       "segment on this host; use transport='auto'",
                                       key=keys[i])
             self._open.add(i)
 
-    def _plan(self, replicas: list[list[Any]]) -> list[Route]:
+    def _plan(self, replicas: list[tuple[str, Tier, int]]) -> list[Route]:
         routes: list[Route] = []
         for node, tier, offset in replicas:
-            if tier == "dram" and self.segments.mapping(node, self.nodes[node]) is not None:
+            if tier is Tier.DRAM and self.segments.mapping(node, self.nodes[node]) is not None:
                 routes.append(Route(node, offset))
         if self.segments.transport != "shm":
             for node in dict.fromkeys(r[0] for r in replicas):
@@ -264,23 +176,27 @@ class BatchRead:
         """Copy what this host's mapped segments hold into the buffers and check it. If
         that took so long (``clock() - started``) that the lookup's lease may have run
         out under the copies, they are read again over TCP instead of trusted."""
-        copies = self.shm_copies()
-        for i, node, offset, size in copies:
-            self.buffers[i][:size] = self.segments.mapping(node, self.nodes[node]).view(
-                offset, size)
-        if copies and clock() - started > 0.8 * self.lease_ttl:
-            self.lease_ran_out([c[0] for c in copies])
+        copied = []
+        for copy in self.shm_copies():
+            mapping = self.segments.mapping(copy.node, self.nodes[copy.node])
+            if mapping is None:  # unmapped since the plan (closed): ask over TCP
+                self._advance(copy.index)
+                continue
+            self.buffers[copy.index][:copy.size] = mapping.view(copy.offset, copy.size)
+            copied.append(copy.index)
+        if copied and clock() - started > 0.8 * self.lease_ttl:
+            self.lease_ran_out(copied)
             return
-        for copy in copies:
-            self.copied(copy[0])
+        for i in copied:
+            self.copied(i)
 
-    def shm_copies(self) -> list[tuple[int, str, int, int]]:
-        """``(index, node, offset, size)`` of each object to copy out of a mapping now."""
+    def shm_copies(self) -> list[ShmCopy]:
+        """The objects to copy out of a mapping now."""
         out = []
         for i in sorted(self._open):
             route = self._route(i)
             if route is not None and route.shm_offset is not None:
-                out.append((i, route.node, route.shm_offset, self.sizes[i]))
+                out.append(ShmCopy(i, route.node, route.shm_offset, self.sizes[i]))
         return out
 
     def tcp_requests(self) -> dict[str, list[int]]:
@@ -292,10 +208,10 @@ class BatchRead:
                 out.setdefault(route.node, []).append(i)
         return out
 
-    def node_get(self, indexes: list[int]) -> dict[str, Any]:
-        """The ``get`` request header for ``indexes`` (the checksums pick the version)."""
-        return {"op": "get", "keys": [self.keys[i] for i in indexes],
-                "checksums": [self.checksums[i] for i in indexes]}
+    def node_get(self, indexes: list[int]) -> GetRequest:
+        """The ``get`` request for ``indexes`` (the checksums pick the version)."""
+        return GetRequest([self.keys[i] for i in indexes],
+                          [self.checksums[i] for i in indexes])
 
     # -- what happened -----------------------------------------------------------------
 
@@ -305,12 +221,14 @@ class BatchRead:
             self._open.discard(i)
 
     def _verify(self, i: int, size: int) -> bool:
-        if size == self.sizes[i] and crc32c(self.buffers[i][:size]) == self.checksums[i]:
+        checksum = self.checksums[i]
+        assert checksum is not None  # only found objects are read
+        if size == self.sizes[i] and crc32c(self.buffers[i][:size]) == checksum:
             self.results[i] = size
             self._open.discard(i)
             return True
         route = self._routes[i][self._cursor[i]]
-        self.corrupt.setdefault(route.node, []).append((self.keys[i], self.checksums[i]))
+        self.corrupt.setdefault(route.node, []).append((self.keys[i], checksum))
         self.stats.count(checksum_failures=1)
         log.warning("%r from node %s (%s) failed its checksum: not used", self.keys[i],
                     route.node, "shared memory" if route.shm_offset is not None else "TCP")
@@ -352,22 +270,6 @@ class BatchRead:
         return out
 
 
-def no_room_error(count: int, waited: float, reason: str | None, key: str) -> NoSpaceError:
-    """The error of a put that found no DRAM room for ``waited`` seconds, with the node's
-    own account of why (its DRAM is full and, say, its SSD too)."""
-    why = reason or ("the cluster is full of objects that cannot be evicted yet")
-    return NoSpaceError(f"no DRAM room for {count} object(s) after {waited:.0f}s: {why}",
-                        key=key)
-
-
-def client_token(token: str | None, token_file: str | None) -> ClientToken:
-    """The token a client presents (see :func:`kvstored.security.find_client_token`)."""
-    try:
-        return find_client_token(token, token_file)
-    except ConfigError as exc:
-        raise BadRequestError(str(exc)) from None
-
-
 def split_by_bytes(sizes: list[int], limit: int | None) -> list[list[int]]:
     """Indexes of ``sizes`` in order, cut into runs of at most ``limit`` bytes each (an
     item larger than ``limit`` alone in its run): the requests one node get becomes."""
@@ -382,7 +284,3 @@ def split_by_bytes(sizes: list[int], limit: int | None) -> list[list[int]]:
         runs[-1].append(i)
         total += size
     return runs
-
-
-def client_host() -> str:
-    return host_id()

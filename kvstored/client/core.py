@@ -1,0 +1,422 @@
+"""The client's logic, once, without I/O: what a put, a read or a query asks of the master
+and the nodes, what each reply means, what is retried, and which error the caller sees.
+
+Every operation of :class:`ClientCore` is a generator (a :data:`Step`) that yields
+*effects* and is sent their results:
+
+- :class:`Call`: send a request to the master (``node`` None) or to a node, and be sent
+  the typed reply; a failure (the peer answered an error, or could not be reached, or
+  timed out) is thrown into the step as a :class:`~kvstored.errors.StoreError`;
+- :class:`Greet`: be sent a node's hello reply (connecting first if need be);
+- :class:`Pause`: be resumed after some seconds.
+
+A *shell* performs the effects with real I/O and drives the step (:func:`drive` shows
+the loop): :class:`kvstored.client.sync.Client` over blocking sockets,
+:class:`kvstored.aio.AsyncClient` over trio. A shell is the loop, a connection per peer
+and these three effects; an asyncio shell would be one more module of that size. So the
+clients cannot drift: the same reply is the same result, or the same error, in each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from crc32c import crc32c
+
+from kvstored.address import split_address
+from kvstored.client.read import BatchRead, NodeHealth, ReadStats, split_by_bytes
+from kvstored.client.segments import TRANSPORTS, Segments
+from kvstored.errors import (
+    BadRequestError,
+    CorruptDataError,
+    NoSpaceError,
+    StoreError,
+    UnreachableError,
+)
+from kvstored.hostid import host_id
+from kvstored.protocol import MASTER_OPS, HelloReply, Message, PutStatus, ops
+from kvstored.protocol.master_api import (
+    Empty,
+    Endpoint,
+    KeysRequest,
+    LookupRequest,
+    NodeContact,
+    PutTargetRequest,
+    ReplicaInfo,
+    StatRequest,
+)
+from kvstored.protocol.node_api import PutReply, PutRequest, ReportCorruptRequest
+from kvstored.protocol.ops import Rep, Req
+from kvstored.sdk.errors import InvalidKeyError
+from kvstored.sdk.types import encode_key
+from kvstored.security import ClientToken
+from kvstored.wire import Buffer
+
+T = TypeVar("T")
+
+#: How long puts keep retrying when the target node is momentarily out of DRAM (the
+#: master frees room by evicting offloaded objects within a heartbeat or two).
+NO_SPACE_RETRY_SECONDS = 5.0
+#: The pause between two such tries.
+NO_SPACE_RETRY_PAUSE = 0.05
+
+
+# -- effects ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Send ``request`` (an op of ``spec``) to the master (``node`` None) or a node;
+    ``payload`` follows the request, the reply's payload is received into ``into``."""
+
+    spec: Any
+    request: Message
+    node: str | None = None
+    payload: Sequence[Buffer] = ()
+    into: Sequence[memoryview] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Greet:
+    """The hello reply of ``node``."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    seconds: float
+
+
+Effect = Call | Greet | Pause
+#: An operation: yields effects, is sent their results, returns its own.
+Step = Generator[Effect, Any, T]
+
+
+def call(spec: ops.OpSpec[Req, Rep], request: Req, *, node: str | None = None,
+         payload: Sequence[Buffer] = (), into: Sequence[memoryview] | None = None
+         ) -> Step[Rep]:
+    """``reply = yield from call(...)``: one request, typed."""
+    reply = yield Call(spec, request, node, payload, into)
+    return reply
+
+
+def greet(node: str) -> Step[HelloReply]:
+    hello = yield Greet(node)
+    return hello
+
+
+def drive(step: Step[T], perform: Callable[[Effect], Any]) -> T:
+    """Run ``step``, performing its effects with ``perform`` (a blocking shell's loop;
+    an async shell writes the same loop with ``await``). Only a ``StoreError`` of an
+    effect goes back into the step; anything else ends it."""
+    result: Any = None
+    error: StoreError | None = None
+    while True:
+        try:
+            effect = step.send(result) if error is None else step.throw(error)
+        except StopIteration as done:
+            return done.value
+        result, error = None, None
+        try:
+            result = perform(effect)
+        except StoreError as exc:
+            error = exc
+
+
+# -- results ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What ``stat`` reports: the size, the CRC-32C of the value, and where it lives."""
+
+    key: str
+    size: int
+    checksum: int
+    replicas: tuple[ReplicaInfo, ...]
+    reads: int = 0
+
+
+def check_keys(keys: Sequence[str]) -> None:
+    for key in keys:
+        try:
+            encode_key(key)
+        except InvalidKeyError as exc:
+            raise BadRequestError(exc.message, key=exc.key) from None
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    try:
+        return split_address(text)
+    except ValueError as exc:
+        raise BadRequestError(f"bad address {text!r}: {exc}") from None
+
+
+@dataclass(slots=True)
+class _Put:
+    """A batch put in progress: the values, and each key's result so far."""
+
+    keys: list[str]
+    views: list[memoryview]
+    sizes: list[int]
+    checksums: list[int]
+    results: list[bool | None]
+
+    def request(self, idx: list[int]) -> PutRequest:
+        return PutRequest([self.keys[i] for i in idx], [self.sizes[i] for i in idx],
+                          [self.checksums[i] for i in idx])
+
+
+class ClientCore:
+    """The state a client keeps (the nodes it knows, its same-host mappings, which nodes
+    just failed, its counts) and its operations as steps (see the module docstring).
+    ``clock`` is the shell's monotonic clock."""
+
+    def __init__(self, master: str, *, transport: str, token: ClientToken,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if transport not in TRANSPORTS:
+            raise BadRequestError(f"transport must be one of {', '.join(TRANSPORTS)}")
+        self.master = parse_address(master)
+        self.transport = transport
+        self.token = token
+        self.clock = clock
+        self.segments = Segments(transport)
+        #: What reads ran into: checksum failures, nodes that could not serve.
+        self.stats = ReadStats()
+        self.health = NodeHealth()
+        #: How to reach each node this client heard of.
+        self.nodes: dict[str, NodeContact] = {}
+
+    def endpoint(self, node: str | None) -> tuple[str, int]:
+        """The address of the master (None) or of ``node``."""
+        if node is None:
+            return self.master
+        contact = self.nodes.get(node)
+        if contact is None:
+            raise UnreachableError(f"no address is known for node {node}")
+        return contact.endpoint.host, contact.endpoint.port
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def batch_put(self, keys: Sequence[str], values: Sequence[Any]) -> Step[list[bool]]:
+        """Store objects; True for each stored now, False for each that existed."""
+        keys = list(keys)
+        if len(keys) != len(values):
+            raise BadRequestError(f"{len(keys)} keys but {len(values)} values")
+        check_keys(keys)
+        views = [memoryview(v).cast("B") for v in values]
+        put = _Put(keys, views, [v.nbytes for v in views], [crc32c(v) for v in views],
+                   [None] * len(keys))
+        todo = list(range(len(keys)))
+        deadline = self.clock() + NO_SPACE_RETRY_SECONDS
+        while todo:
+            todo, why = yield from self._put_round(put, todo)
+            if not todo:
+                break
+            if self.clock() > deadline:
+                why = why or "the cluster is full of objects that cannot be evicted yet"
+                raise NoSpaceError(f"no DRAM room for {len(todo)} object(s) after "
+                                   f"{NO_SPACE_RETRY_SECONDS:.0f}s: {why}", key=keys[todo[0]])
+            yield Pause(NO_SPACE_RETRY_PAUSE)
+        return [bool(r) for r in put.results]
+
+    def _put_round(self, put: _Put, todo: list[int]) -> Step[tuple[list[int], str | None]]:
+        """One placement and one request per node: the indexes to try again (no DRAM
+        room there yet) and the node's account of why."""
+        reply = yield from call(ops.PUT_TARGET, PutTargetRequest(
+            [put.keys[i] for i in todo], [put.sizes[i] for i in todo], host_id()))
+        self.nodes.update(reply.nodes)
+        by_node: dict[str, list[int]] = {}
+        for i, target in zip(todo, reply.targets):
+            if target is None:
+                put.results[i] = False  # the key exists, or another put of it is on
+            else:
+                by_node.setdefault(target, []).append(i)
+        retry: list[int] = []
+        why = None
+        for node, idx in by_node.items():
+            try:
+                placed = yield from self._put_on_node(node, put, idx)
+            except StoreError:
+                yield from call(ops.PUT_ABORT, KeysRequest([put.keys[i] for i in idx]))
+                raise
+            why = placed.no_space or why
+            retry += yield from self._settle(node, put, idx, placed.results)
+        return retry, why
+
+    def _settle(self, node: str, put: _Put, idx: list[int], results: list[PutStatus]
+                ) -> Step[list[int]]:
+        """Record a node's answer; release the reservations of what it did not store,
+        and raise for what must not be retried. Returns the indexes to try again."""
+        retry: list[int] = []
+        failure: StoreError | None = None
+        for i, status in zip(idx, results):
+            if status is PutStatus.OK or status is PutStatus.EXISTS:
+                put.results[i] = status is PutStatus.OK
+                continue
+            if status is PutStatus.NO_SPACE:
+                retry.append(i)
+            elif failure is None:
+                failure = _put_failure(node, put.keys[i], status)
+        released = [put.keys[i] for i, status in zip(idx, results)
+                    if status is not PutStatus.OK and status is not PutStatus.EXISTS]
+        if released:
+            yield from call(ops.PUT_ABORT, KeysRequest(released))
+        if failure is not None:
+            raise failure
+        return retry
+
+    def _put_on_node(self, node: str, put: _Put, idx: list[int]) -> Step[PutReply]:
+        """Send ``idx`` to ``node``: over TCP, or through its mapped segment."""
+        mapping = self.segments.mapping(node, self.nodes[node])
+        request = put.request(idx)
+        if mapping is None:
+            return (yield from call(ops.PUT, request, node=node,
+                                    payload=[put.views[i] for i in idx]))
+        allocated = yield from call(ops.ALLOC, request, node=node)
+        status: dict[int, PutStatus] = {}
+        sealed = []
+        for i, offset in zip(idx, allocated.offsets):
+            if offset is None:
+                status[i] = PutStatus.NO_SPACE
+                continue
+            mapping.view(offset, put.sizes[i])[:] = put.views[i]
+            sealed.append(i)
+        if sealed:
+            outcome = yield from call(ops.SEAL, KeysRequest([put.keys[i] for i in sealed]),
+                                      node=node)
+            status.update(zip(sealed, outcome.results))
+        return PutReply([status[i] for i in idx], allocated.no_space)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def read(self, keys: Sequence[str], buffers: list[Any]) -> Step[list[int]]:
+        """Look ``keys`` up (one master round trip), then copy each from a mapped segment
+        or fetch it from its node, falling back to other replicas (see BatchRead); per
+        key the length read, or MISSING. An empty ``buffers`` is filled with new
+        bytearrays."""
+        keys = list(keys)
+        check_keys(keys)
+        started = self.clock()
+        reply = yield from call(ops.LOOKUP, LookupRequest(keys))
+        self.nodes.update(reply.nodes)
+        read = BatchRead(keys, reply, buffers, self.segments, self.health, self.stats)
+        while read.pending:
+            read.copy_from_segments(started, self.clock)
+            yield from self._report_corrupt(read)
+            for node, idx in read.tcp_requests().items():
+                yield from self._get_from_node(read, node, idx)
+            yield from self._report_corrupt(read)
+        return read.results
+
+    def read_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> Step[list[int]]:
+        if len(keys) != len(buffers):
+            raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        return (yield from self.read(keys, list(buffers)))
+
+    def read_values(self, keys: Sequence[str]) -> Step[list[bytes | None]]:
+        buffers: list[Any] = []
+        results = yield from self.read(keys, buffers)
+        return [bytes(memoryview(b)[:n]) if n >= 0 else None
+                for b, n in zip(buffers, results)]
+
+    def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> Step[None]:
+        """Fetch ``idx`` from ``node`` into their buffers; whatever it cannot deliver is
+        handed back to ``read`` as failed (never raised: a read falls back or misses)."""
+        try:
+            hello = yield from greet(node)
+        except StoreError:
+            read.failed(node, idx)
+            return
+        # A node stages at most max_read_staging bytes of SSD reads for one request.
+        parts = split_by_bytes([max(read.sizes[i], 0) for i in idx], hello.max_read_staging)
+        for n, part in enumerate(parts):
+            chunk = [idx[j] for j in part]
+            try:
+                reply = yield from call(ops.GET, read.node_get(chunk), node=node,
+                                        into=[read.buffers[i] for i in chunk])
+            except StoreError:
+                read.failed(node, [idx[j] for later in parts[n:] for j in later])
+                return
+            for i, size in zip(chunk, reply.sizes):
+                read.received(i, size)
+
+    def _report_corrupt(self, read: BatchRead) -> Step[None]:
+        """Tell nodes which of their copies failed the checksum here; each checks its
+        own copy and drops it if bad (best effort: a read never fails over this)."""
+        for node, (keys, checksums) in read.take_corrupt().items():
+            try:
+                yield from call(ops.REPORT_CORRUPT, ReportCorruptRequest(keys, checksums),
+                                node=node)
+            except StoreError:
+                pass
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def batch_exists(self, keys: Sequence[str]) -> Step[list[bool]]:
+        return (yield from call(ops.EXISTS, KeysRequest(list(keys)))).exists
+
+    def prefix_hits(self, keys: Sequence[str]) -> Step[int]:
+        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache)."""
+        return (yield from call(ops.PREFIX_HITS, KeysRequest(list(keys)))).hits
+
+    def batch_remove(self, keys: Sequence[str]) -> Step[list[bool]]:
+        return (yield from call(ops.REMOVE, KeysRequest(list(keys)))).removed
+
+    def stat(self, key: str) -> Step[ObjectInfo | None]:
+        try:
+            found = (yield from call(ops.STAT, StatRequest(key))).object
+        except StoreError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+        return ObjectInfo(found.key, found.size, found.checksum, tuple(found.replicas),
+                          found.reads)
+
+    def locate(self, key: str) -> Step[dict[str, dict[str, Any]]]:
+        """Where each node holding ``key`` keeps its bytes (see ``Client.locate``)."""
+        info = yield from self.stat(key)
+        if info is None:
+            return {}
+        holders = sorted({r.node for r in info.replicas})
+        if any(n not in self.nodes for n in holders):
+            # Nodes this client never talked to: their addresses are in the status.
+            for status in (yield from call(ops.STATUS, _EMPTY)).nodes:
+                if status.node not in self.nodes and status.node in holders:
+                    host, port = parse_address(status.address)
+                    self.nodes[status.node] = NodeContact(
+                        Endpoint(host, port), host_id="", segment="", segment_token="")
+        out: dict[str, dict[str, Any]] = {}
+        for node in holders:
+            try:
+                found = yield from call(ops.LOCATE, KeysRequest([key]), node=node)
+                out[node] = found.locations[0].to_wire()
+            except StoreError as exc:
+                out[node] = {"error": f"node {node} could not be asked: {exc}"}
+        return out
+
+    def raw(self, op: str, args: dict[str, Any]) -> Step[dict[str, Any]]:
+        """A master request from its wire fields, and its reply as a map (the admin
+        tools' ``Client.call``). The request is checked here as the master would."""
+        spec = MASTER_OPS.get(op)
+        if spec is None:
+            raise BadRequestError(f"unknown op {op!r}; known: {', '.join(sorted(MASTER_OPS))}")
+        reply = yield from call(spec, spec.check({"op": op, **args}))
+        return ops.OpSpec.reply_header(reply)
+
+
+_EMPTY = Empty()
+
+
+def _put_failure(node: str, key: str, status: PutStatus) -> StoreError:
+    """The error of a put that a node refused for good."""
+    if status is PutStatus.CORRUPT:
+        return CorruptDataError(f"node {node} received bytes that fail their checksum; "
+                                "nothing was stored", key=key)
+    if status is PutStatus.MISSING:
+        return UnreachableError(f"node {node} no longer held the room for this put when it "
+                                "was sealed (it waited longer than master.put_timeout)",
+                                key=key)
+    return StoreError(f"node {node} answered the put with {status!r}", key=key)

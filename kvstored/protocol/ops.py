@@ -1,0 +1,239 @@
+"""Every op, once: who may call it, the message its request carries and the one its reply
+carries, and whether either has a payload; and the hello that opens every connection.
+
+:class:`OpSpec` is also the codec of one op's exchange, without I/O: ``request_header``
+and ``check`` (the server checks every request against its declaration before the
+handler runs, so a handler only ever sees the types it was written for, and a wrong type,
+a negative size, a missing field or garbage nested inside gets a ``bad_request`` naming
+the field), ``reply_header`` and ``decode_reply``. What a field *means* (a key that does
+not exist, a node that is not registered) is the handler's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from kvstored.errors import BadRequestError, UnreachableError, from_wire
+from kvstored.protocol.enums import Op, Role
+from kvstored.protocol.master_api import (
+    CommitReply,
+    CommitRequest,
+    Empty,
+    EvictReply,
+    EvictRequest,
+    ExistsReply,
+    FlushReply,
+    FlushRequest,
+    HeartbeatReply,
+    HeartbeatRequest,
+    KeysRequest,
+    ListReply,
+    ListRequest,
+    LookupReply,
+    LookupRequest,
+    NodeKeysRequest,
+    NodeRequest,
+    PrefixHitsReply,
+    PutTargetReply,
+    PutTargetRequest,
+    RecoverReply,
+    RecoverRequest,
+    RegisterObjectsReply,
+    RegisterObjectsRequest,
+    RegisterReply,
+    RegisterRequest,
+    RemoveReply,
+    StatReply,
+    StatRequest,
+    StatusReply,
+    UnregisterReply,
+)
+from kvstored.protocol.messages import Message, message
+from kvstored.protocol.node_api import (
+    AllocReply,
+    GetReply,
+    GetRequest,
+    LocateReply,
+    PutReply,
+    PutRequest,
+    ReportCorruptReply,
+    ReportCorruptRequest,
+)
+from kvstored.protocol.shapes import Fields
+from kvstored.wire import FrameError
+
+#: Version 2: typed messages, batches as columns, tasks with a ``kind``.
+PROTOCOL_VERSION = 2
+
+Req = TypeVar("Req", bound=Message)
+Rep = TypeVar("Rep", bound=Message)
+
+
+@dataclass(frozen=True, eq=False)
+class OpSpec(Generic[Req, Rep]):
+    """One op: its name, who may call it, its request and reply messages, and whether
+    the request (``payload``) or the reply (``reply_payload``: one item per entry of the
+    reply's ``sizes`` that is not negative) carries bytes after the header."""
+
+    op: Op
+    role: Role
+    request: type[Req]
+    reply: type[Rep]
+    payload: bool = False
+    reply_payload: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.op.value
+
+    def _fields(self) -> Fields:
+        return self.request.shape()
+
+    def request_header(self, request: Req) -> dict[str, Any]:
+        return {"op": self.op.value, **request.to_wire()}
+
+    def check(self, header: Mapping[str, Any]) -> Req:
+        """The request in ``header``; :class:`BadRequestError` naming the field if it
+        does not fit this op."""
+        fields = self._fields()
+        if not fields.ok(header):
+            where, message = fields.explain_fields(dict(header))
+            raise BadRequestError(f"malformed {self.name} request: "
+                                  + " ".join(filter(None, (where, message))))
+        return fields.decode(header)
+
+    @staticmethod
+    def reply_header(reply: Message) -> dict[str, Any]:
+        return {"ok": True, **reply.to_wire()}
+
+    def decode_reply(self, header: Mapping[str, Any]) -> Rep:
+        """The reply in ``header``, or the error it carries raised. A reply that is not
+        this op's raises :class:`~kvstored.wire.FrameError`: the peer is not speaking
+        this protocol, and the connection cannot be trusted any more."""
+        if header.get("ok") is not True:
+            error = header.get("error")
+            raise from_wire(error if isinstance(error, dict) else {})
+        if self.reply_payload and not self.reply.shape().ok(header):
+            # Its sizes say how to read the bytes that follow: check them (cheap).
+            where, message = self.reply.shape().explain_fields(dict(header))
+            raise FrameError(f"malformed {self.name} reply: {where} {message}")
+        try:
+            return self.reply.from_wire(header)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
+
+    def payload_views(self, reply: Rep, into: Sequence[memoryview]) -> list[memoryview]:
+        """Where the items of ``reply``'s payload go: ``into[i][:size]`` for each entry
+        of its ``sizes`` that is not negative (no item: the peer does not have it). An
+        item larger than its buffer raises FrameError before anything is read."""
+        sizes = getattr(reply, "sizes", None)
+        if not self.reply_payload or not isinstance(sizes, list) or len(sizes) != len(into):
+            raise FrameError(f"a {self.name} reply carries no payload for {len(into)} "
+                             "buffers")
+        views = []
+        for view, size in zip(into, sizes):
+            if size > len(view):
+                raise FrameError(f"an item of {size} bytes for a {len(view)}-byte buffer")
+            if size >= 0:
+                views.append(view[:size])
+        return views
+
+
+def lost_connection(op: str, where: str, why: BaseException | str) -> UnreachableError:
+    """The error of a call whose exchange broke off (the connection failed or timed out,
+    or the peer answered something that is not the op's reply); the caller has closed
+    the connection."""
+    text = why if isinstance(why, str) else str(why) or type(why).__name__
+    return UnreachableError(f"{op}: connection to {where} failed: {text}")
+
+
+def _table(*specs: OpSpec[Any, Any]) -> dict[str, OpSpec[Any, Any]]:
+    return {spec.name: spec for spec in specs}
+
+
+# -- the hello -----------------------------------------------------------------------------
+
+@message
+class Hello(Message):
+    """The first frame of every connection: who the peer is and what it can prove."""
+
+    role: Role = Role.CLIENT
+    token: str | None = None
+    version: int = PROTOCOL_VERSION
+
+    @classmethod
+    def parse(cls, header: Mapping[str, Any]) -> Hello:
+        """The hello in ``header``; :class:`BadRequestError` if it is not one."""
+        if header.get("op") != Op.HELLO:
+            raise BadRequestError("the first frame must be hello")
+        if "version" not in header:
+            raise BadRequestError("malformed hello request: version is missing")
+        return HELLO.check(header)
+
+
+@message
+class HelloReply(Message):
+    """A server's answer to a hello. Clients need none of its fields to work (a peer may
+    answer with ``ok`` alone); each says something about the server."""
+
+    service: str = ""
+    role: Role = Role.CLIENT
+    #: The master's: how often nodes send heartbeats.
+    heartbeat_interval: float | None = None
+    #: A node's: the most bytes of SSD reads one get may need staged
+    #: (security.max_read_staging); clients split their gets below it.
+    max_read_staging: int | None = None
+
+
+HELLO = OpSpec(Op.HELLO, Role.CLIENT, Hello, HelloReply)
+
+# -- the master ------------------------------------------------------------------------------
+# Node ops change what the cluster believes is stored where, so only a connection holding
+# the node token may send them.
+
+REGISTER = OpSpec(Op.REGISTER, Role.NODE, RegisterRequest, RegisterReply)
+REGISTER_OBJECTS = OpSpec(Op.REGISTER_OBJECTS, Role.NODE, RegisterObjectsRequest,
+                          RegisterObjectsReply)
+REGISTER_DONE = OpSpec(Op.REGISTER_DONE, Role.NODE, NodeRequest, Empty)
+COMMIT = OpSpec(Op.COMMIT, Role.NODE, CommitRequest, CommitReply)
+HEARTBEAT = OpSpec(Op.HEARTBEAT, Role.NODE, HeartbeatRequest, HeartbeatReply)
+SSD_EVICTED = OpSpec(Op.SSD_EVICTED, Role.NODE, NodeKeysRequest, Empty)
+# A node shutting down: first no more puts there, then (once it has written its DRAM-only
+# objects to SSD) gone, its replicas dropped at once.
+LEAVING = OpSpec(Op.LEAVING, Role.NODE, NodeRequest, Empty)
+UNREGISTER = OpSpec(Op.UNREGISTER, Role.NODE, NodeRequest, UnregisterReply)
+
+PUT_TARGET = OpSpec(Op.PUT_TARGET, Role.CLIENT, PutTargetRequest, PutTargetReply)
+PUT_ABORT = OpSpec(Op.PUT_ABORT, Role.CLIENT, KeysRequest, Empty)
+LOOKUP = OpSpec(Op.LOOKUP, Role.CLIENT, LookupRequest, LookupReply)
+EXISTS = OpSpec(Op.EXISTS, Role.CLIENT, KeysRequest, ExistsReply)
+PREFIX_HITS = OpSpec(Op.PREFIX_HITS, Role.CLIENT, KeysRequest, PrefixHitsReply)
+STAT = OpSpec(Op.STAT, Role.CLIENT, StatRequest, StatReply)
+REMOVE = OpSpec(Op.REMOVE, Role.CLIENT, KeysRequest, RemoveReply)
+LIST = OpSpec(Op.LIST, Role.CLIENT, ListRequest, ListReply)
+STATUS = OpSpec(Op.STATUS, Role.CLIENT, Empty, StatusReply)
+FLUSH = OpSpec(Op.FLUSH, Role.CLIENT, FlushRequest, FlushReply)
+EVICT = OpSpec(Op.EVICT, Role.CLIENT, EvictRequest, EvictReply)
+RECOVER = OpSpec(Op.RECOVER, Role.CLIENT, RecoverRequest, RecoverReply)
+
+MASTER_OPS = _table(REGISTER, REGISTER_OBJECTS, REGISTER_DONE, COMMIT, HEARTBEAT, SSD_EVICTED,
+                    LEAVING, UNREGISTER, PUT_TARGET, PUT_ABORT, LOOKUP, EXISTS, PREFIX_HITS,
+                    STAT, REMOVE, LIST, STATUS, FLUSH, EVICT, RECOVER)
+
+# -- a node's data server ----------------------------------------------------------------------
+# Every op is a client op: clients put and get bytes here.
+
+PUT = OpSpec(Op.PUT, Role.CLIENT, PutRequest, PutReply, payload=True)
+ALLOC = OpSpec(Op.ALLOC, Role.CLIENT, PutRequest, AllocReply)
+SEAL = OpSpec(Op.SEAL, Role.CLIENT, KeysRequest, PutReply)
+ABORT = OpSpec(Op.ABORT, Role.CLIENT, KeysRequest, Empty)
+GET = OpSpec(Op.GET, Role.CLIENT, GetRequest, GetReply, reply_payload=True)
+LOCATE = OpSpec(Op.LOCATE, Role.CLIENT, KeysRequest, LocateReply)
+# A client read bytes of a DRAM copy here that failed the object's checksum; the node
+# checks its own copy (so a client cannot make it drop a good one).
+REPORT_CORRUPT = OpSpec(Op.REPORT_CORRUPT, Role.CLIENT, ReportCorruptRequest,
+                        ReportCorruptReply)
+
+NODE_OPS = _table(PUT, ALLOC, SEAL, ABORT, GET, LOCATE, REPORT_CORRUPT)

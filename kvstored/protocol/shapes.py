@@ -1,0 +1,407 @@
+"""Field shapes: what one value of a message may be on the wire, and how it becomes the
+Python value a handler sees.
+
+A :class:`Shape` answers three questions about a decoded msgpack value:
+
+- ``ok(value)``: does it fit? ``all_ok(values)`` asks it of every item of a list at once,
+  because batches of thousands of keys are checked on every call, so that path runs in
+  C (``set(map(type, ...))``, ``min``, ``max``);
+- ``explain(value)``: for a value that does not fit, where inside it the problem is and
+  what was expected (the error message names the field: ``sizes[0] must be ...``);
+- ``decode(value)`` / ``encode(value)``: the Python value of a wire value that fits, and
+  back. Most shapes are the identity (``identity`` is then true, and a list of them is
+  passed through untouched); enums become their members, maps become messages.
+
+Shapes are built by :mod:`kvstored.protocol.messages` from a message's field types; a
+field whose type says too little (a key, a size, a checksum) names its shape with
+``Annotated`` (:data:`Key`, :data:`Size`, ...).
+
+This module does no I/O and knows no op.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
+
+from kvstored.sdk.types import MAX_KEY_BYTES
+
+#: Items in one list field (keys of a batch, ...).
+MAX_BATCH = 65536
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nil"
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+            bytes: "binary", list: "a list", dict: "a map"}.get(type(value), type(value).__name__)
+
+
+def _all_of_type(values: list[Any], kind: type) -> bool:
+    return set(map(type, values)) == {kind}
+
+
+class Shape:
+    """What one field must be, and how its wire value becomes a Python value."""
+
+    expected = "?"
+    #: ``decode`` and ``encode`` return their argument.
+    identity = True
+
+    def ok(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def all_ok(self, values: list[Any]) -> bool:
+        """``ok`` for every one of ``values`` (a non-empty list)."""
+        return all(map(self.ok, values))
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        """``(path inside value, message)`` for a value that is not ok."""
+        return "", f"must be {self.expected}, not {_kind(value)}"
+
+    def decode(self, value: Any) -> Any:
+        return value
+
+    def encode(self, value: Any) -> Any:
+        return value
+
+
+class Str(Shape):
+    expected = "a string"
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is str
+
+    def all_ok(self, values: list[Any]) -> bool:
+        return _all_of_type(values, str)
+
+
+class KeyStr(Shape):
+    """An object key: a non-empty string of at most MAX_KEY_BYTES bytes of UTF-8 (what
+    every backend accepts; see :func:`kvstored.sdk.types.encode_key`)."""
+
+    expected = f"a key (a non-empty string of at most {MAX_KEY_BYTES} bytes)"
+
+    def ok(self, value: Any) -> bool:
+        # A UTF-8 character is at most 4 bytes: most keys need no encoding to tell.
+        return type(value) is str and (0 < len(value) <= MAX_KEY_BYTES // 4 or (
+            len(value) > 0 and len(value.encode()) <= MAX_KEY_BYTES))
+
+    def all_ok(self, values: list[Any]) -> bool:
+        if not _all_of_type(values, str):
+            return False
+        lengths = list(map(len, values))
+        return (min(lengths) > 0 and max(lengths) <= MAX_KEY_BYTES // 4) or all(
+            map(self.ok, values))
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is str:
+            return "", f"must be {self.expected}; this one has {len(value.encode())} bytes"
+        return super().explain(value)
+
+
+class Int(Shape):
+    """An integer in ``[lo, hi]`` (booleans are not integers here)."""
+
+    def __init__(self, lo: int | None = None, hi: int | None = None) -> None:
+        self.lo: float = -math.inf if lo is None else lo
+        self.hi: float = math.inf if hi is None else hi
+        self.expected = "an integer" + (
+            f" from {lo} to {hi}" if lo is not None and hi is not None
+            else f" >= {lo}" if lo is not None else f" <= {hi}" if hi is not None else "")
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is int and self.lo <= value <= self.hi
+
+    def all_ok(self, values: list[Any]) -> bool:
+        return _all_of_type(values, int) and self.lo <= min(values) and max(values) <= self.hi
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is int:
+            return "", f"must be {self.expected}, not {value}"
+        return super().explain(value)
+
+
+class Number(Shape):
+    """A finite number in ``[lo, hi]`` (an integer or a float, not a boolean)."""
+
+    def __init__(self, lo: float = -math.inf, hi: float = math.inf, *,
+                 unit: str = "a number") -> None:
+        self.lo, self.hi = lo, hi
+        bounds = "" if math.isinf(lo) and math.isinf(hi) else f" from {lo:g} to {hi:g}"
+        self.expected = unit + bounds
+
+    def ok(self, value: Any) -> bool:
+        return type(value) in (int, float) and math.isfinite(value) \
+            and self.lo <= value <= self.hi
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) in (int, float):
+            return "", f"must be {self.expected}, not {value!r}"
+        return super().explain(value)
+
+
+def Seconds(hi: float) -> Number:
+    """A finite, non-negative number of seconds, at most ``hi``."""
+    return Number(0, hi, unit="a number of seconds")
+
+
+class Bool(Shape):
+    expected = "a boolean"
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is bool
+
+    def all_ok(self, values: list[Any]) -> bool:
+        return _all_of_type(values, bool)
+
+
+class EnumOf(Shape):
+    """A member of a string enum, by its value."""
+
+    identity = False
+
+    def __init__(self, enum_type: type[enum.StrEnum]) -> None:
+        self.enum_type = enum_type
+        self.members: Mapping[str, enum.StrEnum] = {m.value: m for m in enum_type}
+        self.expected = " or ".join(repr(v) for v in self.members)
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is str and value in self.members
+
+    def all_ok(self, values: list[Any]) -> bool:
+        return _all_of_type(values, str) and set(values) <= self.members.keys()
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        return "", f"must be {self.expected}, not {value!r:.40}"
+
+    def decode(self, value: Any) -> Any:
+        return self.members[value]
+
+    def encode(self, value: Any) -> Any:
+        return str(value)  # msgpack packs a StrEnum as a str, but a plain one is faster
+
+
+class Opt(Shape):
+    """``inner``, or nil; as a field of a message, also absent."""
+
+    def __init__(self, inner: Shape) -> None:
+        self.inner = inner
+        self.expected = f"{inner.expected} or nil"
+        self.identity = inner.identity
+
+    def ok(self, value: Any) -> bool:
+        return value is None or self.inner.ok(value)
+
+    def all_ok(self, values: list[Any]) -> bool:
+        present = [v for v in values if v is not None]
+        return not present or self.inner.all_ok(present)
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        return self.inner.explain(value)
+
+    def decode(self, value: Any) -> Any:
+        return None if value is None else self.inner.decode(value)
+
+    def encode(self, value: Any) -> Any:
+        return None if value is None else self.inner.encode(value)
+
+
+class List(Shape):
+    def __init__(self, item: Shape, max_len: int = MAX_BATCH) -> None:
+        self.item, self.max_len = item, max_len
+        self.expected = f"a list of {item.expected}"
+        self.identity = item.identity
+
+    def ok(self, value: Any) -> bool:
+        if type(value) is not list or len(value) > self.max_len:
+            return False
+        # Item by item is cheaper for a few items; all_ok's C passes win beyond.
+        return all(map(self.item.ok, value)) if len(value) <= 16 else self.item.all_ok(value)
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is not list:
+            return super().explain(value)
+        if len(value) > self.max_len:
+            return "", f"has {len(value)} items, more than {self.max_len}"
+        for i, item in enumerate(value):
+            if not self.item.ok(item):
+                where, message = self.item.explain(item)
+                return f"[{i}]{where}", message
+        return "", "is fine"  # not reached: ok() said otherwise
+
+    def decode(self, value: Any) -> Any:
+        return value if self.identity else list(map(self.item.decode, value))
+
+    def encode(self, value: Any) -> Any:
+        return value if self.identity else list(map(self.item.encode, value))
+
+
+class Map(Shape):
+    """A map from strings to ``value`` shapes (nodes by name, tiers by name)."""
+
+    def __init__(self, value: Shape, max_len: int = MAX_BATCH) -> None:
+        self.value, self.max_len = value, max_len
+        self.expected = f"a map of {value.expected}"
+        self.identity = value.identity
+
+    def ok(self, value: Any) -> bool:
+        return (type(value) is dict and len(value) <= self.max_len
+                and all(type(k) is str for k in value)
+                and all(map(self.value.ok, value.values())))
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is not dict:
+            return super().explain(value)
+        if len(value) > self.max_len:
+            return "", f"has {len(value)} entries, more than {self.max_len}"
+        for name, item in value.items():
+            if type(name) is not str:
+                return "", f"must have string keys, not {_kind(name)}"
+            if not self.value.ok(item):
+                where, message = self.value.explain(item)
+                return f"[{name!r:.40}]{where}", message
+        return "", "is fine"
+
+    def decode(self, value: Any) -> Any:
+        if self.identity:
+            return value
+        return {name: self.value.decode(item) for name, item in value.items()}
+
+    def encode(self, value: Any) -> Any:
+        if self.identity:
+            return value
+        return {name: self.value.encode(item) for name, item in value.items()}
+
+
+class AnyValue(Shape):
+    expected = "anything"
+
+    def ok(self, value: Any) -> bool:
+        return True
+
+
+class Fields(Shape):
+    """A map with named fields, each of its own shape (a message; see
+    :mod:`kvstored.protocol.messages`, which builds one per message type).
+
+    A field in ``optional`` may be absent; other fields the map carries are ignored (an
+    older receiver of a newer sender). ``same_length`` names list fields that hold one
+    entry per key. ``build`` turns the decoded fields into the message."""
+
+    identity = False
+
+    def __init__(self, name: str, fields: Mapping[str, Shape], optional: frozenset[str],
+                 same_length: tuple[str, ...],
+                 build: Callable[[dict[str, Any]], Any]) -> None:
+        self.name = name
+        self.fields = dict(fields)
+        self.optional = optional
+        self.same_length = same_length
+        self.build = build
+        self.expected = "a map"
+        self._plain = [n for n, s in self.fields.items() if s.identity]
+        self._converted = [(n, s) for n, s in self.fields.items() if not s.identity]
+
+    def ok(self, value: Any) -> bool:
+        if type(value) is not dict:
+            return False
+        for name, shape in self.fields.items():
+            if name in value:
+                if not shape.ok(value[name]):
+                    return False
+            elif name not in self.optional:
+                return False
+        return not self.same_length or self._lengths_agree(value)
+
+    def _lengths_agree(self, value: dict[str, Any]) -> bool:
+        return len({len(value[n]) for n in self.same_length if value.get(n) is not None}) <= 1
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is not dict:
+            return super().explain(value)
+        where, message = self.explain_fields(value)
+        return (f".{where}" if where else ""), message
+
+    def explain_fields(self, value: dict[str, Any]) -> tuple[str, str]:
+        """``(field path, message)`` for a map that is not ok (no leading dot)."""
+        for name, shape in self.fields.items():
+            if name not in value:
+                if name not in self.optional:
+                    return name, "is missing"
+            elif not shape.ok(value[name]):
+                where, message = shape.explain(value[name])
+                return name + where, message
+        lengths = {n: len(value[n]) for n in self.same_length if value.get(n) is not None}
+        shown = ", ".join(f"{n} has {k}" for n, k in lengths.items())
+        return "", f"one entry per key expected, but {shown}"
+
+    def decode(self, value: Any) -> Any:
+        """The message of a map that is ok. Absent fields take the message's defaults; a
+        required one that is absent raises TypeError (a malformed reply)."""
+        args = {n: value[n] for n in self._plain if n in value}
+        for name, shape in self._converted:
+            item = value.get(name)
+            if item is not None:
+                args[name] = shape.decode(item)
+            elif name in value:
+                args[name] = None
+        return self.build(args)
+
+    def encode(self, value: Any) -> Any:
+        out = {n: getattr(value, n) for n in self._plain}
+        for name, shape in self._converted:
+            out[name] = shape.encode(getattr(value, name))
+        return out
+
+
+class Tagged(Shape):
+    """One of several messages, told apart by the value of their ``tag`` field (a task's
+    ``kind``)."""
+
+    identity = False
+
+    def __init__(self, tag: str, variants: Mapping[str, Fields]) -> None:
+        self.tag = tag
+        self.variants = dict(variants)
+        self.expected = f"a map whose {tag} is " + " or ".join(map(repr, self.variants))
+
+    def _variant(self, value: Any) -> Fields | None:
+        if type(value) is not dict:
+            return None
+        tag = value.get(self.tag)
+        return self.variants.get(tag) if type(tag) is str else None
+
+    def ok(self, value: Any) -> bool:
+        variant = self._variant(value)
+        return variant is not None and variant.ok(value)
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        variant = self._variant(value)
+        if variant is None:
+            return super().explain(value)
+        return variant.explain(value)
+
+    def decode(self, value: Any) -> Any:
+        return self.variants[value[self.tag]].decode(value)
+
+    def encode(self, value: Any) -> Any:
+        return value.to_wire()
+
+
+# -- the shapes fields name with Annotated -------------------------------------------------
+
+Key = Annotated[str, KeyStr()]
+Keys = Annotated[list[str], List(KeyStr())]
+Size = Annotated[int, Int(0, 2**63 - 1)]
+Sizes = Annotated[list[int], List(Int(0, 2**63 - 1))]
+Checksum = Annotated[int, Int(0, 2**32 - 1)]
+Checksums = Annotated[list[int], List(Int(0, 2**32 - 1))]
+#: A DRAM offset in a node's segment (-1: none, for an SSD copy).
+Offset = Annotated[int, Int(-1, 2**63 - 1)]
+Offsets = Annotated[list[int], List(Int(-1, 2**63 - 1))]
+Port = Annotated[int, Int(0, 65535)]
+OptKeys = Annotated[list[str] | None, Opt(List(KeyStr()))]
+OptSize = Annotated[int | None, Opt(Int(0, 2**63 - 1))]

@@ -1,0 +1,219 @@
+"""The blocking client and the trio client are two shells over one core: driven through
+the same scenarios against one real store, they give the same results and raise the same
+errors (type, message and key), to the letter.
+
+Each shell works under a key prefix of its own; results are compared with the prefix
+taken out. One scenario reads a key whose only replica sits on a node that accepts
+connections and never answers: both shells must give up on it within their timeout and
+miss, not hang (the trio client had no timeout on nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import kvstored
+import kvstored.aio
+from kvstored.errors import StoreError
+from kvstored.protocol import Role, Tier, ops
+from kvstored.protocol.master_api import (
+    CommitRequest,
+    Endpoint,
+    NodeContact,
+    NodeRequest,
+    RegisterRequest,
+)
+from kvstored.rpc import RpcClient
+from tests.daemon.conftest import embedded, spawn  # noqa: F401 - fixtures
+
+MiB = 1 << 20
+TIMEOUT = 2.0
+BIG = os.urandom(MiB + 3)
+
+#: (method, argument builder given the key prefix): what both shells are asked, in order.
+Scenario = list[tuple[str, Callable[[str], tuple[Any, ...]]]]
+
+SCENARIO: Scenario = [
+    ("batch_put", lambda p: ([f"{p}a", f"{p}empty", f"{p}big"], [b"alpha", b"", BIG])),
+    ("put", lambda p: (f"{p}a", b"again")),                       # written once: False
+    ("get", lambda p: (f"{p}a",)),
+    ("batch_get", lambda p: ([f"{p}big", f"{p}nothing", f"{p}empty", f"{p}a"],)),
+    ("batch_get_into", lambda p: ([f"{p}a", f"{p}nothing"],
+                                  [bytearray(10), bytearray(10)])),
+    ("get_into", lambda p: (f"{p}big", bytearray(10))),           # too small: an error
+    ("batch_get_into", lambda p: ([f"{p}a"], [])),                 # lengths differ
+    ("batch_exists", lambda p: ([f"{p}a", f"{p}nothing"],)),
+    ("prefix_hits", lambda p: ([f"{p}a", f"{p}big", f"{p}nothing", f"{p}empty"],)),
+    ("stat", lambda p: (f"{p}big",)),
+    ("stat", lambda p: (f"{p}nothing",)),
+    ("put", lambda p: ("", b"x")),                                 # not a key
+    ("put", lambda p: (p + "k" * 1100, b"x")),                     # a key too long
+    ("batch_put", lambda p: ([f"{p}x", f"{p}y"], [b"x"])),         # lengths differ
+    ("put", lambda p: (f"{p}huge", bytes(80 * MiB))),              # larger than DRAM
+    ("call", lambda p: ("nope",)),
+    ("call", lambda p: ("list", f"{p}")),
+    ("get", lambda p: ("parity-ghost",)),                          # its node is silent
+    ("remove", lambda p: (f"{p}a",)),
+    ("batch_remove", lambda p: ([f"{p}a", f"{p}big"],)),
+    ("get", lambda p: (f"{p}a",)),
+]
+
+
+def _outcome(prefix: str, call: Callable[[], Any]) -> Any:
+    try:
+        return ("ok", _strip(call(), prefix))
+    except StoreError as exc:
+        return ("error", type(exc).__name__, _strip(exc.message, prefix),
+                _strip(exc.key, prefix))
+
+
+def _strip(value: Any, prefix: str) -> Any:
+    """``value`` with the shell's key prefix taken out (results, messages, keys)."""
+    if isinstance(value, str):
+        return value.replace(prefix, "<p>")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, list | tuple):
+        return type(value)(_strip(v, prefix) for v in value)
+    if isinstance(value, dict):
+        return {k: _strip(v, prefix) for k, v in value.items() if k != "after"}
+    if isinstance(value, kvstored.ObjectInfo):
+        # The eager offload adds an SSD copy when it gets to it: compare the DRAM ones.
+        return (_strip(value.key, prefix), value.size, value.checksum,
+                sorted((r.node, r.state) for r in value.replicas if r.tier is Tier.DRAM))
+    return value
+
+
+def _list_args(method: str, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if method == "call" and len(args) == 2:
+        return (args[0],), {"prefix": args[1], "limit": 100}
+    return args, {}
+
+
+def _run_blocking(address: str, transport: str, prefix: str) -> list[Any]:
+    out = []
+    with kvstored.connect(address, transport=transport, timeout=TIMEOUT) as c:
+        for method, build in SCENARIO:
+            args, kwargs = _list_args(method, build(prefix))
+            out.append(_outcome(prefix, functools.partial(getattr(c, method), *args,
+                                                          **kwargs)))
+        out.append(("stats", c.stats.node_failures, c.stats.checksum_failures))
+    return out
+
+
+def _run_trio(address: str, transport: str, prefix: str) -> list[Any]:
+    async def main() -> list[Any]:
+        out = []
+        async with kvstored.aio.connect(address, transport=transport, timeout=TIMEOUT) as c:
+            for method, build in SCENARIO:
+                args, kwargs = _list_args(method, build(prefix))
+                try:
+                    result = ("ok", _strip(await getattr(c, method)(*args, **kwargs),
+                                           prefix))
+                except StoreError as exc:
+                    result = ("error", type(exc).__name__, _strip(exc.message, prefix),
+                              _strip(exc.key, prefix))
+                out.append(result)
+            out.append(("stats", c.stats.node_failures, c.stats.checksum_failures))
+        return out
+
+    return trio.run(main)
+
+
+class SilentNode:
+    """A node registered with the master whose data server accepts connections and never
+    answers, holding one committed object (``parity-ghost``)."""
+
+    def __init__(self, master: tuple[str, int], node_token: str) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+        self._session = threading.Thread(target=trio.run, args=(self._register, master,
+                                                               node_token), daemon=True)
+        self._session.start()
+        assert self._ready.wait(30), "the silent node did not register"
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                self.held.append(self.listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    async def _register(self, master: tuple[str, int], token: str) -> None:
+        rpc = RpcClient(master, token=token, role=Role.NODE)
+        port = self.listener.getsockname()[1]
+        await rpc.call(ops.REGISTER, RegisterRequest(
+            "parity-silent", NodeContact(Endpoint("127.0.0.1", port), "elsewhere", "none",
+                                         "00"), dram_capacity=MiB, ssd_capacity=0))
+        await rpc.call(ops.REGISTER_DONE, NodeRequest("parity-silent"))
+        await rpc.call(ops.COMMIT, CommitRequest("parity-silent", ["parity-ghost"], [5],
+                                                 [7], [0]))
+        self._ready.set()
+        await trio.to_thread.run_sync(self._stop.wait)  # the session (and node) lives on
+        rpc.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._session.join(10)
+        self._accepting.join(10)
+        for conn in self.held:
+            conn.close()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_both_shells_give_the_same_results_and_errors(embedded, transport):  # noqa: F811
+    up = embedded(dram="64MiB")
+    node_token = (Path(os.environ["XDG_CONFIG_HOME"]) / "kvstored" / "node-token").read_text()
+    silent = SilentNode(up.address, node_token.strip())
+    try:
+        blocking = _run_blocking(up.addr, transport, f"sync-{transport}/")
+        trio_side = _run_trio(up.addr, transport, f"trio-{transport}/")
+    finally:
+        silent.close()
+    for (method, _), mine, theirs in zip(SCENARIO, blocking, trio_side):
+        assert mine == theirs, method
+    assert blocking[-1] == trio_side[-1] == ("stats", 1, 0)
+    # What the scenario expects, beyond agreeing.
+    by_step = dict(zip([f"{i}:{m}" for i, (m, _) in enumerate(SCENARIO)], blocking))
+    assert by_step["0:batch_put"] == ("ok", [True, True, True])
+    assert by_step["1:put"] == ("ok", False)
+    assert by_step["3:batch_get"] == ("ok", [BIG, None, b"", b"alpha"])
+    assert by_step["5:get_into"][:2] == ("error", "BadRequestError")
+    assert by_step["14:put"][1] == "NoSpaceError"
+    assert by_step["17:get"] == ("ok", None)
+    assert by_step["20:get"] == ("ok", None)
+
+
+def test_a_trio_read_from_a_node_that_never_answers_misses_within_the_timeout(embedded):  # noqa: F811
+    """The trio client bounds node requests (connecting included) by its timeout."""
+    up = embedded()
+    node_token = (Path(os.environ["XDG_CONFIG_HOME"]) / "kvstored" / "node-token").read_text()
+    silent = SilentNode(up.address, node_token.strip())
+
+    async def main() -> tuple[bytes | None, float]:
+        async with kvstored.aio.connect(up.addr, transport="tcp", timeout=1.0) as c:
+            started = trio.current_time()
+            with trio.fail_after(20):
+                got = await c.get("parity-ghost")
+            return got, trio.current_time() - started
+
+    try:
+        got, took = trio.run(main)
+    finally:
+        silent.close()
+    assert got is None and took < 10
