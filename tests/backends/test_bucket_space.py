@@ -12,6 +12,7 @@ import pytest
 from kvstored.backends.bucket import BucketBackend
 from kvstored.native import IoEngine
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
+from kvstored.sdk.eviction import EvictionPolicy
 from kvstored.sdk.record import record_size
 from kvstored.sdk.registry import open_backend, parse_options
 from kvstored.sdk.testing import payload
@@ -48,7 +49,7 @@ def test_options_parse_from_a_command_line():
                                            "direct": "yes", "policy": "lru",
                                            "high_watermark": "0.95"})
     assert typed == {"bucket_bytes": 64 * MiB, "bucket_age": 0.5, "direct": True,
-                     "policy": "lru", "high_watermark": 0.95}
+                     "policy": EvictionPolicy.LRU, "high_watermark": 0.95}
 
 
 @pytest.mark.parametrize("bad", [{"policy": "random"}, {"bucket_keys": 0},
