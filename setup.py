@@ -6,6 +6,9 @@
 - The native extensions, compiled through cffi in API mode (``cffi_modules``). Each
   build script decides for itself what the machine supports (liburing or not) and
   never fails the install for a missing optional library.
+- ``kvstored.native._batch`` (native/batch.c), the one extension on the Python C API: it
+  turns an io batch's Python items into requests, which cffi cannot do. It is optional:
+  without it the uring engine builds its requests in Python (slower, same results).
 - Leaving those build scripts out of the wheel: they read the C sources when imported,
   and a wheel carries the compiled extensions, not the sources (tests/test_packaging.py).
 """
@@ -13,7 +16,7 @@
 import os
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 
@@ -48,8 +51,15 @@ class BuildPyWithoutBuildScripts(build_py):
         return [entry for entry in super().find_package_modules(package, package_dir)
                 if (entry[0], entry[1]) not in BUILD_SCRIPTS]
 
+#: The stable ABI of 3.11, the first with the buffer protocol in it (PyObject_GetBuffer).
+BATCH_EXTENSION = Extension("kvstored.native._batch", sources=["native/batch.c"],
+                            include_dirs=["native"], py_limited_api=True, optional=True,
+                            define_macros=[("Py_LIMITED_API", "0x030B0000")],
+                            extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
+
 setup(
     packages=_packages(),
+    ext_modules=[BATCH_EXTENSION],
     cffi_modules=CFFI_MODULES,
     cmdclass={"build_py": BuildPyWithoutBuildScripts},
     package_data={"kvstored": ["py.typed"],

@@ -282,34 +282,6 @@ class IoEngine(abc.ABC):
         return [result if result >= 0 else _error(-result, f, None, op, 0, 0)
                 for f, (result, _) in zip(files, outcomes)]
 
-    def write_synced(self, items: Iterable[Item], *, datasync: bool = True
-                     ) -> list[int | IoError]:
-        """:meth:`write` the batch, then :meth:`sync_written`: the write-then-fsync of
-        every backend. Returns per item ``len(buffer)`` once it is durable, or the
-        IoError of its write or of its file's sync."""
-        items = list(items)
-        return self.sync_written([item[0] for item in items], self.write(items),
-                                 datasync=datasync)
-
-    def sync_written(self, files: Sequence[IoFile], results: Sequence[R], *,
-                     datasync: bool = True) -> list[R | IoError]:
-        """Make a batch that was written durable: ``files[i]`` is the file item ``i``
-        wrote and ``results[i]`` how its write ended (an ``OSError`` when it failed).
-        Each file that one item reached without error is fdatasync'd (``fsync`` with
-        ``datasync=False``) once, all together; returns ``results`` with every item that
-        had not failed but whose file did not sync given that sync's IoError."""
-        if len(files) != len(results):
-            raise ValueError(f"{len(files)} files but {len(results)} results")
-        written: dict[int, IoFile] = {}  # by id: an IoFile is not hashable by value
-        for file, result in zip(files, results):
-            if not isinstance(result, OSError):
-                written.setdefault(id(file), file)
-        synced = dict(zip(written, self.fsync(written.values(), datasync=datasync)))
-        failed = {ident: outcome for ident, outcome in synced.items()
-                  if isinstance(outcome, IoError)}
-        return [failed.get(id(file), result) if not isinstance(result, OSError) else result
-                for file, result in zip(files, results)]
-
     def register_buffer(self, buffer: Any) -> bool:
         """Registers ``buffer`` (writable, kept referenced for the engine's life) as a
         fixed buffer: items whose memory lies inside it then skip the kernel's per-I/O page
@@ -393,3 +365,37 @@ def _error(number: int, file: IoFile, offset: int | None, op: str, length: int,
     if file.closed:
         detail = "the IoFile was closed"
     return IoError(number, file.path, offset, op=op, length=length, done=done, detail=detail)
+
+
+# The write-then-fsync of every backend. Functions, not methods, so that they call the
+# ``write`` and ``fsync`` of whatever engine they are given: a wrapper that overrides one
+# of those (a fault injector, a test double) is honoured.
+
+def write_synced(engine: IoEngine, items: Iterable[Item], *, datasync: bool = True
+                 ) -> list[int | IoError]:
+    """``engine.write`` the batch, then :func:`sync_written`. Returns per item
+    ``len(buffer)`` once it is durable, or the IoError of its write or of its file's
+    sync."""
+    items = list(items)
+    return sync_written(engine, [item[0] for item in items], engine.write(items),
+                        datasync=datasync)
+
+
+def sync_written(engine: IoEngine, files: Sequence[IoFile], results: Sequence[R], *,
+                 datasync: bool = True) -> list[R | IoError]:
+    """Make a batch that was written durable: ``files[i]`` is the file item ``i`` wrote
+    and ``results[i]`` how its write ended (an ``OSError`` when it failed). Each file
+    that one item reached without error is fdatasync'd (``fsync`` with
+    ``datasync=False``) once, all together; returns ``results`` with every item that had
+    not failed but whose file did not sync given that sync's IoError."""
+    if len(files) != len(results):
+        raise ValueError(f"{len(files)} files but {len(results)} results")
+    written: dict[int, IoFile] = {}  # by id: an IoFile is not hashable by value
+    for file, result in zip(files, results):
+        if not isinstance(result, OSError):
+            written.setdefault(id(file), file)
+    synced = dict(zip(written, engine.fsync(list(written.values()), datasync=datasync)))
+    failed = {ident: outcome for ident, outcome in synced.items()
+              if isinstance(outcome, IoError)}
+    return [failed.get(id(file), result) if not isinstance(result, OSError) else result
+            for file, result in zip(files, results)]

@@ -12,9 +12,12 @@ Blocking and threads
 Atomicity and durability
     Each item of :meth:`~StorageBackend.batch_write` either becomes durable and visible,
     or is reported failed and leaves nothing visible, not even after a crash. "Durable"
-    means the bytes and whatever index points at them are on stable storage (fsync'd)
-    before the call returns. A process killed in the middle of a batch leaves every
-    object of that batch either complete and correct or absent.
+    means the bytes and whatever index points at them are on stable storage (fsync'd,
+    and so is the directory of every file created, renamed or unlinked) before the call
+    returns. A process killed, or the power cut, in the middle of a batch leaves every
+    object of that batch either complete and correct or absent. The kit checks both: it
+    kills processes, and it cuts the power under a file system that loses every write
+    not made durable (docs/sdk.md, "Power loss").
 
 Write-once
     Objects are immutable. Writing a key that exists reports
@@ -27,7 +30,7 @@ Integrity
 
 Deletes
     A deleted key is gone for good: it must not reappear after a close, a reopen, a
-    crash or a recovery scan.
+    crash, a power cut or a recovery scan.
 
 Capacity and eviction
     A backend opened with ``capacity`` never occupies more than that many bytes of disk

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from kvstored.backends.bucket.index import write_indexes
 from kvstored.backends.bucket.records import NewRecord, write_records
 from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.native import IoEngine, IoFile
+from kvstored.native import IoEngine, IoFile, sync_written
 from kvstored.sdk.files import PRIVATE_FILE
 from kvstored.sdk.record import record_size, value_checksum
 
@@ -115,7 +115,7 @@ def _write_data(engine: IoEngine,
         errors = write_records(engine, [(f, r) for _, r, f in writing])
         for position, error in errors.items():
             failures[writing[position][0].id] = error
-        synced = engine.sync_written([f for _, _, f in writing],
+        synced = sync_written(engine, [f for _, _, f in writing],
                                      [failures.get(b.id) for b, _, _ in writing])
         for (bucket, _, _), outcome in zip(writing, synced):
             if isinstance(outcome, OSError):

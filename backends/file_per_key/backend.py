@@ -9,7 +9,7 @@ would use it:
 - :class:`~kvstored.sdk.claims.WriteClaims` keeps two writers of one key apart;
 - :class:`~kvstored.sdk.EvictionOrder` knows which object a ``fifo`` or ``lru`` store
   evicts first;
-- :func:`~kvstored.sdk.files.write_atomically` makes each object file durable, and
+- :func:`~kvstored.sdk.files.write_new_file` makes each object file durable, and
   :func:`~kvstored.sdk.record.verified_read` checks every read against the index;
 - the record pass of ``check`` is :func:`kvstored.sdk.check.check_records`.
 
@@ -49,7 +49,7 @@ from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
-from kvstored.sdk.files import fsync_dir, make_private_dirs, write_atomically
+from kvstored.sdk.files import fsync_dir, make_private_dirs, write_new_file
 from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
@@ -160,8 +160,11 @@ class FilePerKeyBackend(IndexedBackend):
         results: list[WriteResult | None] = [None] * len(items)
 
         def write(positions: list[int]) -> None:
-            # Write and fsync each file, fsync their folders once, then index them all.
-            written: list[tuple[int, Entry, int]] = []
+            # Stage every file in tmp/ (written and fsync'd), rename them all into
+            # place, fsync their folders once, and only then index (acknowledge) them: a
+            # crash leaves either staged files, which the next open removes, or records
+            # that were completely written.
+            staged: list[tuple[int, str, Entry, int]] = []
             for i in positions:
                 key, value = items[i]
                 room = align_up(VALUE_OFFSET + memoryview(value).nbytes)
@@ -171,22 +174,32 @@ class FilePerKeyBackend(IndexedBackend):
                     results[i] = WriteResult(key, WriteOutcome.FAILED, no_room)
                     continue
                 try:
-                    written.append((i, self._write_file(key, encoded[i], value), room))
+                    staged.append((i, *self._stage(key, encoded[i], value), room))
                 except BackendError as exc:
                     self._release(room)
                     results[i] = WriteResult(key, WriteOutcome.FAILED, exc)
+            placed: list[tuple[int, Entry, int]] = []
+            for i, tmp, entry, room in staged:
+                try:
+                    make_private_dirs(os.path.dirname(entry.path))
+                    os.rename(tmp, entry.path)
+                    placed.append((i, entry, room))
+                except OSError as exc:
+                    _remove(tmp)
+                    self._release(room)
+                    results[i] = WriteResult(items[i][0], WriteOutcome.FAILED, from_oserror(
+                        exc, key=items[i][0], path=entry.path, action="placing the object"))
             try:
-                for folder in {os.path.dirname(entry.path) for _, entry, _ in written}:
-                    fsync_dir(folder)
+                self._sync_folders({os.path.dirname(entry.path) for _, entry, _ in placed})
             except OSError as exc:
                 failure = from_oserror(exc, action="syncing the object directory")
-                for i, entry, room in written:
-                    os.unlink(entry.path)  # never acknowledged: it must not come back
+                for i, entry, room in placed:
+                    _remove(entry.path)  # never acknowledged: it must not come back
                     self._release(room)
                     results[i] = WriteResult(items[i][0], WriteOutcome.FAILED, failure)
                 return
             with self._lock:
-                for i, entry, room in written:
+                for i, entry, room in placed:
                     self._reserved -= room
                     self._index_locked(items[i][0], entry)
                     results[i] = WriteResult(items[i][0], WriteOutcome.WRITTEN)
@@ -196,8 +209,9 @@ class FilePerKeyBackend(IndexedBackend):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return cast("list[WriteResult]", results)  # every position is filled by now
 
-    def _write_file(self, key: str, key_bytes: bytes, value: Buffer) -> Entry:
-        """Write one record to its final name, durably except for its folder's entry."""
+    def _stage(self, key: str, key_bytes: bytes, value: Buffer) -> tuple[str, Entry]:
+        """Write one record to a new file in tmp/, durably; returns that file and the
+        entry for the record's final name."""
         view = memoryview(value).cast("B")
         checksum = value_checksum(view)
         with self._lock:
@@ -206,16 +220,13 @@ class FilePerKeyBackend(IndexedBackend):
         write_ns = time.time_ns()
         header = encode_header(key_bytes, view.nbytes, seq, checksum, write_ns=write_ns)
         shard, sub, name = object_name(key_bytes)
-        path = self.objects_dir / shard / sub / name
+        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
         try:
-            make_private_dirs(path.parent)
-            # Staged in tmp/, where the next open finds it if this process dies first.
-            write_atomically(path, [header, view], sync_dir=False,
-                             tmp=self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
-            physical = os.stat(path).st_blocks * 512
+            physical = write_new_file(tmp, [header, view]).st_blocks * 512
         except OSError as exc:
-            raise from_oserror(exc, key=key, path=path, action="writing the object") from exc
-        return Entry(str(path), view.nbytes, checksum, seq, write_ns, physical)
+            raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
+        return tmp, Entry(str(self.objects_dir / shard / sub / name), view.nbytes, checksum,
+                          seq, write_ns, physical)
 
     def _reserve_locked(self, key: str, need: int) -> CapacityError | None:
         """Promise ``need`` bytes to a write, evicting first if allowed; or say why not."""
@@ -335,6 +346,10 @@ class FilePerKeyBackend(IndexedBackend):
             except FileNotFoundError:
                 pass
             folders.add(os.path.dirname(entry.path))
+        self._sync_folders(folders)
+
+    def _sync_folders(self, folders: set[str]) -> None:
+        """Make the names just created or removed in ``folders`` durable."""
         for folder in folders:
             fsync_dir(folder)
 
@@ -402,3 +417,10 @@ class FilePerKeyBackend(IndexedBackend):
 
 def _location(entry: Entry) -> Location:
     return Location(entry.path, VALUE_OFFSET, entry.size, 0, VALUE_OFFSET + entry.size)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -62,7 +62,7 @@ from kvstored.backends.threefs.recovery import Finding, Recovered, recover
 from kvstored.backends.threefs.usrbio import choose_usrbio
 from kvstored.backends.threefs.view import ClusterView
 from kvstored.backends.threefs.writer import Placed, write_records
-from kvstored.native import IoFile, get_engine
+from kvstored.native import IoFile, get_engine, sync_written
 from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
@@ -378,7 +378,7 @@ class ThreeFsBackend(IndexedBackend):
         records = [Placed(key_bytes, view, files[shard.number], offset, seq)
                    for _i, _key, key_bytes, view, shard, offset, seq, _meta in placed]
         try:
-            errors = self.io.sync_written([r.file for r in records],
+            errors = sync_written(self.io, [r.file for r in records],
                                           write_records(self.io, records, self._io_threads),
                                           datasync=False)
         finally:

@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "sim": "kvstored.bench.sim:sim",
     "fuse": "kvstored.bench.fuse:fuse_command",
     "mixed": "kvstored.bench.mixed:mixed_command",
+    "scale": "kvstored.bench.scale:scale_command",
 }
 
 

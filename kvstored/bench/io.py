@@ -221,9 +221,23 @@ def _runners(fio: str, names: list[str]) -> tuple[dict, dict[str, str]]:
     return runners, skipped
 
 
-def _ratios(results: dict) -> dict:
+def _patterns(names: str) -> tuple[Pattern, ...]:
+    by_name = {p.name: p for p in PATTERNS}
+    chosen = []
+    for name in (n.strip() for n in names.split(",")):
+        if name and name not in by_name:
+            raise click.BadParameter(f"unknown pattern {name!r}; choose from "
+                                     f"{', '.join(by_name)}", param_hint="--patterns")
+        if name and by_name[name] not in chosen:
+            chosen.append(by_name[name])
+    if not chosen:
+        raise click.BadParameter("name at least one pattern", param_hint="--patterns")
+    return tuple(chosen)
+
+
+def _ratios(results: dict, patterns: tuple[Pattern, ...]) -> dict:
     ratios = {}
-    for pattern in PATTERNS:
+    for pattern in patterns:
         medians = {name: r["median"] for name, r in results[pattern.name].items()}
         measure = "iops" if pattern.block < (64 << 10) else "bytes_per_s"
         ratios[pattern.name] = {"measure": measure}
@@ -239,7 +253,7 @@ def _ratios(results: dict) -> dict:
 def _goals(results: dict) -> list[dict]:
     verdicts = []
     for pattern, runner, versus, minimum, measure in GOALS:
-        medians = results[pattern]
+        medians = results.get(pattern, {})
         if runner not in medians or versus not in medians:
             verdicts.append({"goal": f"{pattern}: {runner} >= {minimum}x {versus}",
                              "status": "not measured"})
@@ -251,9 +265,9 @@ def _goals(results: dict) -> list[dict]:
     return verdicts
 
 
-def _table(results: dict, ratios: dict) -> str:
+def _table(results: dict, ratios: dict, patterns: tuple[Pattern, ...]) -> str:
     lines = [f"{'pattern':<16}{'runner':<11}{'MB/s':>9}{'IOPS':>10}{'CPU%':>7}{'vs fio':>8}"]
-    for pattern in PATTERNS:
+    for pattern in patterns:
         for name, r in results[pattern.name].items():
             m = r["median"]
             ratio = ratios[pattern.name].get(f"{name}/fio")
@@ -275,11 +289,13 @@ def _table(results: dict, ratios: dict) -> str:
               help="Rounds; each figure is the median over them.")
 @click.option("--runners", default="fio,uring,posix,posix-qd1", show_default=True,
               help="Comma-separated: fio, uring, posix, posix-qd1.")
+@click.option("--patterns", "pattern_names", default=",".join(p.name for p in PATTERNS),
+              show_default=True, help="Comma-separated patterns to run.")
 @click.option("--fio", "fio_path", default="fio", show_default=True, help="The fio binary.")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("bench-results/io.json"), show_default=True)
 def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, runners: str,
-               fio_path: str, json_out: Path) -> None:
+               pattern_names: str, fio_path: str, json_out: Path) -> None:
     """The io engines (uring, posix) against fio on the same file and patterns.
 
     Writes every round's figures, the medians, the ratios to fio and the issue's goals to
@@ -297,6 +313,7 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
     if size_bytes < MIN_SIZE:
         say(f"note: {format_size(size_bytes)} is below the 4 GiB the figures in "
             f"docs/benchmarks.md use; the device cache may flatter small files")
+    patterns = _patterns(pattern_names)
     active, skipped = _runners(fio_path, [n.strip() for n in runners.split(",") if n.strip()])
     for name, reason in skipped.items():
         say(f"skipping {name}: {reason}")
@@ -307,11 +324,11 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
     try:
         prepare_file(file_path, size_bytes, say)
         staging = make_staging(size_bytes)
-        results: dict = {p.name: {name: {"rounds": []} for name in active} for p in PATTERNS}
+        results: dict = {p.name: {name: {"rounds": []} for name in active} for p in patterns}
         for round_number in range(rounds):
             order = list(active)
             order = order[round_number % len(order):] + order[:round_number % len(order)]
-            for pattern in PATTERNS:
+            for pattern in patterns:
                 for name in order:
                     if name == "fio":
                         m = run_fio(active[name], pattern, file_path, size_bytes, runtime)
@@ -330,17 +347,18 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
         for r in per_runner.values():
             r["median"] = {key: statistics.median(x[key] for x in r["rounds"])
                            for key in ("bytes_per_s", "iops", "cpu_pct")}
-    ratios = _ratios(results)
+    ratios = _ratios(results, patterns)
     report = {
         "benchmark": "io",
         "command": (f"kvstore bench io --size {size} --runtime {runtime:g} --rounds {rounds} "
-                    f"--runners {runners}" + (f" --file {file_path}" if temporary is None
+                    f"--runners {runners} --patterns {','.join(p.name for p in patterns)}"
+                    + (f" --file {file_path}" if temporary is None
                                               else "")),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version()},
         "file": str(file_path), "size": size_bytes, "runtime_s": runtime, "rounds": rounds,
-        "queue_depth": QUEUE_DEPTH, "patterns": [asdict(p) for p in PATTERNS],
+        "queue_depth": QUEUE_DEPTH, "patterns": [asdict(p) for p in patterns],
         "skipped": skipped, "results": results, "ratios": ratios, "goals": _goals(results),
     }
     if "fio" in active:
@@ -348,7 +366,7 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
         report["fio_version"] = version.stdout.strip()
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=2) + "\n")
-    click.echo(_table(results, ratios))
+    click.echo(_table(results, ratios, patterns))
     for goal in report["goals"]:
         if "met" in goal:
             verdict = "met" if goal["met"] else f"MISSED by {goal['short_by_pct']}%"

@@ -53,7 +53,8 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     def progress(outcome) -> None:
         if not as_json:
-            mark = "[green]✓[/]" if outcome.passed else "[red]✗[/]"
+            mark = ("[yellow]-[/]" if outcome.not_applicable else
+                    "[green]✓[/]" if outcome.passed else "[red]✗[/]")
             console.print(f" {mark} {outcome.name}", highlight=False)
 
     console.print(f"[bold]kvstored conformance kit[/]: {backend} {options or ''}")
@@ -67,12 +68,18 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
         print(json.dumps({"backend": backend, "options": raw, "passed": not failed,
                           "checks": [o.__dict__ for o in outcomes]}, indent=1))
     else:
-        table = Table(title=f"{backend}: {len(outcomes) - len(failed)}/{len(outcomes)} passed")
+        skipped = sum(1 for o in outcomes if o.not_applicable)
+        title = f"{backend}: {len(outcomes) - len(failed) - skipped}/{len(outcomes)} passed"
+        table = Table(title=title + (f", {skipped} not applicable" if skipped else ""))
         table.add_column("check")
         table.add_column("result")
         table.add_column("s", justify="right")
         table.add_column("proves / failure")
         for o in outcomes:
+            if o.not_applicable:
+                table.add_row(o.name, "[yellow]n/a[/]", f"{o.seconds:.2f}",
+                              f"[yellow]not applicable: {o.not_applicable}[/]")
+                continue
             table.add_row(o.name, "[green]pass[/]" if o.passed else "[red]FAIL[/]",
                           f"{o.seconds:.2f}", o.doc if o.passed else f"[red]{o.error}[/]")
         console.print(table)

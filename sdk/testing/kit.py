@@ -130,6 +130,11 @@ def _first_difference(a: bytes, b: bytes) -> int:
     return min(len(a), len(b))
 
 
+class NotApplicable(Exception):
+    """Raised by a check that does not apply to this backend, or cannot run on this
+    machine; the kit reports it as not applicable, with this reason, never as a pass."""
+
+
 @dataclass
 class CheckOutcome:
     name: str
@@ -137,6 +142,8 @@ class CheckOutcome:
     seconds: float
     doc: str
     error: str | None = None
+    #: Why the check does not apply (then ``passed`` is True and nothing was proven).
+    not_applicable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,15 +174,17 @@ def run_checks(spec: BackendSpec, checks: list[Check], directory: Path | None = 
             workspace = base / check.name
             workspace.mkdir()
             started = time.perf_counter()
-            error = None
+            error = not_applicable = None
             try:
                 check.run(spec, workspace)
+            except NotApplicable as exc:
+                not_applicable = str(exc)
             except Exception as exc:  # the table reports every kind of failure
                 error = f"{type(exc).__name__}: {exc}"
                 if not isinstance(exc, AssertionError):
                     error += "\n" + "".join(traceback.format_exception(exc)[-3:])
             outcome = CheckOutcome(check.name, error is None, time.perf_counter() - started,
-                                   check.doc, error)
+                                   check.doc, error, not_applicable)
             outcomes.append(outcome)
             if progress:
                 progress(outcome)

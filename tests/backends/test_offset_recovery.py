@@ -414,11 +414,6 @@ class JournalFails:
                 if self._hit((f, off, buf), start, end) else next(out)
                 for f, off, buf in items]
 
-    def write_synced(self, items, *, datasync=True):
-        items = list(items)  # the engine's write-then-sync, through the failing write
-        return self.engine.sync_written([f for f, _, _ in items], self.write(items),
-                                        datasync=datasync)
-
     def _hit(self, item, start, end) -> bool:
         return self.failing and start <= item[1] < end
 

@@ -12,13 +12,14 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
     inspection,
     opening,
     persistence,
+    power,
     requests,
     roundtrip,
 )
 from kvstored.sdk.testing.checks._common import REGISTERED
 
 MODULES = ("roundtrip", "requests", "persistence", "corruption", "inspection", "capacity",
-           "opening", "concurrency")
+           "opening", "concurrency", "power")
 CHECKS = [c for module in MODULES for c in REGISTERED[module]]
 
 __all__ = ["CHECKS", "MODULES"]
