@@ -20,6 +20,7 @@ process without CAP_IPC_LOCK pays RLIMIT_MEMLOCK once per ring using the buffer.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import resource
@@ -33,8 +34,8 @@ from kvstored.native.engine import IoEngine, IoFile, _error, _nbytes
 from kvstored.native.errors import IoError, log, log_once
 from kvstored.sdk.units import format_size
 
-try:
-    from kvstored.native import _batch
+try:  # by name: the module exists only once built
+    _batch = importlib.import_module("kvstored.native._batch")
 except ImportError:  # an optional extension (setup.py): the general path does it all
     _batch = None
 

@@ -309,7 +309,9 @@ def _serve(mountpoint: str) -> None:
         __slots__ = ("listing", "node", "sync")
 
         def __init__(self, node: Node, sync: bool = False):
-            self.node, self.sync, self.listing = node, sync, None
+            self.node, self.sync = node, sync
+            #: The directory's entries as the first readdir of this handle saw them.
+            self.listing: list[tuple[bytes, int]] | None = None
 
     handles: dict[int, Handle] = {}
     next_fh = [1]
@@ -545,9 +547,10 @@ def _serve(mountpoint: str) -> None:
         @powered
         async def readdir(self, fh, start_id, token):
             handle = handles[fh]
-            if handle.listing is None or start_id == 0:
-                handle.listing = sorted(handle.node.entries.items())
-            for number, (name, ino) in enumerate(handle.listing[start_id:], start_id + 1):
+            listing = handle.listing
+            if listing is None or start_id == 0:
+                listing = handle.listing = sorted(handle.node.entries.items())
+            for number, (name, ino) in enumerate(listing[start_id:], start_id + 1):
                 node = model.nodes.get(ino)
                 if node is None:
                     continue
