@@ -7,6 +7,12 @@ The registry that opens any backend by name is the SDK's, :mod:`kvstored.sdk.reg
 its entry points are also importable from here, as they were before it moved there.
 """
 
-from kvstored.sdk.registry import BUILTIN, backend_class, known_backends, open_backend
+from kvstored.sdk.registry import (
+    BUILTIN,
+    BackendNameClashWarning,
+    backend_class,
+    known_backends,
+    open_backend,
+)
 
-__all__ = ["BUILTIN", "backend_class", "known_backends", "open_backend"]
+__all__ = ["BUILTIN", "BackendNameClashWarning", "backend_class", "known_backends", "open_backend"]

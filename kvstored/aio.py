@@ -32,11 +32,11 @@ from kvstored.client.core import (
 )
 from kvstored.client.read import MISSING, ReadStats
 from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError, StoreError, UnauthorizedError
-from kvstored.protocol import HelloReply
+from kvstored.errors import BadRequestError, ConfigError, StoreError, UnauthorizedError
+from kvstored.protocol import HelloReply, Tier
 from kvstored.protocol.master_api import NodeContact
 from kvstored.rpc import RpcClient
-from kvstored.security import CredentialsError, find_client_token
+from kvstored.security import find_client_token
 
 __all__ = ["MISSING", "AsyncClient", "ObjectInfo", "connect"]
 
@@ -51,7 +51,7 @@ class AsyncClient:
                  connect_timeout: float | None = None) -> None:
         try:
             found = find_client_token(token, token_file)
-        except CredentialsError as exc:
+        except ConfigError as exc:
             raise BadRequestError(str(exc)) from None
         self.core = ClientCore(master, transport=transport, token=found,
                                clock=trio.current_time)
@@ -133,8 +133,9 @@ class AsyncClient:
     async def get_into(self, key: str, buf: Any) -> int:
         return (await self.batch_get_into([key], [buf]))[0]
 
-    async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
-        return await self._run(self.core.read_into(keys, buffers))
+    async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                             tiers: list[Tier | None] | None = None) -> list[int]:
+        return await self._run(self.core.read_into(keys, buffers, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ import os
 import shutil
 from collections.abc import Mapping
 
+from kvstored.native import uring_status
+
 KNOWN = ("fuse", "uring", "rdma", "engines")
 
 
@@ -45,8 +47,6 @@ def probe_fuse() -> tuple[bool, str]:
 def probe_uring() -> tuple[bool, str]:
     """io_uring works when the native engine was built against liburing and the kernel
     lets this process set up a ring (see kvstored.native.probe)."""
-    from kvstored.native import uring_status
-
     return uring_status()
 
 

@@ -14,9 +14,9 @@ value came from and the form expected; all problems of one load are reported tog
 Environment rule: ``KVSTORED_<SECTION>_<KEY>`` uppercased sets ``section.key``. A
 ``KVSTORED_`` variable whose next word is a section name (``KVSTORED_NODE_DRAMM``) but
 whose key is unknown is an error, since it can only be a typo. Other ``KVSTORED_``
-variables (``KVSTORED_CONFIG``, ``KVSTORED_REQUIRE``, build switches) are not settings
-and are ignored. ``KVSTORE_MASTER``, the ``kvstore`` tool's variable, sets
-``client.master`` unless ``KVSTORED_CLIENT_MASTER`` is also set.
+variables (``KVSTORED_CONFIG``, ``KVSTORED_DEBUG``, ``KVSTORED_REQUIRE``, build
+switches) are not settings and are ignored. ``KVSTORE_MASTER``, the ``kvstore`` tool's
+variable, sets ``client.master`` unless ``KVSTORED_CLIENT_MASTER`` is also set.
 """
 
 from __future__ import annotations
@@ -30,30 +30,25 @@ import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kvstored.address import split_address
+from kvstored.errors import ConfigError
 from kvstored.sdk.units import format_size, parse_bool, parse_size
 
 CONFIG_ENV = "KVSTORED_CONFIG"
 ENV_PREFIX = "KVSTORED_"
 #: The ``kvstore`` tool's historical name for the master address; sets client.master.
 TOOL_MASTER_ENV = "KVSTORE_MASTER"
+#: Not a setting: tracebacks with every error, in the programs and in the daemon's log.
+DEBUG_ENV = "KVSTORED_DEBUG"
 
 
-class ConfigError(ValueError):
-    """The configuration cannot be used. ``problems`` lists each one; the message says
-    what to fix."""
-
-    def __init__(self, problems: str | list[str]):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        if len(self.problems) == 1:
-            message = self.problems[0]
-        else:
-            message = f"{len(self.problems)} problems in the configuration:\n" + "\n".join(
-                f"  - {problem}" for problem in self.problems)
-        super().__init__(message)
-
+def debug_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``KVSTORED_DEBUG`` asks for tracebacks: 1, true, yes or on (any case);
+    anything else, unset included, is off. The programs and the daemon read it here."""
+    value = (os.environ if env is None else env).get(DEBUG_ENV, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 @dataclass(frozen=True)
 class Origin:
@@ -427,6 +422,95 @@ def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+# --- the typed sections ------------------------------------------------------------------
+# What consumers take: one frozen dataclass per section, its fields the section's keys
+# (tests/test_config.py holds them to the schema), built from a loaded Config by
+# Config.master, .node, ... Consumers take these, never a default of their own.
+
+@dataclass(frozen=True)
+class MasterSettings:
+    listen: str
+    lease_ttl: float
+    put_timeout: float
+    node_ttl: float
+    heartbeat_interval: float
+    metrics: str
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    master: str
+    listen: str
+    data: Path
+    dram: int
+    ssd: int
+    backend: str
+    backend_options: dict[str, Any]
+    name: str
+    metrics: str
+    shutdown_flush_timeout: float
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    offload: str
+    dram_high_watermark: float
+    dram_low_watermark: float
+    offload_watermark: float
+    promote_reads: int
+    promote_window: float
+    dram_only: bool
+
+
+@dataclass(frozen=True)
+class IoSettings:
+    engine: str
+    direct: bool
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    auth: str
+    token_file: Path | None
+    node_token_file: Path | None
+    hello_timeout: float
+    preauth_header_limit: int
+    max_connections: int
+    max_unauthenticated_per_peer: int
+    max_read_staging: int
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    master: str
+    transport: str
+    timeout: float
+    connect_timeout: float
+    wait_timeout: float
+
+
+#: Each section's dataclass.
+SECTION_TYPES: dict[str, type] = {
+    "master": MasterSettings, "node": NodeSettings, "policy": PolicySettings,
+    "io": IoSettings, "security": SecuritySettings, "client": ClientSettings}
+
+S = TypeVar("S")
+
+
+class _Section(Generic[S]):
+    """A typed section of a :class:`Config`, as an attribute named after the section."""
+
+    def __init__(self, settings: type[S]) -> None:
+        self.settings = settings
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, cfg: Config, owner: type | None = None) -> S:
+        return self.settings(**cfg.section(self.name))
+
+
 # --- the loaded configuration ----------------------------------------------------------------
 
 class Config:
@@ -463,6 +547,14 @@ class Config:
         if name not in SECTIONS:
             raise KeyError(f"{name!r} is not a section; sections: {', '.join(SECTIONS)}")
         return {s.name: self[s.key] for s in SETTINGS if s.section == name}
+
+    #: The typed sections (see SECTION_TYPES): ``cfg.client.timeout``.
+    master = _Section(MasterSettings)
+    node = _Section(NodeSettings)
+    policy = _Section(PolicySettings)
+    io = _Section(IoSettings)
+    security = _Section(SecuritySettings)
+    client = _Section(ClientSettings)
 
     def items(self) -> Iterator[tuple[str, Any, str]]:
         """``(key, value, source)`` in schema order."""
@@ -663,6 +755,14 @@ def _check_relations(values: dict[str, Any], sources: dict[str, str]) -> list[st
 def env_name(key: str) -> str:
     """The environment variable that sets ``key``: ``node.dram`` -> KVSTORED_NODE_DRAM."""
     return SCHEMA[key].env
+
+
+def choices_of(key: str) -> tuple[str, ...]:
+    """The values a choice setting takes (``policy.offload`` -> eager, watermark)."""
+    kind = SCHEMA[key].kind
+    if not isinstance(kind, Choice):
+        raise TypeError(f"{key} is a {kind.label}, not a choice")
+    return kind.choices
 
 
 def describe_default(setting: Setting) -> str:

@@ -35,8 +35,14 @@ class MasterMetrics:
                                      registry=r)
         self.promotions = Counter("kvstored_promotions", "Objects copied SSD to DRAM.",
                                   registry=r)
-        self.evictions = Counter("kvstored_evictions", "Replicas evicted, by tier.", ["tier"],
-                                 registry=r)
+        self.promotions_skipped = Counter(
+            "kvstored_promotions_skipped",
+            "Promotions let go, by reason: queue_full (more waiting than a node's queue "
+            "holds; the least recently read go) or no_room (the node had no DRAM for it).",
+            ["reason"], registry=r)
+        self.evictions = Counter(
+            "kvstored_evictions", "Replicas evicted, by tier (a DRAM replica waiting for its "
+            "offload counts when it lands).", ["tier"], registry=r)
         self.tier_used = Gauge("kvstored_tier_used_bytes", "Bytes in use, by tier.", ["tier"],
                                registry=r)
         self.tier_capacity = Gauge("kvstored_tier_capacity_bytes", "Capacity, by tier.",
@@ -53,6 +59,8 @@ class MasterMetrics:
         # Export every label value from the start, so dashboards see zeros, not gaps.
         for tier in ("dram", "ssd"):
             self.evictions.labels(tier=tier)
+        for reason in ("queue_full", "no_room"):
+            self.promotions_skipped.labels(reason=reason)
         for result in ("hit_dram", "hit_ssd", "miss"):
             self.lookups.counter.labels(result=result)
 

@@ -8,7 +8,8 @@
   default ``$XDG_CONFIG_HOME/kvstored``, else ``~/.config/kvstored``), and the same user's
   clients and nodes read them from there by themselves; another user cannot read them.
   A node learns the client token from the master when it registers, so a node on
-  another host needs only a copy of the node token.
+  another host needs only a copy of the node token. A token file that cannot be used
+  (missing, unreadable, empty) is a :class:`~kvstored.errors.ConfigError` naming it.
 - :func:`make_private_dir`: the directories the daemon creates are 0700.
 
 This module checks nothing on the wire itself: :mod:`kvstored.rpc` asks
@@ -25,19 +26,14 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.config import ConfigError, load_config
-from kvstored.errors import UnauthorizedError, UnreachableError
+from kvstored.config import load_config
+from kvstored.errors import ConfigError, UnauthorizedError, UnreachableError
 from kvstored.protocol import Hello, Role
 
 log = logging.getLogger(__name__)
 
 #: Random bytes in a generated token (it is written as URL-safe base64 text).
 TOKEN_BYTES = 32
-
-
-class CredentialsError(ConfigError):
-    """A token file cannot be used: missing, unreadable or empty. The message names the
-    file and what to do."""
 
 
 # -- private files and directories ---------------------------------------------------------
@@ -75,7 +71,7 @@ def create_token_file(path: Path) -> str:
     except FileExistsError:
         return read_token_file(path)
     except OSError as exc:
-        raise CredentialsError(
+        raise ConfigError(
             f"cannot create the token file {path}: {exc.strerror or exc}; name a writable "
             "place with security.token_file / security.node_token_file (or the flags), or "
             "set XDG_CONFIG_HOME") from None
@@ -113,19 +109,19 @@ def read_token_file(path: Path, what: str = "token file") -> str:
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise CredentialsError(f"the {what} {path} does not exist") from None
+        raise ConfigError(f"the {what} {path} does not exist") from None
     except PermissionError:
-        raise CredentialsError(f"the {what} {path} cannot be read by this user "
+        raise ConfigError(f"the {what} {path} cannot be read by this user "
                                f"(uid {os.getuid()}): permission denied") from None
     except UnicodeDecodeError:
-        raise CredentialsError(f"the {what} {path} is not text; it must hold one line, "
+        raise ConfigError(f"the {what} {path} is not text; it must hold one line, "
                                "the token") from None
     except OSError as exc:
-        raise CredentialsError(f"the {what} {path} cannot be read: "
+        raise ConfigError(f"the {what} {path} cannot be read: "
                                f"{exc.strerror or exc}") from None
     token = text.strip().partition("\n")[0].strip()
     if not token:
-        raise CredentialsError(f"the {what} {path} is empty; put the token in it, or delete "
+        raise ConfigError(f"the {what} {path} is empty; put the token in it, or delete "
                                "it to have the master generate one at its default path")
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
@@ -204,7 +200,7 @@ def find_client_token(token: str | None = None,
     where the master generated it) if that file exists. No token at all when
     ``security.auth = none`` or the file is missing or unreadable (the server then says
     whether it needs one). A ``token_file`` that cannot be read, or a configuration that
-    cannot be, raises :class:`CredentialsError`."""
+    cannot be, raises :class:`~kvstored.errors.ConfigError`."""
     if token is not None:
         return ClientToken(token, "the token passed to connect()")
     if token_file is not None:
@@ -212,11 +208,11 @@ def find_client_token(token: str | None = None,
     try:
         cfg = load_config()
     except ConfigError as exc:
-        raise CredentialsError(f"cannot tell which token to present: {exc}") from None
+        raise ConfigError(f"cannot tell which token to present: {exc}") from None
     if cfg["security.auth"] == "none":
         return ClientToken(None, "no token (security.auth = none)")
     path = cfg["security.token_file"]
     try:
         return ClientToken(read_token_file(path), f"the token in {path}")
-    except CredentialsError as exc:
+    except ConfigError as exc:
         return ClientToken(None, f"no token: {exc}")

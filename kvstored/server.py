@@ -21,18 +21,14 @@ from prometheus_client import CollectorRegistry
 
 from kvstored.address import split_address
 from kvstored.config import Config
+from kvstored.errors import ConfigError
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node, NodeConfig, open_node
 from kvstored.rpc import ServerLimits, serve
 from kvstored.sdk.registry import backend_class, backend_options, parse_options
-from kvstored.security import (
-    Credentials,
-    CredentialsError,
-    create_token_file,
-    read_token_file,
-)
+from kvstored.security import Credentials, create_token_file, read_token_file
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +37,8 @@ def _open_files_for(cfg: Config, servers: int) -> None:
     """Raise this process's open-files limit so that ``servers`` servers can each hold
     security.max_connections connections (plus files and a margin); say so if the hard
     limit does not allow it, since accept() would then fail with EMFILE first."""
-    need = servers * cfg["security.max_connections"] + 512
+    limit = cfg.security.max_connections
+    need = servers * limit + 512
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft >= need:
         return
@@ -51,15 +48,15 @@ def _open_files_for(cfg: Config, servers: int) -> None:
     if target < need:
         log.warning("the open-files limit is %d, too low for security.max_connections = %d "
                     "on %d server(s); lower the setting or raise the limit (ulimit -Hn)",
-                    target, cfg["security.max_connections"], servers)
+                    target, limit, servers)
 
 
 def server_limits(cfg: Config) -> ServerLimits:
-    return ServerLimits(
-        hello_timeout=cfg["security.hello_timeout"],
-        preauth_header_limit=cfg["security.preauth_header_limit"],
-        max_connections=cfg["security.max_connections"],
-        max_unauthenticated_per_peer=cfg["security.max_unauthenticated_per_peer"])
+    security = cfg.security
+    return ServerLimits(hello_timeout=security.hello_timeout,
+                        preauth_header_limit=security.preauth_header_limit,
+                        max_connections=security.max_connections,
+                        max_unauthenticated_per_peer=security.max_unauthenticated_per_peer)
 
 
 def _token(cfg: Config, key: str, what: str, *, create: bool) -> str:
@@ -70,18 +67,18 @@ def _token(cfg: Config, key: str, what: str, *, create: bool) -> str:
         return create_token_file(path)
     try:
         return read_token_file(path, what)
-    except CredentialsError as exc:
+    except ConfigError as exc:
         if cfg.source(key) == "default" and not create:
-            raise CredentialsError(f"{exc}; start the master on this host first (it creates "
+            raise ConfigError(f"{exc}; start the master on this host first (it creates "
                                    f"the file), or copy the master's {what} here, or name "
                                    f"one with {key}") from None
-        raise CredentialsError(f"{exc} ({key} from {cfg.source(key)})") from None
+        raise ConfigError(f"{exc} ({key} from {cfg.source(key)})") from None
 
 
 def master_credentials(cfg: Config) -> Credentials:
     """The master checks the client token and the node token (creating both at their
     default paths at first start)."""
-    if cfg["security.auth"] == "none":
+    if cfg.security.auth == "none":
         log.warning("security.auth = none: every peer that can reach this master may read, "
                     "write and act as a node; see docs/security.md")
         return Credentials.open()
@@ -94,17 +91,17 @@ def master_credentials(cfg: Config) -> Credentials:
 
 def node_credentials(cfg: Config) -> Credentials:
     """A node presents the node token; its clients' token comes from the master."""
-    if cfg["security.auth"] == "none":
+    if cfg.security.auth == "none":
         return Credentials.open()
     return Credentials(required=True, node=_token(cfg, "security.node_token_file",
                                                   "node token file", create=False))
 
 
 def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Master:
+    settings = cfg.master
     return Master(policy=PolicyConfig.from_section(cfg.section("policy")),
-                  lease_ttl=cfg["master.lease_ttl"], put_timeout=cfg["master.put_timeout"],
-                  node_ttl=cfg["master.node_ttl"],
-                  heartbeat_interval=cfg["master.heartbeat_interval"],
+                  lease_ttl=settings.lease_ttl, put_timeout=settings.put_timeout,
+                  node_ttl=settings.node_ttl, heartbeat_interval=settings.heartbeat_interval,
                   credentials=master_credentials(cfg), limits=server_limits(cfg),
                   metrics=MasterMetrics(registry))
 
@@ -112,23 +109,24 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
 def node_config(cfg: Config, master: tuple[str, int] | None = None,
                 **extra: Any) -> NodeConfig:
     """The node's settings, its backend's options typed for the backend."""
-    backend = cfg["node.backend"]
+    settings = cfg.node
+    backend = settings.backend
     cls = backend_class(backend)
-    raw = cfg["node.backend_options"]
+    raw = settings.backend_options
     options = parse_options(cls, raw)
     # io.engine / io.direct reach every backend that does its I/O through the engine.
     accepted = backend_options(cls)
     if "engine" in accepted:
-        options.setdefault("engine", cfg["io.engine"])
+        options.setdefault("engine", cfg.io.engine)
     if "direct" in accepted and cfg.source("io.direct") != "default":
-        options.setdefault("direct", cfg["io.direct"])  # else the backend's own default
-    return NodeConfig(data_dir=cfg["node.data"], dram=cfg["node.dram"], ssd=cfg["node.ssd"],
+        options.setdefault("direct", cfg.io.direct)  # else the backend's own default
+    return NodeConfig(data_dir=settings.data, dram=settings.dram, ssd=settings.ssd,
                       backend=backend, backend_options=options,
-                      master=master or split_address(cfg["node.master"]),
-                      listen=split_address(cfg["node.listen"]), name=cfg["node.name"],
-                      max_read_staging=cfg["security.max_read_staging"],
-                      put_timeout=cfg["master.put_timeout"],
-                      shutdown_flush_timeout=cfg["node.shutdown_flush_timeout"], **extra)
+                      master=master or split_address(settings.master),
+                      listen=split_address(settings.listen), name=settings.name,
+                      max_read_staging=cfg.security.max_read_staging,
+                      put_timeout=cfg.master.put_timeout,
+                      shutdown_flush_timeout=settings.shutdown_flush_timeout, **extra)
 
 
 def open_configured_node(cfg: Config, master: tuple[str, int] | None = None,
@@ -165,11 +163,11 @@ async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> No
     _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
-    if cfg["master.metrics"]:
-        serve_metrics(split_address(cfg["master.metrics"]), registry)
+    if cfg.master.metrics:
+        serve_metrics(split_address(cfg.master.metrics), registry)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_until_signalled, nursery.cancel_scope)
-        bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
+        bound = await nursery.start(serve, master.service, *split_address(cfg.master.listen))
         nursery.start_soon(master.run_housekeeping)
         task_status.started(bound)
 
@@ -177,8 +175,8 @@ async def run_master(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> No
 async def run_node(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     _open_files_for(cfg, servers=1)
     registry = CollectorRegistry()
-    if cfg["node.metrics"]:
-        serve_metrics(split_address(cfg["node.metrics"]), registry)
+    if cfg.node.metrics:
+        serve_metrics(split_address(cfg.node.metrics), registry)
     async with open_configured_node(cfg, registry=registry) as node, \
             trio.open_nursery() as nursery:
         nursery.start_soon(_until_signalled, nursery.cancel_scope, node.leave)
@@ -192,11 +190,11 @@ async def run_embedded(cfg: Config, *, task_status=trio.TASK_STATUS_IGNORED) -> 
     _open_files_for(cfg, servers=2)
     registry = CollectorRegistry()
     master = build_master(cfg, registry)
-    metrics = cfg["master.metrics"] or cfg["node.metrics"]
+    metrics = cfg.master.metrics or cfg.node.metrics
     if metrics:
         serve_metrics(split_address(metrics), registry)
     async with trio.open_nursery() as nursery:
-        bound = await nursery.start(serve, master.service, *split_address(cfg["master.listen"]))
+        bound = await nursery.start(serve, master.service, *split_address(cfg.master.listen))
         nursery.start_soon(master.run_housekeeping)
         async with open_configured_node(cfg, bound, registry) as node, \
                 trio.open_nursery() as node_nursery:

@@ -26,7 +26,6 @@ cancellation or ``KeyboardInterrupt``: shutting down still stops every task.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from typing import Any
 
 import trio
 from prometheus_client import Counter
+
+from kvstored.config import debug_requested
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,6 @@ class Backoff:
 class _Failing:
     message: str
     count: int
-
-
-def _debug_tracebacks() -> bool:
-    return os.environ.get("KVSTORED_DEBUG", "") not in ("", "0")
 
 
 class Supervisor:
@@ -119,8 +116,8 @@ class Supervisor:
         if failing is None or failing.message != message:
             self._failing[task] = _Failing(message, (failing.count if failing else 0) + 1)
             log.warning("%s: %s failed%s: %s; it carries on", self.owner, task, where,
-                        message, exc_info=exc if _debug_tracebacks() else None)
-            if not _debug_tracebacks():
+                        message, exc_info=exc if debug_requested() else None)
+            if not debug_requested():
                 log.debug("%s: %s traceback", self.owner, task, exc_info=exc)
         else:
             failing.count += 1

@@ -53,10 +53,12 @@ from kvstored.sdk.types import (
     WriteResult,
     encode_key,
 )
+from kvstored.sdk.version import SDK_VERSION
 
 __all__ = [
     "DEFAULT_MAX_VALUE_SIZE",
     "MAX_KEY_BYTES",
+    "SDK_VERSION",
     "BackendBusyError",
     "BackendClosedError",
     "BackendError",

@@ -4,7 +4,8 @@ A backend is named in three ways:
 
 - a built-in name (:data:`BUILTIN`);
 - a name registered by a third-party distribution under the entry-point group
-  ``kvstored.backends`` (``mybackend = "my_pkg.backend:MyBackend"``);
+  ``kvstored.backends`` (``mybackend = "my_pkg.backend:MyBackend"``); one named like a
+  built-in is ignored with a :class:`BackendNameClashWarning`, never shadows it;
 - directly, as ``"module:Class"``.
 
 A backend's options are the keyword-only parameters of its constructor (and of the
@@ -25,6 +26,7 @@ import inspect
 import os
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -46,9 +48,27 @@ BUILTIN: dict[str, str] = {
 }
 
 
+class BackendNameClashWarning(UserWarning):
+    """An installed entry point takes the name of a built-in backend: it is ignored."""
+
+
 def _registered() -> dict[str, str]:
-    """Built-in names plus installed entry points; built-ins win a name clash."""
-    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Built-in names plus installed entry points. An entry point named like a built-in
+    is refused (the built-in keeps its name) with a :class:`BackendNameClashWarning`
+    naming the distribution, so that installing a package never silently replaces the
+    backend a configuration names."""
+    found: dict[str, str] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN:
+            if ep.value != BUILTIN[ep.name]:
+                dist = getattr(ep.dist, "name", None) or "an installed distribution"
+                warnings.warn(
+                    f"{dist} registers a backend named {ep.name!r} ({ep.value}), the name "
+                    f"of a built-in backend; it is ignored and {ep.name!r} stays "
+                    f"{BUILTIN[ep.name]}. Rename its entry point in the "
+                    f"{ENTRY_POINT_GROUP!r} group", BackendNameClashWarning, stacklevel=3)
+            continue
+        found[ep.name] = ep.value
     return {**found, **BUILTIN}
 
 

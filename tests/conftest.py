@@ -2,15 +2,24 @@
 
 ``KVSTORED_REQUIRE=fuse,uring`` (set by .ci/run) turns a skip for a missing capability
 into a failure: CI has both, so a test that skips there hides a broken feature.
+
+``rng`` is every test's random source: its seed is logged, and ``KVSTORED_TEST_SEED``
+replays a failure with the seed it logged.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import random
 
 import pytest
 
 from kvstored.capabilities import required_capabilities
+
+SEED_ENV = "KVSTORED_TEST_SEED"
+
+log = logging.getLogger(__name__)
 
 
 def require(capability: str, available: bool, reason: str) -> None:
@@ -22,6 +31,16 @@ def require(capability: str, available: bool, reason: str) -> None:
         pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}",
                     pytrace=False)
     pytest.skip(f"{capability} unavailable: {reason}", allow_module_level=True)
+
+
+@pytest.fixture
+def rng(request) -> random.Random:
+    """A seeded random source; the seed is logged (and shown with a failure's log) so
+    that ``KVSTORED_TEST_SEED`` can replay the failure."""
+    seed = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
+    log.warning("%s: random seed %d (%s=%d replays it)", request.node.nodeid, seed,
+                SEED_ENV, seed)
+    return random.Random(seed)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,16 @@ from click.testing import CliRunner
 from kvstored.cli.config_cmd import reference_markdown
 from kvstored.cli.daemon import main
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.config import SCHEMA, SETTINGS, ConfigError, load_config, split_address
+from kvstored.config import (
+    SCHEMA,
+    SECTION_TYPES,
+    SECTIONS,
+    SETTINGS,
+    debug_requested,
+    load_config,
+    split_address,
+)
+from kvstored.errors import ConfigError
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 GiB = 1024**3
@@ -425,3 +435,24 @@ def test_the_docs_example_file_loads(tmp_path):
     cfg = load_config(write(tmp_path, example.group(1)), env={})
     assert cfg["node.dram"] == 64 * GiB and cfg["io.direct"] is True
     assert cfg["node.backend_options"] == {"policy": "lru"}
+
+
+# --- the typed sections ---------------------------------------------------------------------------
+
+def test_each_section_has_a_typed_view_with_exactly_its_keys():
+    cfg = load_config(env={"KVSTORED_CLIENT_TIMEOUT": "7s", "KVSTORED_NODE_DRAM": "2GiB"})
+    assert set(SECTION_TYPES) == set(SECTIONS)
+    for section, settings in SECTION_TYPES.items():
+        fields = [f.name for f in dataclasses.fields(settings)]
+        assert fields == [s.name for s in SETTINGS if s.section == section], section
+        view = getattr(cfg, section)
+        assert isinstance(view, settings)
+        assert dataclasses.asdict(view) == cfg.section(section)
+    assert cfg.client.timeout == 7.0 and cfg.node.dram == 2 * GiB
+
+
+def test_kvstored_debug_is_read_one_way_everywhere():
+    for value, on in (("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("", False),
+                      ("0", False), ("no", False), ("off", False), ("2", False)):
+        assert debug_requested({"KVSTORED_DEBUG": value}) is on, value
+    assert debug_requested({}) is False

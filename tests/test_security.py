@@ -10,11 +10,10 @@ import threading
 
 import pytest
 
-from kvstored.errors import UnauthorizedError, UnreachableError
+from kvstored.errors import ConfigError, UnauthorizedError, UnreachableError
 from kvstored.protocol import Hello, Role
 from kvstored.security import (
     Credentials,
-    CredentialsError,
     create_token_file,
     find_client_token,
     make_private_dir,
@@ -54,13 +53,13 @@ def test_concurrent_first_starts_agree_on_one_token(tmp_path):
 
 
 def test_token_files_that_cannot_be_used_say_why(tmp_path, caplog):
-    with pytest.raises(CredentialsError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):
         read_token_file(tmp_path / "nope")
     (tmp_path / "empty").write_text("  \n")
-    with pytest.raises(CredentialsError, match="is empty"):
+    with pytest.raises(ConfigError, match="is empty"):
         read_token_file(tmp_path / "empty")
     (tmp_path / "binary").write_bytes(b"\xff\xfe")
-    with pytest.raises(CredentialsError, match="not text"):
+    with pytest.raises(ConfigError, match="not text"):
         read_token_file(tmp_path / "binary")
     loose = tmp_path / "loose"
     loose.write_text("  s3cret  \nsecond line\n")
@@ -114,5 +113,5 @@ def test_a_token_file_that_cannot_be_created_is_a_clear_error(tmp_path):
     if os.access(locked, os.W_OK):  # root ignores modes: use a path under a file instead
         locked = tmp_path / "a-file"
         locked.write_text("")
-    with pytest.raises(CredentialsError, match="cannot create the token file"):
+    with pytest.raises(ConfigError, match="cannot create the token file"):
         create_token_file(locked / "kvstored" / "token")

@@ -43,7 +43,7 @@ def test_guard_never_catches_cancellation_or_keyboard_interrupt(supervisor):
     async def main() -> None:
         with trio.move_on_after(0.01) as scope:
             with supervisor.guard("reaper"):
-                await trio.sleep(10)
+                await trio.sleep_forever()
         assert scope.cancelled_caught
 
     trio.run(main)

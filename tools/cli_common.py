@@ -1,4 +1,8 @@
-"""What ``kvstore sim`` and ``kvstore trace`` share: error handling, progress, options."""
+"""What ``kvstore sim`` and ``kvstore trace`` share: progress, options, out-of-memory hints.
+
+Their errors are the tools' (:mod:`kvstored.tools.errors`), which the CLI's one table
+turns into exit codes; nothing here prints an error or exits.
+"""
 
 from __future__ import annotations
 
@@ -12,30 +16,23 @@ from collections.abc import Callable, Iterator
 
 import click
 
-from kvstored.cli.exitcodes import ExitCode
 from kvstored.sdk.units import parse_size
 from kvstored.tools.errors import ToolError, UsageProblem
 
 FORMAT_CHOICE = click.Choice(["auto", "mooncake", "sessions", "bailian", "binary"])
 
 
-def reports_errors(command: Callable) -> Callable:
-    """Turn the tools' errors into one line on stderr and their exit code."""
+def explains_memory_errors(command: Callable) -> Callable:
+    """Turn running out of memory into a :class:`ToolError` that says what to try; every
+    other error reaches the CLI's one table as it is."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except ToolError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(int(exc.exit_code))
         except MemoryError as exc:
-            click.echo(f"error: out of memory ({exc}); try a smaller trace or --jobs 1",
-                       err=True)
-            sys.exit(int(ExitCode.FAILURE))
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(int(ExitCode.INTERRUPTED))
+            raise ToolError(f"out of memory ({exc}); try a smaller trace or --jobs 1") \
+                from None
 
     return wrapper
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import click
 
-from kvstored.cli.params import ExistingFile
+from kvstored.params import ExistingFile
 from kvstored.sdk.units import format_size
 from kvstored.tools import builtin, models, tiered
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
+    explains_memory_errors,
     parse_gib,
     parse_gib_list,
     parse_int_list,
     progress_bar,
-    reports_errors,
     split_list,
     write_file,
 )
@@ -225,7 +225,7 @@ def render_console(render, output: Path | None) -> None:
               help="Write a self-contained HTML report.")
 @click.option("--list-models", is_flag=True, help="Print the model table and exit.")
 @click.option("--list-traces", is_flag=True, help="Print the built-in traces and exit.")
-@reports_errors
+@explains_memory_errors
 def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
         precision, indexer_precision, include_draft_kv, estimate_tokens, models_file,
         budgets, blocks, policies, warmup, ssd, ssd_blocks, tier_mode, promotion,
@@ -345,7 +345,7 @@ _DRAM_COST, _SSD_COST, _MARGIN = 4.0, 0.10, 0.02
               show_default=True, help="What the heatmap colours: TTFT speedup or seconds.")
 @click.option("--html", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a self-contained HTML report of the plan.")
-@reports_errors
+@explains_memory_errors
 def plan(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_token,
          precision, indexer_precision, include_draft_kv, estimate_tokens, models_file, dram,
          ssd, dram_cost, ssd_cost, tier_mode, promotion, prefill_tps, dram_gbps, ssd_gbps,

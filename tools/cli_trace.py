@@ -11,7 +11,12 @@ from rich.table import Table
 
 from kvstored.sdk.units import format_size
 from kvstored.tools import reader, report_table, stats, workloads, writers
-from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar, reports_errors, write_file
+from kvstored.tools.cli_common import (
+    FORMAT_CHOICE,
+    explains_memory_errors,
+    progress_bar,
+    write_file,
+)
 from kvstored.tools.errors import UsageProblem
 
 
@@ -68,7 +73,7 @@ def _gap_rows(prefix: str, gaps: dict) -> list[tuple[str, str]]:
 @click.option("--plot-weight", type=click.Choice(["count", "tokens"]), default="count",
               show_default=True, help="What the plot's shares count: reuses and blocks, "
                                       "or their tokens.")
-@reports_errors
+@explains_memory_errors
 def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot,
                   plot_weight):
     """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
@@ -124,7 +129,7 @@ def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot
               help="Tokens per block when the trace does not say.")
 @click.option("--skip-bad-lines", is_flag=True,
               help="Leave out (and count) lines that are not valid records.")
-@reports_errors
+@explains_memory_errors
 def convert_command(traces, target, output, fmt, block_size, skip_bad_lines):
     """Convert TRACE... to another format; the replay stays exactly the same."""
     loaded = _load(traces, fmt, block_size, skip_bad_lines)
@@ -144,7 +149,7 @@ def convert_command(traces, target, output, fmt, block_size, skip_bad_lines):
 @click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="Multiply the load: sessions for coding-agent, the "
                                       "arrival rate for the others.")
-@reports_errors
+@explains_memory_errors
 def generate_command(workload, output, seed, scale):
     """Write a trace from one of the workload models (the built-in traces are these at
     the default seed and scale; docs/simulator.md describes each model)."""

@@ -1,13 +1,15 @@
-"""Errors of the trace tools, each with the exit code the CLI turns it into.
+"""The simulator's and trace tools' errors: a bad trace, a missing one, options that do
+not fit together.
 
-A bad trace is reported by file and line with what to do, never as a traceback.
+A bad trace is reported by file and line with what to do, never as a traceback. These
+know no exit codes: :mod:`kvstored.cli.errors` maps each class to one. What this machine
+lacks (the compiled replay core, matplotlib) is the core's
+:class:`~kvstored.errors.UnavailableError`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from kvstored.cli.exitcodes import ExitCode
 
 #: How a file is named to the user when its path is not what they typed: the spooled
 #: copy of standard input is "-", a built-in trace is "builtin:NAME".
@@ -22,13 +24,9 @@ def shown(path: str | Path) -> str:
 class ToolError(Exception):
     """Base: ``str(error)`` is the whole message for the user."""
 
-    exit_code = ExitCode.FAILURE
-
 
 class TraceError(ToolError):
     """A trace file is malformed: a line that is not JSON, a field of the wrong type."""
-
-    exit_code = ExitCode.CORRUPT
 
     def __init__(self, path: str | Path, message: str, *, line: int | None = None):
         self.path = shown(path)
@@ -39,18 +37,9 @@ class TraceError(ToolError):
 
 
 class TraceNotFoundError(ToolError):
-    """A trace path that does not exist or holds no trace."""
-
-    exit_code = ExitCode.NOT_FOUND
+    """An input that does not exist or holds nothing: a trace path, standard input
+    empty, a models file."""
 
 
 class UsageProblem(ToolError):
     """Options that do not fit together or name nothing known (an unknown model...)."""
-
-    exit_code = ExitCode.USAGE
-
-
-class UnavailableError(ToolError):
-    """Something the request needs is not installed: the compiled replay core, matplotlib."""
-
-    exit_code = ExitCode.UNAVAILABLE

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from kvstored.tools import planning, sweep, tiered
-from kvstored.tools.core import PolicySpec
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.planning import ideal_speedup, size_label
+from kvstored.tools.runs import PolicySpec
 from kvstored.tools.simulate import SimOptions, default_jobs, prepare
 
 #: Rough list prices per GiB, for the default cost column only: server DDR5 RDIMMs and

@@ -5,7 +5,10 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvstored.tools.errors import UnavailableError
+import numpy as np
+
+from kvstored.errors import UnavailableError
+from kvstored.tools.planning import size_label
 
 
 def pyplot():
@@ -64,8 +67,6 @@ def sim_figure(result: dict):
                    label=f"ceiling {ceiling['idealSpeedup']:.2f}x")
     rec = result.get("recommended") or {}
     if rec.get("gib") is not None and by_gib:
-        from kvstored.tools.planning import size_label
-
         kind = " modelled TTFT speedup" if rec.get("metric") == "ttftSpeedup" else ""
         label = f"recommended ({rec['policy']}): {size_label(rec['gib'])}\n" \
                 f"{rec['speedup']:.2f}x{kind}"
@@ -92,8 +93,6 @@ def sim_figure(result: dict):
 
 def _ssd_label(result: dict) -> str:
     tier = result["tiered"]
-    from kvstored.tools.planning import size_label
-
     size = size_label(tier["ssdGib"]) if tier.get("ssdGib") else f"{tier['ssdBlocks']:,}-block"
     return (f"over a {size} SSD,\n{tier['mode']}, promotion "
             f"{'on' if tier['promotion'] else 'off'}")
@@ -147,10 +146,6 @@ def plan_heatmap(result: dict, metric: str = "speedup"):
     """The DRAM x SSD plan as a heatmap of the modelled TTFT speedup (``metric``
     "speedup") or the modelled TTFT in seconds ("ttft"), every cell annotated, the
     recommended one outlined with its value and cost."""
-    import numpy as np
-
-    from kvstored.tools.planning import size_label
-
     plt = pyplot()
     drams, ssds = result["dramGib"], result["ssdGib"]
     by_cell = {(c["dramGib"], c["ssdGib"]): c for c in result["cells"]}
@@ -197,8 +192,6 @@ def _budget_axis(axis, by_gib: bool, xs: list[float] | None = None,
     """A log2 budget axis labelled as people write sizes (512 GiB, 2 TiB), with a tick at
     every simulated budget (thinned to at most ~8 labels) and always one at ``marked``."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    from kvstored.tools.planning import size_label
 
     positive = sorted({x for x in (xs or []) if x > 0})
     if positive:

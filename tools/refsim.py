@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvstored.tools.runs import PolicySpec, RunResult
+
 if TYPE_CHECKING:
-    from kvstored.tools.core import PolicySpec, Replay, RunResult
+    from kvstored.tools.core import Replay
 
 
 def build_trie(ids: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,8 +61,6 @@ def _requests(replay: Replay):
 
 
 def ceiling(replay: Replay) -> RunResult:
-    from kvstored.tools.core import RunResult
-
     seen: set[int] = set()
     hit = total = 0
     for measured, path in _requests(replay):
@@ -77,8 +77,6 @@ def ceiling(replay: Replay) -> RunResult:
 
 
 def run(replay: Replay, spec: PolicySpec) -> RunResult:
-    from kvstored.tools.core import RunResult
-
     capacity = spec.capacity
     parent = replay.parent
     cached: dict[int, int] = {}          # node -> key (clock, or next use)

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from kvstored.sdk.units import format_size
 from kvstored.tools.planning import marginal_gains, size_label
+from kvstored.tools.simulate import point_speedup
 
 
 def budget_label(point: dict) -> str:
@@ -32,8 +33,6 @@ def bad_lines_note(trace: dict) -> str | None:
 def gain_column(result: dict) -> list[float | None] | None:
     """The marginal gain of the recommended policy at each point (speedup per extra
     TiB from the previous budget), or None when budgets are in blocks."""
-    from kvstored.tools.simulate import point_speedup
-
     policy = result["recommended"].get("policy")
     points = result["points"]
     if not policy or not points or any(p["gib"] is None for p in points):

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstored.errors import UnavailableError
 from kvstored.tools.core import Replay, core_available, ffi, lib
-from kvstored.tools.errors import UnavailableError
 from kvstored.tools.events import EventTrace
+from kvstored.tools.plots import pyplot
 
 MINUTE = 60.0
 STANDARD_BINS = [("0-10 min", 0.0, 10 * MINUTE), ("10-20 min", 10 * MINUTE, 20 * MINUTE),
@@ -137,8 +138,6 @@ def describe(trace: EventTrace, *, warmup: float = 0.5, engine: str = "auto") ->
 def figure(stats: dict, weight: str = "count"):
     """The per-reuse gap histogram (log time axis), and the standard bins of both
     definitions side by side; ``weight`` is "count" or "tokens"."""
-    from kvstored.tools.plots import pyplot
-
     plt = pyplot()
     gaps = stats["reuseGaps"]
     per_reuse, per_block = gaps["perReuse"], gaps["perBlockMaxGap"]

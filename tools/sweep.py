@@ -23,8 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvstored.tools import tiered
-from kvstored.tools.core import PolicySpec, Replay, RunResult
+from kvstored.tools.core import Replay
 from kvstored.tools.planning import ideal_speedup
+from kvstored.tools.runs import PolicySpec, RunResult
 
 FIXED = "fixed_window"
 CEILING = "ceiling_no_pressure"

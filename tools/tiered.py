@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvstored.tools.core import Replay
 from kvstored.tools.planning import ideal_speedup
+from kvstored.tools.runs import PolicySpec
 
 #: Defaults for one serving instance (documented in docs/simulator.md).
 DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
@@ -179,8 +181,6 @@ def replay_tiers(trace, dram_blocks: int, ssd_blocks: int, *, write_through: boo
     ``warmup`` only decides which requests the totals measure. ``replay`` may pass a
     ``Replay`` already built for this trace (with the same warm-up) to skip the trie.
     This is what ``kvstore replay`` predicts a store with those capacities serves."""
-    from kvstored.tools.core import PolicySpec, Replay
-
     if dram_blocks < 0 or ssd_blocks < 0:
         raise ValueError("capacities must not be negative")
     if promote_reads < 1:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvstored.tools import binfile
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.events import EventTrace, block_weights
 from kvstored.tools.ids import INT_KEY_LIMIT
@@ -103,8 +104,6 @@ def write_sessions(trace: EventTrace, path: Path) -> None:
 
 
 def write(trace: EventTrace, target: str, path: Path) -> None:
-    from kvstored.tools import binfile
-
     writers = {"mooncake": write_mooncake, "bailian": write_bailian,
                "sessions": write_sessions, "binary": binfile.write}
     if target not in writers:

@@ -111,6 +111,7 @@ class BucketBackend(IndexedBackend):
     """
 
     name = "bucket"
+    sdk_version = "1.0"
     open_modes = frozenset(OpenMode)
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BUCKETS_DIR,)
@@ -223,10 +224,8 @@ class BucketBackend(IndexedBackend):
         """Reserve room for each group, write them all as buckets (writer.py), and
         publish those that became durable; fill in ``results``."""
         planned: list[tuple[list[Claimed], Bucket, list[NewRecord], int]] = []
-        for group in groups:
-            data_len = sum(record_size(item[3].nbytes) for item in group)
-            need = self._footprint(data_len, index_size(len(group),
-                                                        sum(len(i[2]) for i in group)))
+        for group in self._within_capacity(groups):
+            need = self._group_footprint(group)
             with self._space_lock:
                 error = self._reserve(need, group[0][1])
             if error is not None:
@@ -270,6 +269,24 @@ class BucketBackend(IndexedBackend):
             log.warning("bucket: the file system allocated more than estimated; evicting "
                         "%d bytes to stay within the capacity", over)
             self.evict(over, self.on_evict)
+
+    def _group_footprint(self, group: list[Claimed]) -> int:
+        data_len = sum(record_size(item[3].nbytes) for item in group)
+        return self._footprint(data_len, index_size(len(group), sum(len(i[2]) for i in group)))
+
+    def _within_capacity(self, groups: list[list[Claimed]]) -> list[list[Claimed]]:
+        """``groups``, with any group that needs more than the whole capacity cut into
+        one-item groups: capacity fails items one by one, so an item that cannot fit
+        fails alone instead of taking the rest of its bucket with it."""
+        if self.capacity is None:
+            return groups
+        fitted: list[list[Claimed]] = []
+        for group in groups:
+            if len(group) > 1 and self._group_footprint(group) > self.capacity:
+                fitted.extend([item] for item in group)
+            else:
+                fitted.append(group)
+        return fitted
 
     def _footprint(self, data_len: int, index_len: int) -> int:
         """The most disk a new bucket may take: its files rounded up to blocks, plus one
@@ -377,8 +394,7 @@ class BucketBackend(IndexedBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         views = [memoryview(buf).cast("B") for buf in buffers]
         for key, view in zip(keys, views):
             if view.readonly:

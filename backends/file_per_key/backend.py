@@ -47,7 +47,7 @@ from kvstored.backends.file_per_key.recovery import Entry, recover
 from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
-from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.errors import BackendError, CapacityError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs, write_new_file
 from kvstored.sdk.index import IndexedBackend, ObjectIndex
@@ -88,6 +88,7 @@ class FilePerKeyBackend(IndexedBackend):
     """
 
     name = "file-per-key"
+    sdk_version = "1.0"
     open_modes = frozenset(OpenMode)
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (OBJECTS_DIR, TMP_DIR)
@@ -258,8 +259,7 @@ class FilePerKeyBackend(IndexedBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         results: list[int] = []
         for key, buf in zip(keys, buffers):
             with self._lock:

@@ -469,6 +469,11 @@ class OffsetLayoutBackend(IndexedBackend):
         self.last_recovery = {"objects": len(found.entries), "journal_entries": found.replayed,
                               "replayed_records": found.records, "notes": list(found.notes)}
         self._seq = found.last_seq
+        # What recovery dropped (records cut off or overlapped) is reported by the next
+        # check(): an open that loses an acknowledged record must never look clean.
+        self.open_problems.extend(
+            Problem(ProblemKind.INDEX_MISMATCH, note, None, self._file.path,
+                    RepairAction.DROPPED_FROM_INDEX, "at open") for note in found.notes)
         self._journal = JournalGate(self._engine, self._file, self._geometry, self._lock,
                                     self._snapshot_locked, generation=found.generation,
                                     checkpoint_bytes=self.checkpoint_bytes)
@@ -786,8 +791,7 @@ class OffsetLayoutBackend(IndexedBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         results: list[int] = [ReadStatus.MISSING] * len(keys)
         plan: list[tuple[int, str, Entry, memoryview]] = []
         with self._lock:

@@ -136,6 +136,7 @@ class ThreeFsBackend(IndexedBackend):
     """
 
     name = "3fs"
+    sdk_version = "1.0"
     open_modes = frozenset(OpenMode)
     #: What a cluster directory holds besides its stamp: node directories, which have no
     #: fixed name, so a cluster directory with a lost stamp is not recognised by name.
@@ -516,8 +517,7 @@ class ThreeFsBackend(IndexedBackend):
         """Read this node's objects, and with ``shared_reads`` other nodes' objects too
         (a miss refreshes the view of the other nodes first; see view.py)."""
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
+        self._check_read_buffers(keys, buffers)
         asked_at = time.monotonic()
         views = []
         for buffer in buffers:

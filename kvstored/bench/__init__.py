@@ -2,38 +2,25 @@
 
 Each benchmark runs kvstored and its peers (fio, a raw socket, memcpy, Mooncake, the
 reference simulator) in one run, so that ratios, not drifting absolute times, are what
-docs/benchmarks.md quotes.
+docs/benchmarks.md quotes. Each lives in its own module with its click command; the
+``kvstore bench`` group that lists them is the CLI's (:mod:`kvstored.cli.bench_cmd`).
+
+A benchmark fails with :class:`BenchError` when its subject misbehaves, and with the
+error of what is missing otherwise (:class:`~kvstored.errors.UnavailableError`, an
+``OSError`` with ``ENOSPC`` for a disk too small, a
+:class:`~kvstored.errors.CorruptDataError` for bytes that read back wrong); the CLI's
+table gives each its exit code.
 """
 
-from __future__ import annotations
-
-import click
-
-from kvstored.cli.errors import QuietError
-from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.lazy import LazyGroup
+import errno
 
 
-class BenchError(QuietError):
-    """A benchmark that cannot run here, or whose subject failed: one line, an exit code
-    (FAILURE unless said otherwise)."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message, code)
-
-# Each benchmark lives in its own module; adding one is a line here.
-BENCHMARKS: dict[str, str] = {
-    "io": "kvstored.bench.io:io_command",
-    "store": "kvstored.bench.store:store_command",
-    "backend": "kvstored.bench.backend:backend_command",
-    "sim": "kvstored.bench.sim:sim",
-    "fuse": "kvstored.bench.fuse:fuse_command",
-    "mixed": "kvstored.bench.mixed:mixed_command",
-    "scale": "kvstored.bench.scale:scale_command",
-}
+class BenchError(Exception):
+    """A benchmark whose subject failed or gave results it must not (a write refused, an
+    object missing after a reopen, two tools that disagree): the message says which."""
 
 
-@click.group(cls=LazyGroup, lazy_commands=BENCHMARKS,
-             context_settings={"help_option_names": ["-h", "--help"]})
-def bench() -> None:
-    """Measure kvstored against its peers, side by side; results go to JSON."""
+def no_space(message: str) -> OSError:
+    """The error for a disk or backend too small for a run: ``ENOSPC``, which the CLI
+    ends with NO_SPACE like any full disk."""
+    return OSError(errno.ENOSPC, message)

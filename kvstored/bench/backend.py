@@ -39,8 +39,17 @@ from typing import Any
 import click
 import numpy as np
 
-from kvstored.bench.io import QUEUE_DEPTH, BenchError, Measurement, Pattern, prepare_file, run_fio
-from kvstored.cli.exitcodes import ExitCode
+from kvstored.bench import BenchError, no_space
+from kvstored.bench.io import QUEUE_DEPTH, Measurement, Pattern, prepare_file, run_fio
+from kvstored.errors import CorruptDataError
+from kvstored.sdk.errors import CapacityError
+from kvstored.sdk.registry import (
+    BUILTIN,
+    backend_class,
+    backend_options,
+    known_backends,
+    open_backend,
+)
 from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -82,8 +91,6 @@ class Subject:
     """One backend under test, opened with the options it accepts."""
 
     def __init__(self, name: str, root: Path, engine: str, direct: bool) -> None:
-        from kvstored.sdk.registry import backend_class, backend_options
-
         self.name = name
         self.accepted = set(backend_options(backend_class(name)))
         self.root = root
@@ -107,8 +114,6 @@ class Subject:
         return base / "volume" if self.name == "nvmeof" else base
 
     def open(self, label: str, volume_bytes: int):
-        from kvstored.sdk.registry import open_backend
-
         path = self.path(label)
         path.parent.mkdir(parents=True, exist_ok=True)
         return open_backend(self.name, path, **self.options(volume_bytes))
@@ -151,8 +156,10 @@ def write_objects(backend, prefix: str, count: int, size: int, staging: Staging)
         items = [(f"{prefix}/{first + i}", values[i]) for i in range(n)]
         for result in backend.batch_write(items):
             if not result.ok:
-                raise BenchError(f"{backend.name}: writing {result.key} failed: {result.error}",
-                                 _exit_code(result.error))
+                message = f"{backend.name}: writing {result.key} failed: {result.error}"
+                if isinstance(result.error, CapacityError):
+                    raise no_space(message)
+                raise BenchError(message)
     seconds = time.perf_counter() - started
     return Measurement(bytes=count * size, ops=count, seconds=seconds,
                        cpu_seconds=_cpu() - cpu)
@@ -170,18 +177,12 @@ def read_objects(backend, prefix: str, count: int, size: int, runtime: float, ba
         keys = [f"{prefix}/{n}" for n in rng.integers(0, count, batch).tolist()]
         for key, got in zip(keys, backend.batch_read(keys, buffers)):
             if got != size:
-                raise BenchError(f"{backend.name}: reading {key} gave {got}, not {size} "
-                                 "bytes", ExitCode.CORRUPT if got == -2 else ExitCode.FAILURE)
+                message = f"{backend.name}: reading {key} gave {got}, not {size} bytes"
+                raise CorruptDataError(message) if got == -2 else BenchError(message)
         moved += size * batch
         ops += batch
     return Measurement(bytes=moved, ops=ops, seconds=time.perf_counter() - started,
                        cpu_seconds=_cpu() - cpu)
-
-
-def _exit_code(error) -> ExitCode:
-    from kvstored.sdk.errors import CapacityError
-
-    return ExitCode.NO_SPACE if isinstance(error, CapacityError) else ExitCode.FAILURE
 
 
 def _record(store: dict, workload: str, runner: str, m: Measurement) -> dict:
@@ -212,16 +213,19 @@ class Run:
         """fio on the same file system. For a flush, ``fio`` writes a new file once, as
         a backend writes new objects into new space; ``fio-overwrite`` rewrites the
         laid-out read file, which spares the file system its block allocation."""
+        if self.fio is None:
+            raise BenchError("fio_measure needs fio, and none was found")
+        fio = self.fio
         size = self.objects(workload) * workload.object_size
         if workload.kind == "flush" and runner == "fio":
             target = self.root / "fio-new.dat"
             target.unlink(missing_ok=True)
             try:
-                return run_fio(self.fio, workload.fio, target, size, self.runtime,
+                return run_fio(fio, workload.fio, target, size, self.runtime,
                                time_based=False)
             finally:
                 target.unlink(missing_ok=True)
-        return run_fio(self.fio, workload.fio, self.fio_file, size, self.runtime)
+        return run_fio(fio, workload.fio, self.fio_file, size, self.runtime)
 
     def runners(self, workload: Workload, round_number: int) -> list[str]:
         """This round's runners, in an order that rotates so drift favours none."""
@@ -432,8 +436,6 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     issue 4 to --json-out, and prints a table. Exit codes: 6 when the disk lacks room,
     5 when a read returns corrupt data, 1 on other failures.
     """
-    from kvstored.sdk.registry import BUILTIN, known_backends
-
     def say(message: str) -> None:
         click.echo(message, err=True)
 
@@ -461,9 +463,8 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     need = 3 * _footprint(data_bytes // (128 * KiB), 128 * KiB) + 2 * small_bytes + 2 * data_bytes
     free = shutil.disk_usage(root).free
     if free < need:
-        raise BenchError(f"{root} has {format_size(free)} free; this run needs about "
-                         f"{format_size(need)}. Pass --dir elsewhere or a smaller --data.",
-                         ExitCode.NO_SPACE)
+        raise no_space(f"{root} has {format_size(free)} free; this run needs about "
+                       f"{format_size(need)}. Pass --dir elsewhere or a smaller --data.")
     run = Run(root, fio, data_bytes, small_bytes, runtime, rounds, read_batch,
               recovery_objects, engine, direct, say)
     per_backend = {}

@@ -46,8 +46,11 @@ from typing import Any
 import click
 import numpy as np
 
+import kvstored
 from kvstored.bench import BenchError
-from kvstored.cli.exitcodes import ExitCode
+from kvstored.capabilities import probe_fuse
+from kvstored.errors import UnavailableError
+from kvstored.fuse.names import key_to_name
 from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -63,7 +66,9 @@ def _start_store(home: Path, size: int) -> tuple[subprocess.Popen, str]:
          "--dram", room, "--ssd", room, "--backend", "bucket"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
     lines = []
-    for line in proc.stdout:
+    output = proc.stdout
+    assert output is not None  # stdout=PIPE
+    for line in output:
         lines.append(line)
         found = re.search(r"^kvstored up: listening on ([\d.]+:\d+)", line)
         if found:
@@ -81,12 +86,14 @@ def _mount(path: Path, master: str, *extra: str) -> subprocess.Popen:
     path.mkdir()
     proc = subprocess.Popen([str(BIN / "kvstore"), "mount", str(path), "--master", master,
                              *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = proc.stderr
+    assert stderr is not None  # stderr=PIPE
     deadline = time.monotonic() + 60
     while not _mounted(path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             raise BenchError(f"kvstore mount {path} did not mount: "
-                             f"{proc.stderr.read().decode(errors='replace')}")
+                             f"{stderr.read().decode(errors='replace')}")
         time.sleep(0.05)
     return proc
 
@@ -131,13 +138,9 @@ def _read_file(path: Path, buffer: memoryview, chunk: int, drop_cache: bool) -> 
 def fuse_command(size: str, rounds: int, json_out: Path) -> None:
     """One big object read through `kvstore mount` (--direct-io and --page-cache) against
     the client library; writes every round, the medians and the ratios to --json-out."""
-    import kvstored
-    from kvstored.capabilities import probe_fuse
-    from kvstored.fuse.names import key_to_name
-
     available, reason = probe_fuse()
     if not available:
-        raise BenchError(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
+        raise UnavailableError(f"FUSE is unavailable: {reason}")
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:

@@ -36,10 +36,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from kvstored.bench import BenchError
-from kvstored.cli.exitcodes import ExitCode
+from kvstored.bench import BenchError, no_space
 from kvstored.native import IoEngine, IoError, probe_uring
 from kvstored.native.posix import PosixEngine
+from kvstored.native.uring import UringEngine
 from kvstored.sdk.units import format_size, parse_size
 
 QUEUE_DEPTH = 32
@@ -175,9 +175,8 @@ def prepare_file(path: Path, size: int, say: Callable[[str], None]) -> None:
         return
     free = shutil.disk_usage(path.parent).free + (path.stat().st_size if path.exists() else 0)
     if free < size:
-        raise BenchError(f"{path.parent} has {format_size(free)} free; the benchmark file "
-                         f"needs {format_size(size)}. Pass --file elsewhere or a smaller "
-                         f"--size.", ExitCode.NO_SPACE)
+        raise no_space(f"{path.parent} has {format_size(free)} free; the benchmark file "
+                       f"needs {format_size(size)}. Pass --file elsewhere or a smaller --size.")
     say(f"writing the {format_size(size)} benchmark file {path} ...")
     engine = PosixEngine(queue_depth=QUEUE_DEPTH)
     staging = make_staging(64 << 20)
@@ -188,9 +187,9 @@ def prepare_file(path: Path, size: int, say: Callable[[str], None]) -> None:
                      for at in range(start, min(size, start + len(staging)), step)]
             for result in engine.write(items):
                 if isinstance(result, IoError):
-                    raise BenchError(f"could not write the benchmark file: {result}",
-                                     ExitCode.NO_SPACE if result.errno == errno.ENOSPC else
-                                     ExitCode.FAILURE)
+                    message = f"could not write the benchmark file: {result}"
+                    raise no_space(message) if result.errno == errno.ENOSPC else \
+                        BenchError(message)
         engine.fsync([f])
 
 
@@ -206,8 +205,6 @@ def _runners(fio: str, names: list[str]) -> tuple[dict, dict[str, str]]:
         elif name == "uring":
             available, reason = probe_uring()
             if available:
-                from kvstored.native.uring import UringEngine
-
                 runners[name] = UringEngine(queue_depth=QUEUE_DEPTH)
             else:
                 skipped[name] = reason

@@ -140,7 +140,7 @@ def run_mixed(address: str, *, threads: int, seconds: float, sizes: tuple[int, i
         for thread in pool:
             thread.join()
         elapsed = time.perf_counter() - started
-        cpu = _cpu_seconds(pid) - cpu_before if pid else None
+        cpu = _cpu_seconds(pid) - cpu_before if pid and cpu_before is not None else None
         status = client.call("status")
     per_op = {op: _percentiles([x for w in workers for x in w.latencies[op]]) for op in OPS}
     total = sum(p["count"] for p in per_op.values())

@@ -31,6 +31,7 @@ cannot take the benchmark down) prints one JSON document. Modes:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -41,6 +42,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from kvstored.bench import BenchError
+from kvstored.bench.store_workload import (
+    BATCH,
+    GET_OPS,
+    Buffers,
+    drop_page_cache,
+    keys_for,
+    run_op,
+    run_ops,
+)
 
 PIP_NAME = "mooncake-transfer-engine-non-cuda"
 #: mooncake_master's default --default_kv_lease_ttl (10 s), left as it is.
@@ -217,10 +231,6 @@ class MooncakeTarget:
 
 
 def _shm_allocator(store: Any):
-    import ctypes
-
-    import numpy as np
-
     def allocate(nbytes: int):
         pointer = store.alloc_from_mem_pool(nbytes)
         if not pointer or store.register_buffer(pointer, nbytes) != 0:
@@ -244,14 +254,6 @@ def _disk_only(store: Any, keys: list[str]) -> list[str]:
 
 def _ssd(store: Any, buffers: Any, size: int, count: int, segment: int
          ) -> tuple[dict, dict]:
-    from kvstored.bench.store_workload import (
-        GET_OPS,
-        WorkloadError,
-        drop_page_cache,
-        keys_for,
-        run_op,
-    )
-
     target = MooncakeTarget(store, buffers, retry_puts_for=600)
     sets = {op: keys_for("mc-ssd", op.split("-")[1], count) for op in GET_OPS}
     for keys in sets.values():
@@ -279,7 +281,7 @@ def _ssd(store: Any, buffers: Any, size: int, count: int, segment: int
         chunks = [keys[i:i + batch] for i in range(0, len(keys), batch)]
         keys = [k for chunk in chunks if on_disk.issuperset(chunk) for k in chunk]
         if not keys:
-            raise WorkloadError(f"none of the {op} objects reached Mooncake's SSD tier only")
+            raise BenchError(f"none of the {op} objects reached Mooncake's SSD tier only")
         notes[f"{op}_page_cache"] = drop_page_cache() or "dropped"
         out[op] = run_op(target, buffers, op, keys)
     return out, notes
@@ -289,8 +291,6 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode in ("remote", "ssd"):
         os.environ["MC_STORE_MEMCPY"] = "0"  # see the module docstring
     from mooncake.store import MooncakeDistributedStore
-
-    from kvstored.bench.store_workload import BATCH, Buffers, run_ops
 
     store = MooncakeDistributedStore()
     slots = BATCH * args.size

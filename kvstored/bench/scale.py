@@ -318,7 +318,7 @@ def run_clients(store: Store, processes: int, objects: int, seconds: float,
             "misses": sum(f["misses"] for f in figures), "gets": total}
 
 
-def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def _median_of(rounds: list[Any]) -> Any:
     """The median of each number over rounds of like-shaped dicts."""
     first = rounds[0]
     if isinstance(first, dict):

@@ -39,11 +39,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.cli.errors import QuietError
-from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingFile
+from kvstored.bench import BenchError
+from kvstored.errors import UnavailableError
+from kvstored.params import ExistingFile
 from kvstored.sdk.units import format_size
 from kvstored.tools import binfile, events
+from kvstored.tools.errors import TraceNotFoundError
 
 DEFAULT_TRACE = "mooncake_conversation.jsonl"
 
@@ -264,28 +265,26 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
     process; results go to JSON."""
     trace = trace or _default_trace()
     if trace is None:
-        raise QuietError(f"no trace given and ../shared/traces/{DEFAULT_TRACE} not found; "
-                         "pass --trace", ExitCode.NOT_FOUND)
+        raise TraceNotFoundError(f"no trace given and ../shared/traces/{DEFAULT_TRACE} not "
+                                 "found; pass --trace")
     try:
         import kvcache_sim  # noqa: F401
     except ImportError:
-        raise QuietError("the reference simulator is not installed: pip install "
-                         "kvcache-simulator==0.1.3", ExitCode.UNAVAILABLE) from None
+        raise UnavailableError("the reference simulator is not installed: pip install "
+                               "kvcache-simulator==0.1.3") from None
     if shutil.which("c++") is None:
-        raise QuietError("the reference's C++ backend needs a C++ compiler (c++)",
-                         ExitCode.UNAVAILABLE)
+        raise UnavailableError("the reference's C++ backend needs a C++ compiler (c++)")
     console = Console(stderr=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-sim-") as tmp:
         work = Path(tmp)
         console.print(f"trace {trace}: {rounds} rounds")
-        label = "original"
+        label, source = "original", trace
         if string_ids:
-            stringified = work / "original-string-ids.jsonl"
-            stringify_jsonl(trace, stringified)
+            source = work / "original-string-ids.jsonl"
+            stringify_jsonl(trace, source)
             label = "original, string ids"
-        results.append(_bench_trace(label, stringified if string_ids else trace, model,
-                                    block_size, rounds, work))
+        results.append(_bench_trace(label, source, model, block_size, rounds, work))
         replicated = work / f"replicated-{replicate}x.jsonl"
         events_written = replicate_jsonl(trace, replicate, replicated)
         if string_ids:
@@ -339,5 +338,4 @@ def sim(trace, model, block_size, replicate, rounds, large_events, large_policie
                         f"{large['kvstoreMemory']['bytesPerEvent']:.1f} bytes/event")
     Console().print(f"wrote {json_out}")
     if not all(r["check"]["identical"] for r in results):
-        raise QuietError(f"kvstore sim and the reference disagree on a trace; see {json_out}",
-                         ExitCode.FAILURE)
+        raise BenchError(f"kvstore sim and the reference disagree on a trace; see {json_out}")

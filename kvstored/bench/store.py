@@ -49,7 +49,6 @@ from kvstored.bench.store_workload import (
     OPS,
     SIZES,
     Buffers,
-    WorkloadError,
     drop_page_cache,
     object_count,
     run_ops,
@@ -232,7 +231,7 @@ def _guarded(runner: KvstoredRunner, say: Callable[[str], None], measure: Callab
     daemon dying, a wrong answer) is reported in the JSON and the run goes on."""
     try:
         return measure(*args)
-    except (WorkloadError, StoreError) as exc:
+    except (BenchError, StoreError) as exc:
         what = f"{type(exc).__name__}: {exc}"
         restarted = runner.ensure_running()
         say(f"FAILED: {what}" + (f"\n{restarted}" if restarted else ""))
@@ -372,7 +371,7 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     try:
         results, skipped, notes = _run(size_list, total_bytes, peer_list, backend, workdir,
                                        rounds, say)
-    except WorkloadError as exc:
+    except BenchError as exc:
         # The daemons' logs stay behind (even in a temporary directory) to explain it.
         raise BenchError(f"{exc} (logs under {workdir})") from None
     if temporary:

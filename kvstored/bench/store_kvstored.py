@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import kvstored
+from kvstored.bench import BenchError
 from kvstored.bench.store_workload import (
     GET_OPS,
     Buffers,
-    WorkloadError,
     drop_page_cache,
     keys_for,
     run_op,
@@ -64,7 +64,7 @@ class KvstoredDaemon:
         data.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = data.parent / "kvstored.log"
         self.lines: list[str] = []
-        self.address: str | None = None
+        self._announced: str | None = None  # by the daemon's banner, read by _read
         self._ready = threading.Event()
         self.proc = subprocess.Popen(
             [_tool("kvstored"), "up", "--listen", "127.0.0.1:0", "--data", str(data),
@@ -76,13 +76,16 @@ class KvstoredDaemon:
                  "KVSTORED_NODE_SHUTDOWN_FLUSH_TIMEOUT": "0"})
         threading.Thread(target=self._read, daemon=True).start()
         self._ready.wait(120)
-        if self.address is None:
+        if self._announced is None:
             self.stop()
-            raise WorkloadError("kvstored up did not start:\n" + self.log)
+            raise BenchError("kvstored up did not start:\n" + self.log)
+        self.address: str = self._announced
 
     def _read(self) -> None:
+        output = self.proc.stdout
+        assert output is not None  # stdout=PIPE
         with open(self.log_path, "a") as log:
-            for line in self.proc.stdout:
+            for line in output:
                 log.write(line)
                 log.flush()
                 self.lines.append(line.rstrip())
@@ -91,8 +94,8 @@ class KvstoredDaemon:
 
     def _banner(self, line: str) -> None:
         match = BANNER.search(line)
-        if match and self.address is None:
-            self.address = f"{match.group(1)}:{match.group(2)}"
+        if match and self._announced is None:
+            self._announced = f"{match.group(1)}:{match.group(2)}"
             self._ready.set()
 
     @property
@@ -108,7 +111,7 @@ class KvstoredDaemon:
         done = subprocess.run([_tool("kvstore"), *args, "--master", self.address, "--json"],
                               capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
-            raise WorkloadError(f"kvstore {' '.join(args)} failed ({done.returncode}): "
+            raise BenchError(f"kvstore {' '.join(args)} failed ({done.returncode}): "
                                 f"{done.stderr.strip() or done.stdout.strip()}")
         return json.loads(done.stdout)
 
@@ -131,12 +134,12 @@ class KvstoredTarget:
 
     def put_one(self, key: str, slot: int) -> None:
         if not self.client.put(key, self.buffers.src_slot(slot)):
-            raise WorkloadError(f"put {key!r}: the key already existed")
+            raise BenchError(f"put {key!r}: the key already existed")
 
     def put_many(self, keys: Sequence[str], slots: Sequence[int]) -> None:
         stored = self.client.batch_put(keys, [self.buffers.src_slot(s) for s in slots])
         if not all(stored):
-            raise WorkloadError(f"batch_put: {stored.count(False)} keys already existed")
+            raise BenchError(f"batch_put: {stored.count(False)} keys already existed")
 
     def get_one(self, key: str, slot: int) -> int:
         return self.client.get_into(key, self.buffers.dst_slot(slot))
@@ -226,7 +229,7 @@ class KvstoredRunner:
             if tiers["dram"]["objects"] == 0 and tiers["ssd"]["objects"] >= len(keys):
                 break
             if time.monotonic() > deadline:
-                raise WorkloadError(f"objects still in DRAM after evict --all: {tiers}")
+                raise BenchError(f"objects still in DRAM after evict --all: {tiers}")
             time.sleep(0.2)
         for key in keys[:: max(1, len(keys) // 16)]:  # and ask about a sample directly
             info = client.stat(key)
@@ -234,5 +237,5 @@ class KvstoredRunner:
             readable = {r.tier for r in info.replicas
                         if r.state is ReplicaState.COMPLETE} if info else set()
             if readable != {Tier.SSD}:
-                raise WorkloadError(f"{key!r} is not SSD-only: {info}")
+                raise BenchError(f"{key!r} is not SSD-only: {info}")
         return tiers["ssd"]["objects"]

@@ -18,6 +18,7 @@ an error, not a result.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,14 +27,12 @@ from typing import Protocol
 
 import numpy as np
 
+from kvstored.bench import BenchError
+
 BATCH = 32
 SIZES = (64 << 10, 1 << 20, 4 << 20)
 OPS = ("put-single", "put-batch", "get-single", "get-batch")
 GET_OPS = ("get-single", "get-batch")
-
-
-class WorkloadError(Exception):
-    """A runner returned a wrong size, failed a call, or returned wrong bytes."""
 
 
 class Target(Protocol):
@@ -79,7 +78,7 @@ class Buffers:
     def check(self, slots: Sequence[int], what: str) -> None:
         for slot in slots:
             if not np.array_equal(self.src_slot(slot), self.dst_slot(slot)):
-                raise WorkloadError(f"{what}: slot {slot} came back with different bytes")
+                raise BenchError(f"{what}: slot {slot} came back with different bytes")
             self.dst_slot(slot)[:8] = 0  # so the next phase must really write it
 
 
@@ -112,7 +111,7 @@ def summarize(op: str, size: int, objects: int, seconds: float,
 def _expect(sizes: Sequence[int], size: int, keys: Sequence[str], what: str) -> None:
     for key, got in zip(keys, sizes):
         if got != size:
-            raise WorkloadError(f"{what}: {key!r} returned {got}, expected {size} bytes")
+            raise BenchError(f"{what}: {key!r} returned {got}, expected {size} bytes")
 
 
 def _singles(target: Target, buffers: Buffers, op: str, keys: list[str]) -> dict:
@@ -127,7 +126,7 @@ def _singles(target: Target, buffers: Buffers, op: str, keys: list[str]) -> dict
         else:
             got = target.get_one(key, i % batch)
             if got != size:
-                raise WorkloadError(f"{op}: {key!r} returned {got}, expected {size} bytes")
+                raise BenchError(f"{op}: {key!r} returned {got}, expected {size} bytes")
         latencies.append(clock() - t0)
     seconds = clock() - started
     if op == "get-single":
@@ -178,8 +177,6 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 def drop_page_cache() -> str | None:
     """Write back dirty pages and drop the page cache, so SSD reads come from the disk.
     None when done; otherwise why not (not root, a read-only /proc in a container)."""
-    import os
-
     os.sync()
     try:
         with open(DROP_CACHES, "w") as f:

@@ -26,7 +26,7 @@ from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import CliState, debug_option, state
 from kvstored.client import Client
-from kvstored.config import load_config
+from kvstored.config import SCHEMA, ClientSettings, describe_default, load_config
 
 #: The flag that sets each configuration key, for the messages of a bad value.
 FLAGS = {"client.master": "--master", "client.timeout": "--timeout",
@@ -34,15 +34,16 @@ FLAGS = {"client.master": "--master", "client.timeout": "--timeout",
 
 
 @dataclass(frozen=True)
-class ClientSettings:
-    """Where the cluster is and how long to wait for it (seconds)."""
+class Reach:
+    """How ``kvstore`` reaches the cluster: the client settings (where it is, how long to
+    wait for it) and the token to present."""
 
-    master: str
+    settings: ClientSettings
     token: str | None
-    transport: str
-    timeout: float
-    connect_timeout: float
-    wait_timeout: float
+
+    @property
+    def master(self) -> str:
+        return self.settings.master
 
 
 def _remember(name: str) -> Callable[[click.Context, click.Parameter, Any], None]:
@@ -59,13 +60,14 @@ def client_options(function: Callable) -> Callable:
         click.option("--master", metavar="HOST:PORT", expose_value=False,
                      callback=_remember("master"),
                      help="The master's address [client.master, env KVSTORE_MASTER; "
-                          "default 127.0.0.1:7700]."),
+                          f"default {describe_default(SCHEMA['client.master'])}]."),
         click.option("--token-file", type=click.Path(dir_okay=False), expose_value=False,
                      callback=_remember("token_file"),
                      help="The cluster's shared secret [security.token_file]."),
         click.option("--timeout", metavar="DURATION", expose_value=False,
                      callback=_remember("timeout"),
-                     help="Bound of one request, e.g. 10s [client.timeout; default 30s]."),
+                     help="Bound of one request, e.g. 10s [client.timeout; default "
+                          f"{describe_default(SCHEMA['client.timeout'])}]."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      expose_value=False, callback=_remember("config_file"),
                      help="A TOML configuration file [default: $KVSTORED_CONFIG]."),
@@ -84,18 +86,16 @@ json_option = click.option("--json", "as_json", is_flag=True, callback=_json_wan
                            help="Print one JSON document on stdout.")
 
 
-def client_settings(run: CliState, *, wait_timeout: str | None = None) -> ClientSettings:
-    """The settings the options, the environment and the configuration file give."""
+def reach(run: CliState, *, wait_timeout: str | None = None) -> Reach:
+    """What the options, the environment and the configuration file give."""
     cfg = load_config(run.config_file, overrides={
         "client.master": run.master, "client.timeout": run.timeout,
         "client.wait_timeout": wait_timeout, "security.token_file": run.token_file},
         flag_names=FLAGS)
-    return ClientSettings(master=cfg["client.master"],
-                          token=None if cfg["security.auth"] == "none" else read_token(
-                              cfg["security.token_file"], cfg.source("security.token_file")),
-                          transport=cfg["client.transport"], timeout=cfg["client.timeout"],
-                          connect_timeout=cfg["client.connect_timeout"],
-                          wait_timeout=cfg["client.wait_timeout"])
+    security = cfg.security
+    token = None if security.auth == "none" else read_token(
+        security.token_file, cfg.source("security.token_file"))
+    return Reach(cfg.client, token)
 
 
 def read_token(path: Path | None, source: str) -> str | None:
@@ -117,11 +117,12 @@ def read_token(path: Path | None, source: str) -> str | None:
     return token
 
 
-def open_client(settings: ClientSettings, *, waits: bool = False) -> Client:
+def open_client(target: Reach, *, waits: bool = False) -> Client:
     """A connected client; ``waits`` for a request that waits on the nodes."""
+    settings = target.settings
     timeout = settings.timeout + (settings.wait_timeout if waits else 0.0)
     return kvstored.connect(settings.master, transport=settings.transport,
-                            token=settings.token, timeout=timeout,
+                            token=target.token, timeout=timeout,
                             connect_timeout=settings.connect_timeout)
 
 
@@ -131,7 +132,7 @@ def store_command(function: Callable) -> Callable:
     @client_options
     @functools.wraps(function)
     def wrapper(**kwargs: Any) -> None:
-        with open_client(client_settings(state())) as client:
+        with open_client(reach(state())) as client:
             function(client, **kwargs)
 
     return wrapper

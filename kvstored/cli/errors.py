@@ -16,7 +16,6 @@ docs/cli.md. A traceback is printed only with ``--debug`` or ``KVSTORED_DEBUG=1`
 from __future__ import annotations
 
 import errno
-import os
 import sys
 import traceback
 from collections.abc import Iterator
@@ -24,17 +23,22 @@ from typing import IO
 
 import click
 
+from kvstored.bench import BenchError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.config import ConfigError
+from kvstored.config import DEBUG_ENV
 from kvstored.errors import (
     BadRequestError,
+    ConfigError,
     CorruptDataError,
     NoSpaceError,
     NotFoundError,
     StoreError,
     UnauthorizedError,
+    UnavailableError,
     UnreachableError,
 )
+from kvstored.fuse.errors import MountError
+from kvstored.native.errors import EngineUnavailableError
 from kvstored.sdk.errors import (
     BackendBusyError,
     BackendError,
@@ -44,16 +48,7 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     UnknownBackendError,
 )
-from kvstored.tools.errors import (
-    ToolError,
-    TraceError,
-    TraceNotFoundError,
-    UnavailableError,
-    UsageProblem,
-)
-
-#: Set to 1 (or pass ``--debug``) for a traceback with every error.
-DEBUG_ENV = "KVSTORED_DEBUG"
+from kvstored.tools.errors import ToolError, TraceError, TraceNotFoundError, UsageProblem
 
 
 class QuietError(click.ClickException):
@@ -72,7 +67,9 @@ class QuietError(click.ClickException):
 
 #: Exception type -> exit code; the first ``isinstance`` match wins.
 EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
-    # The store's errors (kvstored.errors), as the client library raises them.
+    # The core's errors (kvstored.errors): the store's, as the client library raises
+    # them; the configuration (a bad file, variable, flag value or token file); a
+    # capability this machine lacks.
     (NotFoundError, ExitCode.NOT_FOUND),
     (UnreachableError, ExitCode.UNREACHABLE),
     (CorruptDataError, ExitCode.CORRUPT),
@@ -80,6 +77,8 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (BadRequestError, ExitCode.USAGE),
     (UnauthorizedError, ExitCode.USAGE),
     (StoreError, ExitCode.FAILURE),
+    (ConfigError, ExitCode.USAGE),
+    (UnavailableError, ExitCode.UNAVAILABLE),
     # The backend SDK's (kvstored.sdk.errors): a node starting, the offline tools.
     (BackendBusyError, ExitCode.IN_USE),
     (MissingStoreError, ExitCode.NOT_FOUND),
@@ -87,14 +86,17 @@ EXIT_CODES: tuple[tuple[type[BaseException], ExitCode], ...] = (
     (InvalidRequestError, ExitCode.USAGE),
     (CapacityError, ExitCode.NO_SPACE),
     (CorruptionError, ExitCode.CORRUPT),
-    # The configuration: a bad file, variable or flag value.
-    (ConfigError, ExitCode.USAGE),
+    (BackendError, ExitCode.FAILURE),  # BackendIOError is an OSError: by errno first
+    # The io engine's (kvstored.native.errors); its IoError is an OSError (below).
+    (EngineUnavailableError, ExitCode.UNAVAILABLE),
     # The simulator and trace tools (kvstored.tools.errors).
     (TraceError, ExitCode.CORRUPT),
     (TraceNotFoundError, ExitCode.NOT_FOUND),
     (UsageProblem, ExitCode.USAGE),
-    (UnavailableError, ExitCode.UNAVAILABLE),
     (ToolError, ExitCode.FAILURE),
+    # The applications': a mount the kernel refused, a benchmark whose subject failed.
+    (MountError, ExitCode.FAILURE),
+    (BenchError, ExitCode.FAILURE),
 )
 
 #: errno -> exit code, for an OSError (BackendIOError and ListenError included) that the
@@ -122,7 +124,7 @@ def exit_code_of(exc: BaseException) -> ExitCode | None:
     for cls, code in EXIT_CODES:
         if isinstance(exc, cls):
             return code
-    if isinstance(exc, BackendError | OSError):
+    if isinstance(exc, OSError):
         return ExitCode.FAILURE
     return None
 
@@ -136,10 +138,6 @@ def message_of(exc: BaseException) -> str:
         name = f"{exc.filename}: " if exc.filename is not None else ""
         return f"{name}{exc.strerror}"
     return str(exc) or type(exc).__name__
-
-
-def debug_requested() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def leaves(exc: BaseException) -> Iterator[BaseException]:

@@ -9,11 +9,12 @@ import sys
 import click
 
 from kvstored.cli.background import run_in_background
-from kvstored.cli.connection import client_options, client_settings, open_client
+from kvstored.cli.connection import client_options, open_client, reach
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingDirectory
 from kvstored.cli.program import state
+from kvstored.errors import UnavailableError
+from kvstored.params import ExistingDirectory
 
 
 @click.command()
@@ -54,7 +55,7 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
         raise click.UsageError("--backend only applies with --offline DIR")
     available, reason = probe_fuse()
     if not available:
-        raise QuietError(f"FUSE is unavailable: {reason}", ExitCode.UNAVAILABLE)
+        raise UnavailableError(f"FUSE is unavailable: {reason}")
     if os.path.ismount(mountpoint):
         raise QuietError(f"something is already mounted on {mountpoint}; unmount it first "
                          f"(fusermount3 -u {mountpoint})", ExitCode.IN_USE)
@@ -62,7 +63,6 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
                         level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr)
     logging.getLogger("kvstored").setLevel(logging.DEBUG if verbose else logging.INFO)
 
-    from kvstored.fuse.mount import MountError
     from kvstored.fuse.mount import mount as run_mount
 
     if offline_dir:
@@ -81,20 +81,16 @@ def mount(mountpoint: str, offline_dir: str | None, backend: str | None, foregro
     else:
         from kvstored.fuse.live import LiveSource
 
-        settings = client_settings(state())  # read before a background fork
+        cluster = reach(state())  # read before a background fork
 
         def open_source():
-            return LiveSource(open_client(settings))
+            return LiveSource(open_client(cluster))
 
-        fsname = f"kvstored:{settings.master}"
+        fsname = f"kvstored:{cluster.master}"
     target = os.path.abspath(mountpoint)
 
     def serve(mounted) -> None:
-        try:
-            run_mount(open_source, target, fsname=fsname, mounted=mounted,
-                      direct_io=direct_io)
-        except MountError as exc:
-            raise QuietError(str(exc), ExitCode.FAILURE) from exc
+        run_mount(open_source, target, fsname=fsname, mounted=mounted, direct_io=direct_io)
 
     if foreground:
         serve(_announce)

@@ -16,8 +16,9 @@ from typing import Any
 
 import click
 
-from kvstored.cli.errors import debug_requested, report
+from kvstored.cli.errors import report
 from kvstored.cli.lazy import LazyGroup
+from kvstored.config import debug_requested
 
 
 @dataclass

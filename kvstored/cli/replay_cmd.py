@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from kvstored.cli.connection import client_options, client_settings, json_option, open_client
+from kvstored.cli.connection import client_options, json_option, open_client, reach
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
@@ -200,7 +200,7 @@ def _trace(trace, fmt, block, concurrency, speed, window, warmup, namespace, as_
         except ValueError as exc:
             raise QuietError(f"--namespace: {exc}", ExitCode.USAGE) from None
     run = state()
-    settings = client_settings(run)
+    settings = reach(run)
     with progress_bar(enabled=not as_json) as progress:
         if progress:
             progress(0, 1, f"reading {trace}")

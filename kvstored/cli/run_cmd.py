@@ -12,17 +12,24 @@ import trio
 from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import debug_option
-from kvstored.config import Config, load_config
+from kvstored.config import SCHEMA, Config, choices_of, describe_default, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
+
+
+def _default(key: str) -> str:
+    """A setting's default as help texts show it (the schema holds the only copy)."""
+    return describe_default(SCHEMA[key])
+
+
 token_option = click.option("--token-file", type=click.Path(dir_okay=False),
-                            help="The client token clients must present "
-                                 "(default ~/.config/kvstored/token, created at first "
+                            help="The client token clients must present (default "
+                                 f"{_default('security.token_file')}, created at first "
                                  "start).")
 node_token_option = click.option("--node-token-file", type=click.Path(dir_okay=False),
-                                 help="The node token nodes present "
-                                      "(default ~/.config/kvstored/node-token).")
+                                 help="The node token nodes present (default "
+                                      f"{_default('security.node_token_file')}).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
@@ -47,7 +54,7 @@ def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
         # in it: either way another node runs on it.
         pid = held.pid if isinstance(held, BackendBusyError) else held.holder
         holder = f" (process {pid})" if pid else ""
-        raise QuietError(f"data directory {cfg['node.data']} is in use by another kvstored "
+        raise QuietError(f"data directory {cfg.node.data} is in use by another kvstored "
                          f"node{holder}; stop that node, or give this one another --data",
                          ExitCode.IN_USE) from exc
     click.echo("kvstored: stopped cleanly", err=True)
@@ -60,11 +67,13 @@ def _logging(verbose: bool) -> None:
 
 @click.command()
 @click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
-@click.option("--listen", metavar="HOST:PORT", help="Master address [127.0.0.1:7700].")
+@click.option("--listen", metavar="HOST:PORT",
+              help=f"Master address [{_default('master.listen')}].")
 @click.option("--dram", metavar="SIZE", help="DRAM segment size, e.g. 4GiB.")
 @click.option("--ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
 @click.option("--backend", metavar="NAME", help="SSD backend (bucket, offset, …).")
-@click.option("--offload", type=click.Choice(["eager", "watermark"]), help="Offload policy.")
+@click.option("--offload", type=click.Choice(choices_of("policy.offload")),
+              help=f"Offload policy [{_default('policy.offload')}].")
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
@@ -94,15 +103,16 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
         host, port = started["master"]
         click.echo(f"kvstored up: listening on {host}:{port} (node {started['node_name']}, "
                    f"data server {started['node'][0]}:{started['node'][1]})")
-        click.echo(f"kvstored up: data directory {cfg['node.data']}, backend "
-                   f"{cfg['node.backend']}, DRAM {cfg['node.dram']} bytes, SSD "
-                   f"{cfg['node.ssd']} bytes")
+        click.echo(f"kvstored up: data directory {cfg.node.data}, backend "
+                   f"{cfg.node.backend}, DRAM {cfg.node.dram} bytes, SSD "
+                   f"{cfg.node.ssd} bytes")
 
     _run(run_embedded, cfg, banner)
 
 
 @click.command()
-@click.option("--listen", metavar="HOST:PORT", help="Address to serve on [127.0.0.1:7700].")
+@click.option("--listen", metavar="HOST:PORT",
+              help=f"Address to serve on [{_default('master.listen')}].")
 @click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
 @config_option
 @token_option
@@ -127,7 +137,8 @@ def master(listen, metrics, config_file, token_file, node_token_file, verbose) -
 
 @click.command()
 @click.option("--master", "master_address", metavar="HOST:PORT", help="The master's address.")
-@click.option("--listen", metavar="HOST:PORT", help="Data server address [127.0.0.1:0].")
+@click.option("--listen", metavar="HOST:PORT",
+              help=f"Data server address [{_default('node.listen')}].")
 @click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
 @click.option("--dram", metavar="SIZE", help="DRAM segment size.")
 @click.option("--ssd", metavar="SIZE", help="SSD tier capacity.")
@@ -152,4 +163,4 @@ def node(master_address, listen, data, dram, ssd, backend, name, metrics, config
                     "node.metrics": "--metrics",
                     "security.node_token_file": "--node-token-file"})
     _run(run_node, cfg, lambda bound: click.echo(
-        f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg['node.data']}"))
+        f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg.node.data}"))

@@ -19,16 +19,16 @@ from rich.table import Table
 
 from kvstored.cli.connection import (
     client_options,
-    client_settings,
     json_option,
     open_client,
+    reach,
     store_command,
 )
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
-from kvstored.cli.params import ExistingDirectory, ExistingFile
 from kvstored.cli.program import state
 from kvstored.errors import NotFoundError
+from kvstored.params import ExistingDirectory, ExistingFile
 from kvstored.sdk.units import format_size, parse_size
 
 console = Console()
@@ -175,9 +175,10 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
 
     With --wait, exits 1 if an offload failed or the nodes did not finish in time.
     """
-    settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=wait) as client:
-        reply = client.call("flush", node=node, wait=wait, timeout=settings.wait_timeout)
+    target = reach(state(), wait_timeout=wait_timeout)
+    waited = target.settings.wait_timeout
+    with open_client(target, waits=wait) as client:
+        reply = client.call("flush", node=node, wait=wait, timeout=waited)
     reply.pop("ok", None)
     if as_json:
         _print_json(reply)
@@ -190,7 +191,7 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
                          "logs say why", ExitCode.FAILURE)
     if wait and not reply["done"]:
         raise QuietError(f"{reply.get('remaining', '?')} objects were not durable after "
-                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         f"{waited:g} s; wait longer (--wait-timeout) or see "
                          "the node logs", ExitCode.FAILURE)
 
 
@@ -215,7 +216,7 @@ def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> Non
         budget = parse_size(nbytes) if nbytes else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bytes") from None
-    with open_client(client_settings(state())) as client:
+    with open_client(reach(state())) as client:
         reply = client.call("evict", tier=tier, keys=list(keys) or None, prefix=prefix,
                             bytes=budget, dry_run=dry_run, drop=drop)
         # A named key the master did not consider either does not exist or has no copy
@@ -264,9 +265,10 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
         return
     if backend:
         raise click.UsageError("--backend only applies with --offline DIR")
-    settings = client_settings(state(), wait_timeout=wait_timeout)
-    with open_client(settings, waits=True) as client:
-        reply = client.call("recover", node=node, repair=repair, timeout=settings.wait_timeout)
+    target = reach(state(), wait_timeout=wait_timeout)
+    waited = target.settings.wait_timeout
+    with open_client(target, waits=True) as client:
+        reply = client.call("recover", node=node, repair=repair, timeout=waited)
     reports = reply["reports"]
     if as_json:
         _print_json({"reports": reports, "missing": reply["missing"]})
@@ -276,7 +278,7 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
     _fail_on_problems([p for r in reports.values() for p in r["problems"]])
     if reply["missing"]:
         raise QuietError(f"node {_some(reply['missing'])} did not report back within "
-                         f"{settings.wait_timeout:g} s; wait longer (--wait-timeout) or see "
+                         f"{waited:g} s; wait longer (--wait-timeout) or see "
                          "its log", ExitCode.FAILURE)
 
 

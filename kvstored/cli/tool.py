@@ -12,7 +12,7 @@ from kvstored.cli.program import Program, state
 COMMANDS: dict[str, str] = {
     **{name: f"kvstored.cli.store_cmds:{name}" for name in (
         "status", "put", "get", "ls", "stat", "rm", "flush", "evict", "recover")},
-    "bench": "kvstored.bench:bench",
+    "bench": "kvstored.cli.bench_cmd:bench",
     "mount": "kvstored.cli.mount_cmd:mount",
     "replay": "kvstored.cli.replay_cmd:replay",
     "sim": "kvstored.tools.cli_sim:sim",

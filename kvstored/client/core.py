@@ -37,7 +37,7 @@ from kvstored.errors import (
     UnreachableError,
 )
 from kvstored.hostid import host_id
-from kvstored.protocol import MASTER_OPS, HelloReply, Message, PutStatus, ops
+from kvstored.protocol import MASTER_OPS, HelloReply, Message, PutStatus, Tier, ops
 from kvstored.protocol.master_api import (
     Empty,
     Endpoint,
@@ -292,11 +292,13 @@ class ClientCore:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def read(self, keys: Sequence[str], buffers: list[Any]) -> Step[list[int]]:
+    def read(self, keys: Sequence[str], buffers: list[Any],
+             tiers: list[Tier | None] | None = None) -> Step[list[int]]:
         """Look ``keys`` up (one master round trip), then copy each from a mapped segment
         or fetch it from its node, falling back to other replicas (see BatchRead); per
         key the length read, or MISSING. An empty ``buffers`` is filled with new
-        bytearrays."""
+        bytearrays. ``tiers``, if given, is filled with the tier each key was read from
+        (None where missing)."""
         keys = list(keys)
         check_keys(keys)
         started = self.clock()
@@ -309,12 +311,15 @@ class ClientCore:
             for node, idx in read.tcp_requests().items():
                 yield from self._get_from_node(read, node, idx)
             yield from self._report_corrupt(read)
+        if tiers is not None:
+            tiers[:] = read.tiers
         return read.results
 
-    def read_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> Step[list[int]]:
+    def read_into(self, keys: Sequence[str], buffers: Sequence[Any],
+                  tiers: list[Tier | None] | None = None) -> Step[list[int]]:
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
-        return (yield from self.read(keys, list(buffers)))
+        return (yield from self.read(keys, list(buffers), tiers))
 
     def read_values(self, keys: Sequence[str]) -> Step[list[bytes | None]]:
         buffers: list[Any] = []
@@ -340,8 +345,9 @@ class ClientCore:
             except StoreError:
                 read.failed(node, [idx[j] for later in parts[n:] for j in later])
                 return
+            from_ssd = {chunk[j] for j in reply.from_ssd if j < len(chunk)}
             for i, size in zip(chunk, reply.sizes):
-                read.received(i, size)
+                read.received(i, size, Tier.SSD if i in from_ssd else Tier.DRAM)
 
     def _report_corrupt(self, read: BatchRead) -> Step[None]:
         """Tell nodes which of their copies failed the checksum here; each checks its

@@ -118,6 +118,8 @@ class BatchRead:
         self.nodes: dict[str, NodeContact] = reply.nodes
         self.lease_ttl = reply.lease_ttl
         self.results = [MISSING] * len(keys)
+        #: The tier each object was read from (None: not read).
+        self.tiers: list[Tier | None] = [None] * len(keys)
         self.sizes = [MISSING if s is None else s for s in reply.sizes]
         self.checksums = reply.checksums
         self._routes: list[list[Route]] = [[] for _ in keys]
@@ -220,11 +222,12 @@ class BatchRead:
         if self._cursor[i] >= len(self._routes[i]):
             self._open.discard(i)
 
-    def _verify(self, i: int, size: int) -> bool:
+    def _verify(self, i: int, size: int, tier: Tier) -> bool:
         checksum = self.checksums[i]
         assert checksum is not None  # only found objects are read
         if size == self.sizes[i] and crc32c(self.buffers[i][:size]) == checksum:
             self.results[i] = size
+            self.tiers[i] = tier
             self._open.discard(i)
             return True
         route = self._routes[i][self._cursor[i]]
@@ -237,7 +240,7 @@ class BatchRead:
 
     def copied(self, i: int) -> bool:
         """The object was copied out of its mapping into its buffer: check it."""
-        return self._verify(i, self.sizes[i])
+        return self._verify(i, self.sizes[i], Tier.DRAM)
 
     def lease_ran_out(self, indexes: list[int]) -> None:
         """Copies that took so long that their lease may have expired under them: read
@@ -245,13 +248,13 @@ class BatchRead:
         for i in indexes:
             self._advance(i)
 
-    def received(self, i: int, size: int) -> bool:
-        """The node answered for object ``i``: ``size`` bytes are in its buffer, or
-        ``size`` < 0 when the node no longer has it."""
+    def received(self, i: int, size: int, tier: Tier = Tier.DRAM) -> bool:
+        """The node answered for object ``i``: ``size`` bytes (read from its ``tier``) are
+        in its buffer, or ``size`` < 0 when the node no longer has it."""
         if size < 0:
             self._advance(i)
             return False
-        return self._verify(i, size)
+        return self._verify(i, size, tier)
 
     def failed(self, node: str, indexes: list[int]) -> None:
         """``node`` could not deliver ``indexes`` (unreachable, timed out, or it failed

@@ -18,9 +18,10 @@ from kvstored.client.connection import Connection
 from kvstored.client.core import Call, ClientCore, Effect, Greet, ObjectInfo, Pause, Step, drive
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError
+from kvstored.errors import BadRequestError, ConfigError
+from kvstored.protocol import Tier
 from kvstored.protocol.master_api import NodeContact
-from kvstored.security import CredentialsError, find_client_token
+from kvstored.security import find_client_token
 
 T = TypeVar("T")
 
@@ -33,7 +34,7 @@ class Client:
                  connect_timeout: float | None = None) -> None:
         try:
             found = find_client_token(token, token_file)
-        except CredentialsError as exc:
+        except ConfigError as exc:
             raise BadRequestError(str(exc)) from None
         self.core = ClientCore(master, transport=transport, token=found)
         self.timeout = timeout
@@ -109,9 +110,12 @@ class Client:
         """Read ``key`` into ``buf``; the number of bytes written, or -1 if missing."""
         return self.batch_get_into([key], [buf])[0]
 
-    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]) -> list[int]:
-        """Read many objects into caller buffers; per key the length, or -1 if missing."""
-        return self._run(self.core.read_into(keys, buffers))
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
+                       tiers: list[Tier | None] | None = None) -> list[int]:
+        """Read many objects into caller buffers; per key the length, or -1 if missing.
+        ``tiers``, if given, is filled with the tier each key was read from (None where
+        missing)."""
+        return self._run(self.core.read_into(keys, buffers, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ class OpenObject:
 
     async def read(self, offset: int, size: int) -> memoryview:
         """Bytes ``[offset, offset + size)`` of the value (fewer at its end).
-        Raises ObjectGone or ObjectCorrupt from the source."""
+        Raises NotFoundError or CorruptDataError from the source."""
         if self._buffer is None:
             async with self._lock:  # concurrent readahead requests fetch it once
                 if self._buffer is None:

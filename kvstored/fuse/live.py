@@ -12,11 +12,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kvstored
 from kvstored.client import Client
 from kvstored.errors import NotFoundError
 from kvstored.fuse.names import ParsedName, digest
-from kvstored.fuse.sources import PAGE, Entry, ObjectGone, Source, Space
+from kvstored.fuse.sources import PAGE, Entry, Source, Space
 from kvstored.protocol import ReplicaState, Tier
 
 _XATTRS = ("key", "tier", "size", "checksum", "replicas", "location", "reads")
@@ -32,12 +31,6 @@ class LiveSource(Source):
     def __init__(self, client: Client, *, threads: int = 8) -> None:
         super().__init__(threads)
         self.client = client
-
-    @classmethod
-    def connect(cls, master: str, *, token: str | None = None,
-                timeout: float = 30.0) -> LiveSource:
-        """Connect now, so that an unreachable master fails before anything is mounted."""
-        return cls(kvstored.connect(master, token=token, timeout=timeout))
 
     async def _call(self, op: str, **args: Any) -> dict[str, Any]:
         return await self._blocking(functools.partial(self.client.call, op, **args))
@@ -59,15 +52,12 @@ class LiveSource(Source):
             cursor = reply.get("after") or reply["keys"][-1]
 
     async def _stat(self, key: str) -> dict[str, Any]:
-        try:
-            return (await self._call("stat", key=key))["object"]
-        except NotFoundError:
-            raise ObjectGone(key) from None
+        return (await self._call("stat", key=key))["object"]
 
     async def stat(self, key: str) -> Entry | None:
         try:
             obj = await self._stat(key)
-        except ObjectGone:
+        except NotFoundError:
             return None
         places = frozenset((r["node"], r["tier"]) for r in obj["replicas"]
                            if r["state"] == ReplicaState.COMPLETE)
@@ -80,7 +70,7 @@ class LiveSource(Source):
         # so a corrupt object reads as gone, never as bad bytes.
         size = await self._blocking(self.client.get_into, key, buffer)
         if size < 0:
-            raise ObjectGone(key)
+            raise NotFoundError("no object", key=key)
         return size
 
     # -- attributes --------------------------------------------------------------------
@@ -96,7 +86,7 @@ class LiveSource(Source):
         if name == "location":
             where = await self._blocking(self.client.locate, key)
             if not where:
-                raise ObjectGone(key)
+                raise NotFoundError("no object", key=key)
             return _json(where)
         obj = await self._stat(key)
         complete = [r for r in obj["replicas"] if r["state"] == ReplicaState.COMPLETE]

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pyfuse3
 import trio
 
+from kvstored.fuse.errors import MountError
 from kvstored.fuse.ops import KvstoreOperations
 from kvstored.fuse.sources import Source
 from kvstored.fuse.tree import Tree
@@ -24,10 +25,6 @@ log = logging.getLogger("kvstored.fuse")
 
 #: The readahead a page-cache mount asks for (see _raise_readahead).
 READAHEAD_KIB = 1024
-
-
-class MountError(Exception):
-    """The kernel would not mount the file system (the message says what to check)."""
 
 
 def mount(open_source: Callable[[], Source], mountpoint: str, *, fsname: str,

@@ -27,6 +27,7 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvstored.fuse.errors import InvalidName
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
 
@@ -42,10 +43,6 @@ HASHED_PREFIX_BYTES = MAX_NAME_BYTES - len(HASH_MARK) - DIGEST_HEX
 _ESCAPED = re.compile(rb"[\x00-\x1f\x7f%/]")
 _ESCAPE = re.compile(rb"%([0-9A-F]{2})")
 _HEX = re.compile(rb"[0-9a-f]{32}")
-
-
-class InvalidName(ValueError):
-    """A file name that no key encodes to."""
 
 
 def _escape(raw: bytes) -> bytes:

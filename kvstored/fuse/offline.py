@@ -18,8 +18,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+from kvstored.backends.offline import open_offline
+from kvstored.errors import CorruptDataError, NotFoundError, StoreError
 from kvstored.fuse.names import ParsedName, digest
-from kvstored.fuse.sources import PAGE, Entry, ObjectCorrupt, ObjectGone, Source, Space
+from kvstored.fuse.sources import PAGE, Entry, Source, Space
 from kvstored.sdk import StorageBackend
 from kvstored.sdk.types import ObjectRecord, ReadStatus
 
@@ -40,8 +42,6 @@ class OfflineSource(Source):
         """Open ``directory`` read-only with ``backend`` (default: the one its stamp
         names). Raises the backend's errors: MissingStoreError, CorruptionError,
         BackendBusyError (a running node holds it)."""
-        from kvstored.backends.offline import open_offline
-
         return cls(open_offline(directory, backend))
 
     # -- objects -----------------------------------------------------------------------
@@ -73,11 +73,11 @@ class OfflineSource(Source):
         if status >= 0:
             return status
         if status == ReadStatus.MISSING:
-            raise ObjectGone(key)
+            raise NotFoundError(f"no object in {self.backend.path}", key=key)
         if status == ReadStatus.CORRUPT:
-            raise ObjectCorrupt(f"{key!r} failed its checksum in {self.backend.path}")
-        raise OSError(f"reading {key!r} from {self.backend.path} failed "
-                      f"({ReadStatus(status).name})")
+            raise CorruptDataError(f"failed its checksum in {self.backend.path}", key=key)
+        raise StoreError(f"reading from {self.backend.path} failed "
+                         f"({ReadStatus(status).name})", key=key)
 
     # -- attributes --------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ class OfflineSource(Source):
             raise KeyError(name)
         record = await self._blocking(self.backend.stat, key)
         if record is None:
-            raise ObjectGone(key)
+            raise NotFoundError(f"no object in {self.backend.path}", key=key)
         value: Any = {
             "key": key,
             "tier": "ssd",
@@ -129,7 +129,7 @@ class OfflineSource(Source):
         usage = await self._blocking(self.backend.usage)
         capacity = usage.capacity_bytes
         if capacity is None:
-            fs = os.statvfs(self.backend.path)
+            fs = await self._blocking(os.statvfs, self.backend.path)
             capacity = fs.f_blocks * fs.f_frsize
         return Space(capacity, usage.physical_bytes, usage.objects)
 

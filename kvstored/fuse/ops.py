@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from kvstored.errors import NotFoundError, StoreError
+from kvstored.errors import CorruptDataError, NotFoundError, StoreError
 from kvstored.fuse.files import BufferPool, OpenDocument, OpenObject
 from kvstored.fuse.inodes import Identity, InodeTable
 from kvstored.fuse.listing import DirListing
-from kvstored.fuse.sources import Entry, ObjectCorrupt, ObjectGone
+from kvstored.fuse.sources import Entry
 from kvstored.fuse.tree import Child, Tree, is_directory, is_object
 
 log = logging.getLogger("kvstored.fuse")
@@ -66,17 +66,15 @@ def _replies_errno(handler: F) -> F:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except (ObjectGone, NotFoundError):
+        # The sources raise the core's errors only (kvstored.fuse.sources).
+        except NotFoundError:
             raise pyfuse3.FUSEError(errno.ENOENT) from None
-        except ObjectCorrupt as exc:
+        except CorruptDataError as exc:
             log.warning("%s: %s; reads of it fail with EIO", handler.__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except StoreError as exc:
             log.warning("%s: %s", handler.__name__, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
-        except OSError as exc:
-            log.warning("%s: %s", handler.__name__, exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         except Exception:
             log.exception("%s failed; the request gets EIO", handler.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None

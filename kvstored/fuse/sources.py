@@ -6,6 +6,14 @@
 without a daemon. The FUSE layer (:mod:`kvstored.fuse.ops`, :mod:`kvstored.fuse.tree`)
 sees only this contract. Every method is a trio coroutine; blocking work runs in worker
 threads, so one slow request never stalls the others.
+
+Errors are mapped here, once, into the core's (:mod:`kvstored.errors`): whatever a
+source calls (the client library, a backend, the file system), its methods raise
+:class:`~kvstored.errors.NotFoundError` for an object that is not there,
+:class:`~kvstored.errors.CorruptDataError` for bytes that failed their checksum, another
+:class:`~kvstored.errors.StoreError` for anything else that went wrong (an unreachable
+cluster, an I/O error), and ``KeyError`` for an attribute or statistics name they do not
+have. The FUSE handlers catch that one family.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from typing import Any, TypeVar
 
 import trio
 
+from kvstored.errors import CorruptDataError, NotFoundError, StoreError
 from kvstored.fuse.names import ParsedName
+from kvstored.sdk.errors import BackendError, CorruptionError, MissingStoreError
 
 T = TypeVar("T")
 
@@ -50,12 +60,13 @@ class Space:
     objects: int
 
 
-class ObjectGone(Exception):
-    """The object is not there (removed since it was listed, or never was)."""
-
-
-class ObjectCorrupt(Exception):
-    """The stored bytes failed their checksum; they are never handed out."""
+def as_store_error(exc: BackendError | OSError) -> StoreError:
+    """The core's error for what a backend or the file system raised."""
+    if isinstance(exc, CorruptionError):
+        return CorruptDataError(str(exc))
+    if isinstance(exc, MissingStoreError | FileNotFoundError):
+        return NotFoundError(str(exc))
+    return StoreError(str(exc))
 
 
 class Source(abc.ABC):
@@ -73,8 +84,12 @@ class Source(abc.ABC):
         self._limiter = trio.CapacityLimiter(threads)
 
     async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a blocking call in a worker thread (at most ``threads`` at once)."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        """Run a blocking call in a worker thread (at most ``threads`` at once); what it
+        raises comes out as the core's errors (see the module docstring)."""
+        try:
+            return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except (BackendError, OSError) as exc:
+            raise as_store_error(exc) from exc
 
     @abc.abstractmethod
     def entries(self, after: str | None = None, *, node: str | None = None,
@@ -89,7 +104,7 @@ class Source(abc.ABC):
     @abc.abstractmethod
     async def read_into(self, key: str, buffer: bytearray) -> int:
         """Read the whole value into ``buffer`` (at least its size); its length.
-        Raises :class:`ObjectGone` or :class:`ObjectCorrupt`."""
+        Raises NotFoundError or CorruptDataError."""
 
     @abc.abstractmethod
     def xattr_names(self) -> tuple[str, ...]:
@@ -97,8 +112,8 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     async def xattr(self, key: str, name: str) -> bytes:
-        """One attribute of ``key``. Raises :class:`ObjectGone`, or KeyError for a name
-        not in :meth:`xattr_names`."""
+        """One attribute of ``key``. Raises NotFoundError, or KeyError for a name not in
+        :meth:`xattr_names`."""
 
     @abc.abstractmethod
     async def find_hashed(self, parsed: ParsedName) -> str | None:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import pyfuse3
 
+from kvstored.fuse.errors import InvalidName
 from kvstored.fuse.inodes import Identity
-from kvstored.fuse.names import HashedNames, InvalidName, key_to_name, parse_name
+from kvstored.fuse.names import HashedNames, key_to_name, parse_name
 from kvstored.fuse.sources import TIERS, Entry, Source
 
 ROOT: Identity = ("root",)

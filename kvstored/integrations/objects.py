@@ -22,13 +22,13 @@ to do, and reported as ``False``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvstored.client import MISSING, Client, connect
+from kvstored.config import ClientSettings, load_config
 from kvstored.errors import BadRequestError, StoreError
 
 log = logging.getLogger(__name__)
@@ -41,38 +41,38 @@ Pieces = Sequence[memoryview]
 #: each one master round trip.
 STAGING_BYTES = 64 * 1024 * 1024
 
-MASTER_ENV = "KVSTORE_MASTER"
-DEFAULT_MASTER = "127.0.0.1:7700"
-
-
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
     """How an adapter reaches kvstored, read from the engine's own configuration."""
 
     master: str
-    transport: str = "auto"
-    timeout: float = 30.0
+    transport: str
+    timeout: float
     token_file: str | None = None
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], *, prefix: str = "") -> StoreSettings:
-        """Settings from an engine's option mapping: ``{prefix}master`` (default
-        ``$KVSTORE_MASTER``, else 127.0.0.1:7700), ``{prefix}transport``
-        (auto|tcp|shm), ``{prefix}timeout`` (seconds) and ``{prefix}token_file`` (default:
-        the client's own, see docs/security.md)."""
+    def from_options(cls, options: Mapping[str, Any], *, prefix: str = "",
+                     defaults: ClientSettings | None = None) -> StoreSettings:
+        """Settings from an engine's option mapping: ``{prefix}master``,
+        ``{prefix}transport`` (auto|tcp|shm), ``{prefix}timeout`` (seconds) and
+        ``{prefix}token_file`` (default: the client's own, see docs/security.md). An
+        option the engine does not set is the client setting of the same name, from
+        kvstored's configuration (``KVSTORE_MASTER``, ``KVSTORED_CLIENT_*``, the file of
+        ``KVSTORED_CONFIG``): ``defaults`` when given, else loaded now."""
+        client = defaults or load_config().client
 
-        def option(name: str, default: Any = None) -> Any:
+        def option(name: str, default: Any) -> Any:
             value = options.get(prefix + name)
             return default if value is None else value
 
         try:
-            timeout = float(option("timeout", 30.0))
+            timeout = float(option("timeout", client.timeout))
         except (TypeError, ValueError):
             raise ValueError(f"{prefix}timeout must be a number of seconds, not "
-                             f"{option('timeout')!r}") from None
-        token_file = option("token_file")
-        return cls(master=str(option("master") or os.environ.get(MASTER_ENV) or DEFAULT_MASTER),
-                   transport=str(option("transport", "auto")), timeout=timeout,
+                             f"{option('timeout', None)!r}") from None
+        token_file = option("token_file", None)
+        return cls(master=str(option("master", "") or client.master),
+                   transport=str(option("transport", client.transport)), timeout=timeout,
                    token_file=str(token_file) if token_file else None)
 
     def connect(self) -> Client:

@@ -103,8 +103,9 @@ class KvstoredTier(SecondaryTierManager):
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview,
-                 tier_type: str, master: str | None = None, transport: str = "auto",
-                 timeout: float = 30.0, token_file: str | None = None, io_threads: int = 2,
+                 tier_type: str, master: str | None = None, transport: str | None = None,
+                 timeout: float | None = None, token_file: str | None = None,
+                 io_threads: int = 2,
                  locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)

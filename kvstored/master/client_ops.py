@@ -149,7 +149,9 @@ class ClientOps:
             first = readable[0]
             metrics.lookups.labels(result=f"hit_{first.tier.value}").inc()
             if first.tier is SSD and count_ssd_read(meta, cluster.policy, now):
-                nodes[first.node].promote_queued.add(key)
+                let_go = nodes[first.node].queue_promotion(key)
+                if let_go:
+                    metrics.promotions_skipped.labels(reason="queue_full").inc(let_go)
             sizes.append(meta.size)
             checksums.append(meta.checksum)
             for replica in readable:

@@ -99,11 +99,43 @@ class Cluster:
         drop), else once the last lease expires. ``removed``: the object is gone from the
         table, so no newer lease can hold this version."""
         version = self.version(meta, tier, offset)
-        if meta.lease_until <= now and node_id in self.nodes:
-            self.queue_drop(self.nodes[node_id], tier, [meta.key], [version])
+        node = self.nodes.get(node_id)
+        if node is not None and tier is DRAM:
+            node.dram_freeing[(meta.key, offset)] = meta.size
+        if meta.lease_until <= now and node is not None:
+            self.queue_drop(node, tier, [meta.key], [version])
         else:
             self.deferred.append(Deferred(meta.lease_until, node_id, tier, meta.key,
                                           version, removed))
+
+    def evict_dram(self, node: NodeState, keys: list[str], now: float) -> None:
+        """Free the DRAM replicas on ``node`` that its plan marked removing: the unleased
+        in one drop now, each leased one once its lease ends. Counted as evictions."""
+        unleased: list[str] = []
+        offsets: list[int] = []
+        for key in keys:
+            meta = self.table.objects[key]
+            replica = meta.replica(node.node_id, DRAM)
+            assert replica is not None  # the plan marked it removing just now
+            if meta.leased(now):
+                self.free_when_unleased(meta, node.node_id, DRAM, replica.offset, now,
+                                        removed=False)
+                continue
+            node.dram_freeing[(key, replica.offset)] = meta.size
+            unleased.append(key)
+            offsets.append(replica.offset)
+        if unleased:
+            self.queue_drop(node, DRAM, unleased, offsets)
+        self.metrics.evictions.labels(tier=DRAM).inc(len(keys))
+
+    @staticmethod
+    def dram_dropped(node: NodeState, key: str, offset: int | None) -> None:
+        """``node`` freed a DRAM version of ``key`` (None: whichever it held)."""
+        if offset is not None:
+            node.dram_freeing.pop((key, offset), None)
+            return
+        for held in [k for k in node.dram_freeing if k[0] == key]:
+            del node.dram_freeing[held]
 
     # -- nodes that go ---------------------------------------------------------------------
 

@@ -165,14 +165,8 @@ class NodeOps:
         plan = plan_node(node, cluster.table, cluster.policy, now)
         if plan.offload or plan.offload_urgent:
             cluster.queue_offload(node, plan.offload, urgent=plan.offload_urgent)
-        if plan.drop_now:
-            cluster.metrics.evictions.labels(tier=DRAM).inc(len(plan.drop_now))
-            offsets = []
-            for key in plan.drop_now:
-                replica = cluster.table.objects[key].replica(node.node_id, DRAM)
-                assert replica is not None  # the plan marked it removing just now
-                offsets.append(replica.offset)
-            cluster.queue_drop(node, DRAM, plan.drop_now, offsets)
+        if plan.evict:
+            cluster.evict_dram(node, plan.evict, now)
         if plan.promote:
             node.queue(PromoteTask(plan.promote))
         return HeartbeatReply(node.take_tasks())
@@ -192,7 +186,9 @@ class NodeOps:
                 continue
             offloaded.append(key)
             if key in node.evict_after_offload:
+                # The eviction that waited for this offload happens now: counted now.
                 node.evict_after_offload.discard(key)
+                cluster.metrics.evictions.labels(tier=DRAM).inc()
                 cluster.drop_when_unleased(key, node.node_id, DRAM, now)
         if offloaded:
             cluster.metrics.offloads.inc(len(offloaded))
@@ -210,6 +206,8 @@ class NodeOps:
         dropped = done.dropped
         for key, tier, version in zip(dropped.keys, dropped.tiers, dropped.versions):
             table.drop_replica(key, node.node_id, tier, version)
+            if tier is DRAM:
+                cluster.dram_dropped(node, key, version)
         for key in done.ssd_evicted:
             table.drop_replica(key, node.node_id, SSD)
         cluster.metrics.evictions.labels(tier=SSD).inc(len(done.ssd_evicted))
@@ -221,6 +219,9 @@ class NodeOps:
                 cluster.metrics.promotions.inc()
             else:
                 cluster.queue_drop(node, DRAM, [key], [offset])
+        if done.promote_failed:
+            cluster.metrics.promotions_skipped.labels(reason="no_room").inc(
+                len(done.promote_failed))
         for report in done.recovered:
             waiter = cluster.recoveries.get(report.id)
             if waiter is not None:

@@ -14,6 +14,10 @@ from kvstored.protocol.master_api import (
     TierUse,
 )
 
+#: The most promotions one node keeps waiting: past it the least recently read go (and
+#: are counted in ``kvstored_promotions_skipped_total{reason="queue_full"}``).
+MAX_PROMOTE_QUEUE = 65536
+
 
 @dataclass(slots=True)
 class NodeState:
@@ -42,7 +46,13 @@ class NodeState:
     pending_bytes: int = 0
     tasks: list[Task] = field(default_factory=list)
     offload_queued: set[str] = field(default_factory=set)
-    promote_queued: set[str] = field(default_factory=set)
+    #: SSD-only objects read often enough to promote, in the order of their last such
+    #: read (the most recent last); :func:`~kvstored.master.policy.plan_node` takes them.
+    promote_queued: dict[str, None] = field(default_factory=dict)
+    #: DRAM replicas already given up (marked removing, their drop queued or waiting
+    #: for a lease to end) that the node still holds: ``(key, offset) -> size``. Their
+    #: bytes are still in ``dram_used``, but eviction must not free them a second time.
+    dram_freeing: dict[tuple[str, int], int] = field(default_factory=dict)
     #: Keys whose DRAM copy goes as soon as their SSD copy lands (evict, not drop).
     evict_after_offload: set[str] = field(default_factory=set)
     #: The connection it registered over: only that one speaks for it, and while it is
@@ -52,6 +62,20 @@ class NodeState:
     @property
     def host_id(self) -> str:
         return self.contact.host_id
+
+    def queue_promotion(self, key: str) -> int:
+        """Queue ``key`` for promotion as the most recently read; returns how many of
+        the least recently read were let go to keep the queue within its bound."""
+        self.promote_queued.pop(key, None)
+        self.promote_queued[key] = None
+        over = len(self.promote_queued) - MAX_PROMOTE_QUEUE
+        for _ in range(over):
+            del self.promote_queued[next(iter(self.promote_queued))]
+        return max(over, 0)
+
+    def dram_given_up(self) -> int:
+        """Bytes of DRAM replicas on their way out (:attr:`dram_freeing`)."""
+        return sum(self.dram_freeing.values())
 
     def dram_free(self) -> int:
         return self.dram_capacity - self.dram_used - self.pending_bytes

@@ -5,13 +5,16 @@ Each heartbeat, :func:`plan_node` looks at one node's DRAM and queues tasks for 
 - **offload** (``eager``: every committed object is queued at commit time, elsewhere;
   ``watermark``: once DRAM use passes ``offload_watermark``, the least recently used
   DRAM-only objects are queued);
-- **eviction**: above ``dram_high_watermark`` the least recently used unleased DRAM
-  replicas are dropped until use would fall to ``dram_low_watermark``. A replica whose
-  object has no other copy is offloaded first and dropped when its SSD copy lands,
-  unless ``dram_only`` is set, in which case it is simply dropped;
+- **eviction**: above ``dram_high_watermark`` the least recently used DRAM replicas
+  are dropped until use would fall to ``dram_low_watermark``. Recency alone chooses: a
+  victim under a read lease is marked removing (no new leases) and freed when its lease
+  ends. A replica whose object has no other copy is offloaded first and dropped when its
+  SSD copy lands, unless ``dram_only`` is set, in which case it is simply dropped;
 - **promotion**: SSD-only objects read ``promote_reads`` times within
-  ``promote_window`` seconds are copied back to DRAM while DRAM is below its high
-  watermark.
+  ``promote_window`` seconds wait in an ordered queue (the most recently read first).
+  Each heartbeat plans up to ``dram_high_watermark - dram_low_watermark`` of DRAM of
+  them, and eviction makes their room from DRAM objects read longer ago than they were;
+  one that finds no colder room stays queued.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ class Plan:
     """What :func:`plan_node` decided; the caller turns it into tasks."""
 
     offload: list[str]
-    drop_now: list[str]
+    #: DRAM replicas marked removing (each has another copy): free each once its
+    #: object's leases have ended.
+    evict: list[str]
     promote: list[str]
     #: Eviction waits on offloads: the node should write them now, not when its batch
     #: would have filled or aged.
@@ -54,11 +59,13 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
     lru = table.dram_lru.get(node.node_id) or {}
     if not node.dram_capacity:
         return plan
-    used = node.dram_used
     cap = node.dram_capacity
+    # Replicas already on their way out are not counted twice: their bytes go soon.
+    used = node.dram_used - node.dram_given_up()
+    high, low = cfg.dram_high_watermark * cap, cfg.dram_low_watermark * cap
 
     if not cfg.dram_only and cfg.offload == "watermark" and used > cfg.offload_watermark * cap:
-        budget = used - cfg.dram_low_watermark * cap
+        budget = used - low
         for key in lru:
             if budget <= 0:
                 break
@@ -68,42 +75,66 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
             plan.offload.append(key)
             budget -= meta.size
 
-    if used > cfg.dram_high_watermark * cap:
-        need = used - cfg.dram_low_watermark * cap
-        for key in list(lru):
-            if need <= 0:
-                break
-            meta = table.objects[key]
-            if key in node.evict_after_offload:
-                need -= meta.size  # already on its way out, once its offload lands
-                plan.offload_urgent = True
-                continue
-            if meta.leased(now):
-                continue
-            if meta.has_other_copy(node.node_id, DRAM) or cfg.dram_only:
-                table.mark_removing(key, node.node_id, DRAM)
-                plan.drop_now.append(key)
-            else:
-                node.evict_after_offload.add(key)
-                plan.offload_urgent = True
-                if key not in node.offload_queued:
-                    plan.offload.append(key)
-            need -= meta.size
+    promote = _promotions(node, table, budget=high - low)
+    promote_bytes = sum(meta.size for meta in promote)
+    # Above the high watermark eviction frees down to the low one whatever waits to be
+    # promoted (must_free); room for promotions is made only from colder objects.
+    must_free = used - low if used > high else 0.0
 
-    if node.promote_queued and used < cfg.dram_high_watermark * cap:
-        room = cfg.dram_high_watermark * cap - used
-        for key in list(node.promote_queued):
-            meta = table.objects.get(key)
-            if meta is None or meta.replica(node.node_id, SSD) is None \
-                    or meta.replica(node.node_id, DRAM) is not None:
-                node.promote_queued.discard(key)
-                continue
-            if meta.size > room:
+    def need() -> float:
+        return used + promote_bytes - low if used + promote_bytes > high else must_free
+
+    freed = 0
+    for key in list(lru):
+        if freed >= need():
+            break
+        meta = table.objects[key]
+        if freed >= must_free:
+            while promote and promote[-1].last_access <= meta.last_access:
+                # Stays queued, for when something colder is in DRAM.
+                promote_bytes -= promote.pop().size
+            if freed >= need():
                 break
-            room -= meta.size
-            plan.promote.append(key)
-            node.promote_queued.discard(key)
+        freed += meta.size
+        # By recency alone, leased or not: a victim under a read lease stops taking new
+        # leases now and is freed when its last one ends (the caller's part).
+        if key in node.evict_after_offload:
+            plan.offload_urgent = True  # already on its way out, once its offload lands
+        elif meta.has_other_copy(node.node_id, DRAM) or cfg.dram_only:
+            table.mark_removing(key, node.node_id, DRAM)
+            plan.evict.append(key)
+        else:
+            node.evict_after_offload.add(key)
+            plan.offload_urgent = True
+            if key not in node.offload_queued:
+                plan.offload.append(key)
+    # Promotions take room that is free now: what this plan evicts is freed later (after
+    # a drop, an offload or a lease), and the promotions it makes room for wait till then.
+    room = min(high - (used - freed), cap - node.dram_used - node.pending_bytes)
+    while promote and promote_bytes > room:
+        promote_bytes -= promote.pop().size
+    for meta in promote:
+        del node.promote_queued[meta.key]
+    plan.promote = [meta.key for meta in promote]
     return plan
+
+
+def _promotions(node: NodeState, table: ObjectTable, budget: float) -> list[ObjectMeta]:
+    """The queued promotions to plan now, the most recently read first, up to ``budget``
+    bytes; keys that no longer need one (gone, or in DRAM already) leave the queue."""
+    chosen: list[ObjectMeta] = []
+    total = 0
+    for key in reversed(list(node.promote_queued)):
+        meta = table.objects.get(key)
+        if meta is None or meta.replica(node.node_id, SSD) is None \
+                or meta.replica(node.node_id, DRAM) is not None:
+            del node.promote_queued[key]
+            continue
+        if total + meta.size > budget:
+            break
+        chosen.append(meta)
+        total += meta.size
+    return chosen
 
 
 def count_ssd_read(meta: ObjectMeta, cfg: PolicyConfig, now: float) -> bool:

@@ -246,9 +246,10 @@ class DataServer:
             if not need:
                 return await conn.answer(GetReply(sizes), [p for p in pieces if p is not None])
             async with self.staging.lend(need) as staging:
-                await self._load_from_ssd(keys, ssd_wanted, wanted, records, staging, sizes,
-                                          pieces)
-                return await conn.answer(GetReply(sizes), [p for p in pieces if p is not None])
+                from_ssd = await self._load_from_ssd(keys, ssd_wanted, wanted, records,
+                                                     staging, sizes, pieces)
+                return await conn.answer(GetReply(sizes, from_ssd),
+                                         [p for p in pieces if p is not None])
         finally:
             self.dram.unpin(pinned.values())
 
@@ -270,9 +271,9 @@ class DataServer:
     async def _load_from_ssd(self, keys: list[str], indexes: list[int],
                              wanted: list[int | None] | None, records: dict[str, ObjectRecord],
                              staging: memoryview, sizes: list[int],
-                             pieces: list[memoryview | None]) -> None:
+                             pieces: list[memoryview | None]) -> list[int]:
         """Read ``records`` into ``staging`` in one backend batch, then point every index
-        that wants the version read at its bytes."""
+        that wants the version read at its bytes; returns those indexes."""
         views, cursor = {}, 0
         for key, record in records.items():
             views[key] = staging[cursor:cursor + record.size]
@@ -287,12 +288,15 @@ class DataServer:
                 self.outcomes.dropped([(key, Tier.SSD, records[key].checksum)])
                 self.node.schedule_quarantine()
                 self.node.wake_heartbeat()
+        served = []
         for i in indexes:
             key = keys[i]
             got = got_by_key.get(key, ReadStatus.MISSING)
             if got >= 0 and (wanted is None or wanted[i] == records[key].checksum):
                 sizes[i] = got
                 pieces[i] = views[key][:got]
+                served.append(i)
+        return served
 
 
 async def _skip(conn: FramedSocket, size: int) -> None:

@@ -57,6 +57,11 @@ class Outcomes:
                 promoted.offsets.append(offset)
                 promoted.checksums.append(checksum)
 
+    def promote_failed(self, keys: Iterable[str]) -> None:
+        """Promotions that found no DRAM room."""
+        with self._lock:
+            self._report.promote_failed.extend(keys)
+
     def ssd_evicted(self, keys: Iterable[str]) -> None:
         with self._lock:
             self._report.ssd_evicted.extend(keys)

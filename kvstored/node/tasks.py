@@ -108,15 +108,23 @@ class TaskRunner:
 
     async def promote(self, keys: list[str]) -> None:
         placed: list[DramObject] = []
+        no_room: list[str] = []
         for key in keys:
             record = self.backend.stat(key)
-            if record is None or self.dram.allocate(key, record.size, record.checksum,
-                                                    self.put_timeout) is None:
+            if record is None:
+                continue  # left the SSD meanwhile: the master hears of that by itself
+            if self.dram.allocate(key, record.size, record.checksum,
+                                  self.put_timeout) is None:
+                no_room.append(key)
                 continue
             obj = self.dram.being_written(key)
             assert obj is not None  # allocated just now
             placed.append(obj)
+        if no_room:
+            self.outcomes.promote_failed(no_room)
         if not placed:
+            if no_room:
+                self.wake()
             return
         promoted = []
         try:

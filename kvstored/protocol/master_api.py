@@ -257,6 +257,8 @@ class NodeReport(Message):
     dropped: Dropped = field(default_factory=Dropped)
     ssd_evicted: Keys = field(default_factory=list)
     promoted: Promoted = field(default_factory=Promoted)
+    #: Promotions the node found no DRAM room for (the master counts them).
+    promote_failed: Keys = field(default_factory=list)
     recovered: list[RecoveryReport] = field(default_factory=list)
 
 

@@ -7,6 +7,7 @@ message is in :mod:`kvstored.protocol.ops`.
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Annotated
 
 from kvstored.protocol.enums import PutStatus
@@ -61,6 +62,8 @@ class GetReply(Message):
     :class:`kvstored.sdk.ReadStatus`) means no item: the node does not have it."""
 
     sizes: list[int]
+    #: The indexes of the items read from the node's SSD tier; the others came from DRAM.
+    from_ssd: Sizes = field(default_factory=list)
 
 
 @message

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kvstored.config import ENV_PREFIX, load_config
+from kvstored.config import ENV_PREFIX, Config, load_config
 from kvstored.errors import StoreError
 
 BANNER = re.compile(r"^kvstored up: listening on ([\d.]+:\d+)")
@@ -62,7 +62,7 @@ class EmbeddedStore:
         self._proc: subprocess.Popen | None = None
         self._banner = threading.Event()
 
-    def config(self):
+    def config(self) -> Config:
         """The configuration the daemon runs with, as this process loads it."""
         return load_config(env=self.env, overrides={"node.dram": self.dram,
                                                     "node.ssd": self.ssd})

@@ -35,12 +35,12 @@ import numpy as np
 import kvstored
 from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy, capacities
-from kvstored.replay.report import predicted_rates, tier_rates
+from kvstored.replay.report import difference, predicted_rates, tier_rates
 from kvstored.replay.runner import RequestOutcome
 from kvstored.replay.session import replay_trace
 from kvstored.replay.workload import Workload
 from kvstored.tools import events
-from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S
+from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S, TierReplay
 from kvstored.tools.workloads import GrowingContext, IdCounter
 
 SCHEMA = "kvstored.replay.multiturn/1"
@@ -139,6 +139,14 @@ def _round_summary(outcomes: list[RequestOutcome], prefill_tps: float) -> dict[s
             if outcomes else 0.0}
 
 
+def _whole_run(outcomes: list[RequestOutcome], model: TierReplay) -> dict[str, Any]:
+    """Measured and predicted over every request of a run, and their difference."""
+    measured = tier_rates(outcomes)
+    predicted = predicted_rates(model, slice(0, len(outcomes)))
+    return {"measured": measured, "predicted": predicted,
+            "difference_pp": difference(measured, predicted)}
+
+
 def run(spec: MultiturnSpec, *, block_bytes: int, dram: int | None = None,
         ssd: int | None = None, prefill_tps: float = DEFAULT_PREFILL_TOKENS_PER_S,
         concurrency: int = 1,
@@ -173,8 +181,9 @@ def run(spec: MultiturnSpec, *, block_bytes: int, dram: int | None = None,
         for label, _ in RUNS:
             outcomes = runs[label]["run"].outcomes[first:last]
             row[label] = _round_summary(outcomes, prefill_tps)
-            row[label]["predicted_hit_rate"] = predicted_rates(
-                runs[label]["model"], slice(first, last))["hit_rate"]
+            predicted = predicted_rates(runs[label]["model"], slice(first, last))
+            for rate in ("hit_rate", "dram_hit_rate", "ssd_hit_rate"):
+                row[label][f"predicted_{rate}"] = predicted[rate]
         rounds.append(row)
     return {
         "schema": SCHEMA,
@@ -188,6 +197,7 @@ def run(spec: MultiturnSpec, *, block_bytes: int, dram: int | None = None,
         "unique_blocks": convo.blocks_after[-1],
         "wrong_bytes": sum(r["wrong_bytes"] for r in runs.values()),
         "runs": {label: {"capacities": r["capacities"],
+                         **_whole_run(r["run"].outcomes, r["model"]),
                          "wall_seconds": r["run"].wall_seconds,
                          "wrong_bytes": r["wrong_bytes"],
                          "wrong_examples": r["wrong_examples"]}

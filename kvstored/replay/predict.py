@@ -40,6 +40,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvstored.backends.bucket.index import index_size
+from kvstored.config import Config
+from kvstored.sdk.record import record_size
 from kvstored.tools.events import EventTrace
 from kvstored.tools.tiered import TierReplay, replay_tiers
 
@@ -69,13 +72,13 @@ class StorePolicy:
     source: str
 
     @classmethod
-    def from_config(cls, cfg, backend: str | None = None) -> StorePolicy:
+    def from_config(cls, cfg: Config, backend: str | None = None) -> StorePolicy:
         """The settings a daemon started with the configuration ``cfg`` would use
         (``backend``: what the master reports the nodes run, if known)."""
-        return cls(cfg["policy.dram_high_watermark"], cfg["policy.dram_low_watermark"],
-                   cfg["policy.promote_reads"], cfg["policy.dram_only"],
-                   cfg["policy.offload"], backend or cfg["node.backend"],
-                   dict(cfg["node.backend_options"]),
+        policy, node = cfg.policy, cfg.node
+        return cls(policy.dram_high_watermark, policy.dram_low_watermark,
+                   policy.promote_reads, policy.dram_only, policy.offload,
+                   backend or node.backend, dict(node.backend_options),
                    "this process's configuration (the master does not report its policy)")
 
 
@@ -103,9 +106,6 @@ class Capacities:
 
 
 def _bucket_object_bytes(block_bytes: int, key_bytes: int, options: dict) -> int:
-    from kvstored.backends.bucket.index import index_size
-    from kvstored.sdk.record import record_size
-
     keys = int(options.get("bucket_keys", BUCKET_DEFAULTS["bucket_keys"]))
     # A bucket of `keys` objects: their records, its index file rounded up to disk
     # blocks, and the spare block the backend reserves per bucket.
@@ -118,8 +118,6 @@ def capacities(status: dict, block_bytes: int, key_bytes: int,
                policy: StorePolicy) -> Capacities:
     """The blocks of ``block_bytes`` (keys of ``key_bytes``) each tier of the store whose
     master answered ``status`` holds when it starts to evict."""
-    from kvstored.sdk.record import record_size
-
     live = [n for n in status["nodes"] if n.get("alive", True)]
     dram_bytes = int(status["tiers"]["dram"]["capacity_bytes"])
     ssd_bytes = int(status["tiers"]["ssd"]["capacity_bytes"])

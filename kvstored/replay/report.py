@@ -4,10 +4,10 @@ columns.
 
 Rates are fractions of the prompt tokens of the measured requests (those after the
 warm-up). A request's hit tokens are those of its intact prefix; which tier served them
-comes from the master's lookup counters (``runner``): per window, the hit tokens are
-split between DRAM and SSD in the ratio of the lookups the master counted for that
-window's gets (exact when every block weighs the same; the partial last block of a
-request differs by a few tokens).
+comes from the get's answer (``runner``): per window, the hit tokens are split between
+DRAM and SSD in the ratio of the blocks each tier served in that window's gets (exact
+when every block weighs the same; the partial last block of a request differs by a few
+tokens).
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ Per request, as SGLang HiCache or LMCache do against their L3 store:
 3. ``batch_put`` of every block after the hit, with its value (objects are written once,
    so blocks the store already has are left as they are).
 
-Which tier served each hit is not in the client's answer, so the master's lookup counters
-(``status``: ``lookups.hit_dram``, ``lookups.hit_ssd``) are read after each get: with one
-worker the difference is exactly that request's; with more, lookups of concurrent gets
-mix into one another's but the totals stay exact (the replay must then be the store's only
-reader, which ``report`` checks at the end).
+Which tier served each block is in the get's answer (``batch_get_into(..., tiers=)``),
+so it is exact at any concurrency. The master's lookup counters (``status``) are read
+once before and once after the run, so that ``report`` can tell whether another client
+read from the store meanwhile.
 
 This module sends requests and records what happened; it neither predicts (``predict``)
 nor summarises (``report``).
@@ -30,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstored.errors import BadRequestError, NoSpaceError
+from kvstored.protocol import Tier
 from kvstored.replay import values
 from kvstored.replay.workload import EngineRequest, Workload
 
@@ -92,26 +92,9 @@ class ReplayRun:
         return sum(o.wrong_bytes for o in self.outcomes)
 
 
-class TierMeter:
-    """The master's per-tier lookup counters, read after each get under one lock, so that
-    the differences add up to the run's totals whatever the concurrency."""
-
-    def __init__(self, client) -> None:
-        self.client = client
-        self._lock = threading.Lock()
-        self.last = self.read()
-
-    def read(self) -> dict[str, int]:
-        return dict(self.client.call("status")["lookups"])
-
-    def advance(self) -> tuple[int, int]:
-        """(DRAM hits, SSD hits) the master counted since the previous call."""
-        with self._lock:
-            now = self.read()
-            dram = now.get("hit_dram", 0) - self.last.get("hit_dram", 0)
-            ssd = now.get("hit_ssd", 0) - self.last.get("hit_ssd", 0)
-            self.last = now
-            return dram, ssd
+def lookup_counts(client) -> dict[str, int]:
+    """The master's lookup counters (``hit_dram``, ``hit_ssd``, ``miss``) now."""
+    return dict(client.call("status")["lookups"])
 
 
 class _Buffers:
@@ -163,8 +146,7 @@ class Replayer:
             progress: Callable[[int, int], None] | None = None) -> ReplayRun:
         """Replay every request; ``progress(done, total)`` is called from this thread
         while the workers run."""
-        meter = TierMeter(self.client)
-        before = dict(meter.last)
+        before = lookup_counts(self.client)
         outcomes: list[RequestOutcome | None] = [None] * len(workload)
         next_index = iter(range(len(workload)))
         take = threading.Lock()
@@ -188,7 +170,7 @@ class Replayer:
                         pause = due - time.monotonic()
                         if pause > 0 and stop.wait(pause):
                             return
-                    outcome = self._one(request, buffers, meter)
+                    outcome = self._one(request, buffers)
                     outcome.sent -= started
                     outcomes[index] = outcome
                     with take:
@@ -216,10 +198,9 @@ class Replayer:
             raise failures[0]
         wall = time.monotonic() - started
         return ReplayRun(self.options, [o for o in outcomes if o is not None], wall,
-                         list(self._wrong), before, meter.read())
+                         list(self._wrong), before, lookup_counts(self.client))
 
-    def _one(self, request: EngineRequest, buffers: _Buffers,
-             meter: TierMeter) -> RequestOutcome:
+    def _one(self, request: EngineRequest, buffers: _Buffers) -> RequestOutcome:
         keys = request.keys(self.options.namespace)
         block_bytes = self.options.block_bytes
         out = RequestOutcome(request.index, request.arrival, sent=time.monotonic(),
@@ -231,8 +212,9 @@ class Replayer:
         if announced:
             t0 = time.perf_counter()
             bufs = buffers.for_get(announced)
+            tiers: list[Tier | None] = []
             try:
-                sizes = self.client.batch_get_into(keys[:announced], bufs)
+                sizes = self.client.batch_get_into(keys[:announced], bufs, tiers=tiers)
                 got = [memoryview(b)[:n] if n >= 0 else None for b, n in zip(bufs, sizes)]
             except BadRequestError:
                 # A value larger than a block does not fit the engine's buffer: fetch the
@@ -240,7 +222,8 @@ class Replayer:
                 got = [None if v is None else memoryview(v)
                        for v in self.client.batch_get(keys[:announced])]
             out.get_seconds = time.perf_counter() - t0
-            out.dram_lookups, out.ssd_lookups = meter.advance()
+            out.dram_lookups = tiers.count(Tier.DRAM)
+            out.ssd_lookups = tiers.count(Tier.SSD)
             served = self._check(keys[:announced], got, buffers, out)
             out.hit_blocks = served
             out.hit_tokens = int(request.tokens[:served].sum())

@@ -1,7 +1,9 @@
 """``python -m kvstored.sdk.testing NAME_OR_MODULE:CLASS [--option k=v] [--dir DIR]``
 
-Runs the conformance kit, prints a table of passed and failed checks, and exits 0 only
-if every check passed (1 if any failed, 2 on bad usage).
+Runs the conformance kit (:func:`kvstored.sdk.testing.check_backend`), prints a table of
+passed, failed and not-applicable checks, and exits 0 only if no check failed (1 if any
+failed, 2 on bad usage). A check that does not apply (a capability the backend does not
+claim) is listed as "n/a" with the reason and does not fail the run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvstored.sdk.errors import BackendError
+from kvstored.sdk.registry import backend_class, parse_options
+from kvstored.sdk.testing import CHECKS, check_backend
+from kvstored.sdk.testing.kit import CheckStatus
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -31,9 +36,6 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     BACKEND is a registered backend name (file-per-key, bucket, …) or module:Class.
     """
-    from kvstored.sdk.registry import backend_class, parse_options
-    from kvstored.sdk.testing import CHECKS, run_kit
-
     raw = {}
     for item in raw_options:
         key, sep, value = item.partition("=")
@@ -51,37 +53,37 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     console = Console(stderr=as_json)
 
+    marks = {CheckStatus.PASSED: "[green]✓[/]", CheckStatus.FAILED: "[red]✗[/]",
+             CheckStatus.NOT_APPLICABLE: "[yellow]-[/]"}
+    results = {CheckStatus.PASSED: "[green]pass[/]", CheckStatus.FAILED: "[red]FAIL[/]",
+               CheckStatus.NOT_APPLICABLE: "[yellow]n/a[/]"}
+
     def progress(outcome) -> None:
         if not as_json:
-            mark = ("[yellow]-[/]" if outcome.not_applicable else
-                    "[green]✓[/]" if outcome.passed else "[red]✗[/]")
-            console.print(f" {mark} {outcome.name}", highlight=False)
+            console.print(f" {marks[outcome.status]} {outcome.name}", highlight=False)
 
     console.print(f"[bold]kvstored conformance kit[/]: {backend} {options or ''}")
-    from kvstored.sdk.testing.kit import BackendSpec, run_checks
-
-    checks = [c for c in CHECKS if select is None or select in c.name]
-    outcomes = run_checks(BackendSpec(backend, options), checks, directory, progress)
-    del run_kit
-    failed = [o for o in outcomes if not o.passed]
+    report = check_backend(backend, options, directory=directory, select=select,
+                           progress=progress)
+    outcomes = report.outcomes
+    failed = report.failures
     if as_json:
-        print(json.dumps({"backend": backend, "options": raw, "passed": not failed,
-                          "checks": [o.__dict__ for o in outcomes]}, indent=1))
+        print(json.dumps({"backend": backend, "options": raw, "passed": report.ok,
+                          "checks": [o.as_json() for o in outcomes]}, indent=1))
     else:
-        skipped = sum(1 for o in outcomes if o.not_applicable)
-        title = f"{backend}: {len(outcomes) - len(failed) - skipped}/{len(outcomes)} passed"
-        table = Table(title=title + (f", {skipped} not applicable" if skipped else ""))
+        passed = sum(1 for o in outcomes if o.status is CheckStatus.PASSED)
+        not_applicable = sum(1 for o in outcomes if o.status is CheckStatus.NOT_APPLICABLE)
+        table = Table(title=f"{backend}: {passed}/{len(outcomes)} passed, "
+                            f"{len(failed)} failed, {not_applicable} not applicable")
         table.add_column("check")
+        table.add_column("clause")
         table.add_column("result")
         table.add_column("s", justify="right")
-        table.add_column("proves / failure")
+        table.add_column("proves / failure / why not applicable")
         for o in outcomes:
-            if o.not_applicable:
-                table.add_row(o.name, "[yellow]n/a[/]", f"{o.seconds:.2f}",
-                              f"[yellow]not applicable: {o.not_applicable}[/]")
-                continue
-            table.add_row(o.name, "[green]pass[/]" if o.passed else "[red]FAIL[/]",
-                          f"{o.seconds:.2f}", o.doc if o.passed else f"[red]{o.error}[/]")
+            detail = {CheckStatus.PASSED: o.doc, CheckStatus.FAILED: f"[red]{o.error}[/]",
+                      CheckStatus.NOT_APPLICABLE: f"[yellow]{o.error}[/]"}[o.status]
+            table.add_row(o.name, o.clause, results[o.status], f"{o.seconds:.2f}", detail)
         console.print(table)
     sys.exit(1 if failed else 0)
 

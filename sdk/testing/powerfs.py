@@ -310,7 +310,8 @@ def _serve(mountpoint: str) -> None:
 
         def __init__(self, node: Node, sync: bool = False):
             self.node, self.sync = node, sync
-            #: The directory's entries as the first readdir of this handle saw them.
+            #: A directory's entries as its first readdir saw them: later pages of one
+            #: listing must not shift under the reader.
             self.listing: list[tuple[bytes, int]] | None = None
 
     handles: dict[int, Handle] = {}

@@ -14,6 +14,7 @@ import functools
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,29 @@ def test_a_trio_read_from_a_node_that_never_answers_misses_within_the_timeout(em
     finally:
         silent.close()
     assert got is None and took < 10
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_a_get_says_which_tier_served_each_key_in_both_shells(embedded, transport):  # noqa: F811
+    up = embedded()
+    with kvstored.connect(up.addr, transport=transport) as client:
+        client.batch_put(["cold", "hot"], [b"on ssd", b"in dram"])
+        client.call("flush", wait=True, timeout=30)
+        client.call("evict", tier="dram", keys=["cold"])
+        deadline = time.monotonic() + 60
+        while {r.tier for r in client.stat("cold").replicas} != {Tier.SSD}:
+            assert time.monotonic() < deadline, "the DRAM copy of cold was never freed"
+            time.sleep(0.02)
+        keys = ["cold", "hot", "nothing"]
+        tiers: list[Tier | None] = []
+        buffers = [bytearray(10) for _ in keys]
+        assert client.batch_get_into(keys, buffers, tiers=tiers) == [6, 7, -1]
+        assert tiers == [Tier.SSD, Tier.DRAM, None]
+
+    async def trio_side() -> list[Tier | None]:
+        async with kvstored.aio.connect(up.addr, transport=transport) as c:
+            got: list[Tier | None] = []
+            await c.batch_get_into(keys, [bytearray(10) for _ in keys], tiers=got)
+            return got
+
+    assert trio.run(trio_side) == [Tier.SSD, Tier.DRAM, None]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 
 import pytest
@@ -38,12 +37,12 @@ def _live_nodes(master: str) -> int:
     return sum(1 for n in _status(master)["nodes"] if n["alive"])
 
 
-def test_three_nodes_share_one_namespace(spawn, tmp_path):
+def test_three_nodes_share_one_namespace(spawn, tmp_path, rng):
     master = spawn("master", "--listen", "127.0.0.1:0")
     for name in ("n1", "n2", "n3"):  # room for everything: the shm read below needs DRAM
         _start_node(spawn, tmp_path, master.addr, name, dram="96MiB")
     wait_for(lambda: _live_nodes(master.addr) == 3, what="three nodes")
-    values = {f"x{i}": os.urandom(random.randrange(1, 2 * MiB)) for i in range(60)}
+    values = {f"x{i}": rng.randbytes(rng.randrange(1, 2 * MiB)) for i in range(60)}
     with kvstored.connect(master.addr, transport="tcp") as c:
         for start in range(0, 60, 10):
             keys = list(values)[start:start + 10]
@@ -60,7 +59,7 @@ def test_three_nodes_share_one_namespace(spawn, tmp_path):
         assert [bytes(b) for b in bufs] == list(values.values())
 
 
-def test_node_killed_during_offload_comes_back_with_its_ssd_objects(spawn, tmp_path):
+def test_node_killed_during_offload_comes_back_with_its_ssd_objects(spawn, tmp_path, rng):
     master = spawn("master", "--listen", "127.0.0.1:0")
     node = _start_node(spawn, tmp_path, master.addr, "n1", dram="128MiB")
     wait_for(lambda: _live_nodes(master.addr) == 1, what="the node")
@@ -69,7 +68,7 @@ def test_node_killed_during_offload_comes_back_with_its_ssd_objects(spawn, tmp_p
         for key, value in values.items():
             c.put(key, value)
     kvstore_ok("flush", master=master.addr)  # queue the offload, do not wait
-    time.sleep(random.uniform(0.0, 0.3))
+    time.sleep(rng.uniform(0.0, 0.3))  # land the kill somewhere in the offload (seeded)
     node.kill9()
     _start_node(spawn, tmp_path, master.addr, "n1", dram="128MiB")
     wait_for(lambda: _live_nodes(master.addr) == 1, what="the restarted node")

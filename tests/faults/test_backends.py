@@ -92,6 +92,24 @@ def store_with_objects(data: Path, values: dict[str, bytes], *, backend: str = "
         assert daemon.stop() == 0, daemon.log
 
 
+@pytest.fixture(scope="module")
+def stopped_store(tmp_path_factory):
+    """``copy(data, values, ...)`` puts at ``data`` a copy of a stopped `kvstored up` store
+    like :func:`store_with_objects` makes. A real daemon writes each kind of store once per
+    module; the tests that damage a store each damage a copy of their own."""
+    written: dict[tuple, Path] = {}
+
+    def copy(data: Path, values: dict[str, bytes], *, backend: str = "bucket",
+             ssd: str = "256MiB") -> None:
+        kind = (tuple(values.items()), backend, ssd)
+        if kind not in written:
+            written[kind] = tmp_path_factory.mktemp("store") / "data"
+            store_with_objects(written[kind], values, backend=backend, ssd=ssd)
+        shutil.copytree(written[kind], data, symlinks=True)
+
+    return copy
+
+
 def read_back(data: Path, values: dict[str, bytes], *, backend: str = "bucket",
               ssd: str = "256MiB") -> dict[str, bytes | None]:
     """Start `kvstored up` on ``data`` and get every key (None for a miss)."""
@@ -263,10 +281,10 @@ def garbage_first_mib(volume: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [flip_superblock_magic, garbage_first_mib])
-def test_damaged_offset_volume_is_refused_then_rebuilt(tmp_path, damage):
+def test_damaged_offset_volume_is_refused_then_rebuilt(tmp_path, stopped_store, damage):
     data = tmp_path / "data"
     values = values_for("o", 40, 60_000)  # 2.5 MiB of records: past the first MiB
-    store_with_objects(data, values, backend="offset", ssd="16MiB")
+    stopped_store(data, values, backend="offset", ssd="16MiB")
     volume = data / "ssd" / "volume.kvo"
     with open_backend("offset", data / "ssd", mode=OpenMode.READ_ONLY) as backend:
         beyond = {k for k in values if backend.locate(k).record_offset >= MiB}
@@ -350,10 +368,11 @@ def deleted(stamp: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [not_utf8, garbage, truncated, deleted])
-def test_damaged_stamp_is_one_line_exit_5_and_repair_rebuilds_it(tmp_path, damage):
+def test_damaged_stamp_is_one_line_exit_5_and_repair_rebuilds_it(tmp_path, stopped_store,
+                                                                 damage):
     data = tmp_path / "data"
     values = values_for("s", 12)
-    store_with_objects(data, values)
+    stopped_store(data, values)
     stamp = data / "ssd" / STAMP_NAME
     damage(stamp)
     damaged = tree(data / "ssd")

@@ -329,7 +329,8 @@ def test_unauthenticated_peers_cannot_make_the_daemon_allocate(start, shared_dir
     up = _up(start, shared_dir)
     node = _node_address(up.addr, _token(start))
     pid = up.proc.pid
-    time.sleep(1)
+    with kvstored.connect(up.addr, token=_token(start)) as c:  # start-up allocations done
+        assert c.put("before", b"fine") and c.get("before") == b"fine"
     before = _peak_rss(pid, 1)
     held = []
     for address in (up.address, node):

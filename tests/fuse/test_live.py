@@ -242,7 +242,7 @@ def test_listing_pages_through_the_master(cluster):
     keys = [f"paged:{i:05d}" for i in range(2500)]
     with kvstored.connect(cluster.addr) as c:
         c.batch_put(keys, [b"v"] * len(keys))
-    source = LiveSource.connect(cluster.addr)
+    source = LiveSource(kvstored.connect(cluster.addr))
     pages = []
     ask = source.client.call
 

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kvstored.fuse.errors import InvalidName
 from kvstored.fuse.names import (
     MAX_NAME_BYTES,
     HashedNames,
-    InvalidName,
     digest,
     is_hashed,
     key_to_name,

@@ -10,6 +10,8 @@ import os
 import pytest
 import trio
 
+from kvstored.errors import StoreError
+from kvstored.sdk.errors import BackendError
 from kvstored.sdk.registry import open_backend
 from tests.conftest import require
 
@@ -163,3 +165,25 @@ def test_readdir_offsets_resume_anywhere(resumable):
         await listing.close()
 
     trio.run(scenario)
+
+
+def test_a_source_raises_the_cores_errors_only_and_the_handlers_answer_eio(tmp_path, caplog):
+    """The seam maps a backend's errors once (kvstored.fuse.sources): a closed backend's
+    BackendClosedError comes out as a StoreError, and a lookup gets EIO with a warning,
+    not a traceback."""
+    backend = open_backend("bucket", tmp_path / "ssd")
+    backend.batch_write([("k", b"value")])
+    source = OfflineSource(backend)
+    operations = KvstoreOperations(Tree(source))
+    keys = operations.inodes.inode_of(KEYS)
+    backend.close()
+
+    async def stat() -> None:
+        await source.stat("k")
+
+    with pytest.raises(StoreError) as caught:
+        trio.run(stat)
+    assert not isinstance(caught.value, BackendError), type(caught.value)
+    assert _errno_of(operations.lookup, keys, b"k", None) == errno.EIO
+    logged = [r for r in caplog.records if r.name == "kvstored.fuse"]
+    assert logged and not any(r.exc_info for r in logged)  # a warning, not a bug

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
-import random
 import sys
 from pathlib import Path
 
@@ -26,8 +24,6 @@ STANDINS = Path(__file__).parent / "standins"
 # PyPI's torchvision does not import beside the CPU torch; see standins/torchvision.
 if importlib.util.find_spec("torchvision") is None:
     sys.path.insert(0, str(STANDINS))
-
-log = logging.getLogger(__name__)
 
 
 def engine(name: str, module: str):
@@ -54,11 +50,3 @@ def store(tmp_path_factory):
     daemon = start_store(tmp_path_factory.mktemp("kvstored"))
     yield daemon
     daemon.stop()
-
-
-@pytest.fixture
-def rng(request):
-    """A seeded random source; the seed is logged so a failure can be replayed."""
-    seed = random.randrange(2**32)
-    log.warning("%s: random seed %d", request.node.nodeid, seed)
-    return random.Random(seed)

@@ -95,6 +95,19 @@ def test_settings_come_from_the_engines_options(monkeypatch, tmp_path):
         StoreSettings.from_options({"timeout": "soon"})
 
 
+def test_what_the_engine_leaves_unset_is_kvstoreds_client_configuration(monkeypatch,
+                                                                         tmp_path):
+    """One path for the client settings: an adapter reads the configuration like the
+    daemon and kvstore do (file < KVSTORED_CLIENT_* < the engine's own options)."""
+    config = tmp_path / "kvstored.toml"
+    config.write_text('[client]\nmaster = "10.0.0.9:7701"\ntransport = "shm"\n')
+    monkeypatch.setenv("KVSTORED_CONFIG", str(config))
+    monkeypatch.setenv("KVSTORED_CLIENT_TIMEOUT", "7s")
+    assert StoreSettings.from_options({}) == StoreSettings("10.0.0.9:7701", "shm", 7.0)
+    assert StoreSettings.from_options({"transport": "tcp", "timeout": 1}) == \
+        StoreSettings("10.0.0.9:7701", "tcp", 1.0)
+
+
 def test_namespaces_never_merge_parts():
     a = Namespace.of("sglang", ["org/model", "bf16"])
     b = Namespace.of("sglang", ["org", "model/bf16"])

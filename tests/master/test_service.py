@@ -10,11 +10,13 @@ import trio
 import trio.testing
 
 from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError
+from kvstored.master import nodes as nodes_module
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.protocol import OffloadFailed, OffloadFailure, Role, Tier, ops
 from kvstored.protocol.master_api import (
     CommitRequest,
+    Dropped,
     DropTask,
     Empty,
     Endpoint,
@@ -221,6 +223,83 @@ def test_dram_pressure_offloads_last_copies_first_and_drops_them_once_on_ssd():
         cluster.master.cluster.table.check()
 
     run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def _count(cluster: Cluster, name: str, **labels: str) -> float:
+    value = cluster.master.metrics.registry.get_sample_value(name, labels)
+    assert value is not None, f"{name}{labels} is not exported"
+    return value
+
+
+def test_a_leased_victim_stops_taking_leases_and_is_freed_when_its_lease_ends():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1", dram=100 * MiB)
+        for i in range(10):
+            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        await node.heartbeat(NodeReport(offloaded=Offloaded(
+            [f"k{i}" for i in range(10)], list(range(10)))))
+        # Every object read in order, each read leasing it for 5 s.
+        await cluster.client().call(ops.LOOKUP, LookupRequest([f"k{i}" for i in range(10)]))
+        # k0 and k1, the least recently read, are the victims, leased or not; their DRAM
+        # copies take no new leases and are freed when the leases end.
+        assert await node.heartbeat(dram_used=95 * MiB) == []
+        assert await _found(cluster, "k0", "k1", "k2") == [
+            [("n1", SSD)], [("n1", SSD)], [("n1", DRAM), ("n1", SSD)]]
+        assert _count(cluster, "kvstored_evictions_total", tier="dram") == 2
+        # The node still holds them (95 MiB used): nothing more is evicted meanwhile.
+        assert await node.heartbeat(dram_used=95 * MiB) == []
+        cluster.housekeeping(after=6)  # the leases have run out
+        tasks = await node.heartbeat(dram_used=95 * MiB)
+        assert tasks == [DropTask(DRAM, ["k0", "k1"], [0, 10 * MiB])]
+        await node.heartbeat(NodeReport(dropped=Dropped(["k0", "k1"], [DRAM, DRAM],
+                                                        [0, 10 * MiB])), dram_used=75 * MiB)
+        assert cluster.master.cluster.nodes["n1"].dram_freeing == {}
+        assert _count(cluster, "kvstored_evictions_total", tier="dram") == 2
+        cluster.master.cluster.table.check()
+
+    run(scenario, lease_ttl=5.0, policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def test_a_dram_eviction_that_waited_for_its_offload_is_counted_when_it_lands():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1", dram=100 * MiB)
+        for i in range(10):
+            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        assert await node.heartbeat(dram_used=95 * MiB) == [
+            OffloadTask(["k0", "k1"], urgent=True)]
+        assert _count(cluster, "kvstored_evictions_total", tier="dram") == 0
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["k0", "k1"], [0, 1])),
+                             dram_used=95 * MiB)
+        assert _count(cluster, "kvstored_evictions_total", tier="dram") == 2
+
+    run(scenario, lease_ttl=0.0,
+        policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def test_promotions_a_node_had_no_room_for_are_counted():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        assert _count(cluster, "kvstored_promotions_skipped_total", reason="no_room") == 0
+        await node.heartbeat(NodeReport(promote_failed=["a", "b"]))
+        assert _count(cluster, "kvstored_promotions_skipped_total", reason="no_room") == 2
+
+    run(scenario)
+
+
+def test_promotions_the_queue_cannot_hold_are_counted(monkeypatch):
+    monkeypatch.setattr(nodes_module, "MAX_PROMOTE_QUEUE", 2)
+
+    async def scenario(cluster: Cluster) -> None:
+        keys = ["a", "b", "c"]
+        await cluster.node("n1", inventory=[(k, 10, i, SSD, -1) for i, k in enumerate(keys)])
+        client = cluster.client()
+        for key in keys:  # promote_reads 1: every SSD read asks for a promotion
+            await client.call(ops.LOOKUP, LookupRequest([key]))
+        assert list(cluster.master.cluster.nodes["n1"].promote_queued) == ["b", "c"]
+        assert _count(cluster, "kvstored_promotions_skipped_total",
+                      reason="queue_full") == 1
+
+    run(scenario, policy={"promote_reads": 1})
 
 
 def test_evict_by_key_drops_a_copy_that_has_another_and_offloads_a_last_copy():

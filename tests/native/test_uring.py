@@ -42,7 +42,14 @@ def reader(i):
 threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
 for t in threads:
     t.start()
-time.sleep(0.3)  # both are now waiting in kv_ring_run
+IO_URING_ENTER = 426  # the same number on every architecture
+deadline = time.monotonic() + 20
+def waiting_in_the_ring(thread):
+    with open(f"/proc/self/task/{thread.native_id}/syscall") as f:
+        return f.read().split()[0] == str(IO_URING_ENTER)
+while not all(waiting_in_the_ring(t) for t in threads):  # kv_ring_run's wait for a CQE
+    assert time.monotonic() < deadline, "the readers never reached io_uring_enter"
+    time.sleep(0.001)
 os.write(pipes[1][1], b"world")
 threads[1].join()
 a_still_waiting = threads[0].is_alive()

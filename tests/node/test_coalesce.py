@@ -26,17 +26,21 @@ def test_requests_waiting_behind_a_call_share_the_next_one():
     async def main() -> None:
         coalescer = Coalescer(call)
         got: dict[int, list[int]] = {}
+        answered = [trio.Event() for _ in range(3)]
 
         async def request(n: int, items: list[int]) -> None:
             got[n] = await coalescer.submit(items)
+            answered[n].set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(coalescer.run)
             nursery.start_soon(request, 0, [1])
-            await trio.sleep(0.5)  # the first call is in flight: these two wait together
+            await trio.testing.wait_all_tasks_blocked()  # the first call is in flight:
+            assert calls == [[1]]                        # these two wait together
             nursery.start_soon(request, 1, [2, 3])
             nursery.start_soon(request, 2, [4])
-            await trio.sleep(5)
+            for event in answered:
+                await event.wait()
             assert await coalescer.submit([]) == []
             nursery.cancel_scope.cancel()
         assert calls[0] == [1] and sorted(calls[1]) == [2, 3, 4] and len(calls) == 2

@@ -197,6 +197,32 @@ def test_a_removed_object_is_dropped_by_its_node_at_the_next_heartbeat(tmp_path)
     _run(tmp_path, scenario, policy={"offload": "watermark"})
 
 
+def test_a_promotion_that_finds_no_dram_room_is_reported_and_counted(tmp_path):
+    value = os.urandom(100_000)
+
+    async def scenario(cluster: Cluster, node: Node, client: RpcClient) -> None:
+        def no_room() -> float | None:
+            return cluster.master.metrics.registry.get_sample_value(
+                "kvstored_promotions_skipped_total", {"reason": "no_room"})
+
+        assert await _put(client, s=value) == [PutStatus.OK]
+        await cluster.client().call(ops.FLUSH, ops.FlushRequest(wait=True, timeout=30))
+        await cluster.client().call(ops.EVICT, EvictRequest(Tier.DRAM, keys=["s"]))
+        await _poll(lambda: _tiers(cluster, "s") == {Tier.SSD}, "s to be on SSD only")
+        # Everything left in DRAM taken by a write in flight: no room to promote into.
+        await _poll(lambda: node.dram.get("s") is None, "the DRAM copy to be freed")
+        size = node.dram.allocator.largest_free()
+        offset = node.dram.allocate("filler", size, 0, 60)
+        assert offset is not None and node.dram.allocator.largest_free() < len(value)
+        assert no_room() == 0
+        await node.tasks.promote(["s"])
+        await _poll(lambda: no_room() == 1, "the master to count the promotion it lost")
+        assert _tiers(cluster, "s") == {Tier.SSD}
+        node.dram.free("filler", offset)
+
+    _run(tmp_path, scenario)
+
+
 # -- roles -------------------------------------------------------------------------------------
 
 def test_the_data_server_checks_the_cluster_client_token(tmp_path):

@@ -4,12 +4,21 @@ by each option's declared type (not by what its annotation's text contains)."""
 from __future__ import annotations
 
 import enum
+import importlib.metadata
+import sys
 
 import pytest
 
 from kvstored.backends.file_per_key import FilePerKeyBackend
 from kvstored.sdk import EvictionPolicy, InvalidRequestError, UnknownBackendError
-from kvstored.sdk.registry import backend_class, backend_options, known_backends, parse_options
+from kvstored.sdk.registry import (
+    BUILTIN,
+    BackendNameClashWarning,
+    backend_class,
+    backend_options,
+    known_backends,
+    parse_options,
+)
 
 
 class Hint(enum.Enum):
@@ -65,3 +74,33 @@ def test_a_bad_value_names_the_option_and_what_it_takes(option, text, says):
 def test_an_unknown_option_lists_the_valid_ones():
     with pytest.raises(InvalidRequestError, match=r"valid options: .*auto_evict"):
         parse_options(FilePerKeyBackend, {"speed": "1"})
+
+
+@pytest.fixture
+def impostor(tmp_path, monkeypatch):
+    """A distribution on sys.path registering 'file-per-key' and 'impostor-own'."""
+    info = tmp_path / "impostor-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: impostor\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[kvstored.backends]\n"
+        "file-per-key = tests.sdk.broken_backends:SkipsChecksum\n"
+        "impostor-own = tests.sdk.broken_backends:SkipsChecksum\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield
+    sys.path_importer_cache.clear()
+
+
+def test_builtin_name_is_not_shadowed(impostor):
+    with pytest.warns(BackendNameClashWarning, match=r"impostor registers a backend named "
+                                                     r"'file-per-key'"):
+        cls = backend_class("file-per-key")
+    assert cls is FilePerKeyBackend
+    assert BUILTIN["file-per-key"].endswith(":FilePerKeyBackend")
+
+
+def test_other_names_of_the_distribution_still_register(impostor):
+    with pytest.warns(BackendNameClashWarning):
+        names = known_backends()
+    assert "impostor-own" in names

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from kvstored.tools import core, events
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
 
 from .conftest import random_requests
 

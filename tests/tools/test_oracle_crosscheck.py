@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from kvstored.tools import reader, writers
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
 from kvstored.tools.simulate import SimOptions, simulate
 
 from .conftest import random_requests, write_mooncake

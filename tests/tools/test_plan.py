@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from kvstored.cli.tool import main
 from kvstored.tools import events, plan, tiered
 from kvstored.tools.cli_common import parse_gib
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
 from kvstored.tools.errors import UsageProblem
+from kvstored.tools.runs import PolicySpec
 from kvstored.tools.simulate import SimOptions
 
 from .conftest import random_requests

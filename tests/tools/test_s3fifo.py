@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kvstored.tools import events
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
 
 from .conftest import random_requests
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from kvstored.tools import events, simulate, tiered
-from kvstored.tools.core import PolicySpec, Replay
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
 
 from . import bruteforce_tiered
 from .conftest import random_requests

@@ -11,7 +11,10 @@ A file holds a 16-byte header, the key and the value::
     16+k   value
 
 Writes go to a temporary name, are fsync'd, renamed and the directory fsync'd, so a
-crash leaves an object whole or absent. Eviction is FIFO by file modification time.
+crash leaves an object whole or absent. A file's modification time, set to the write's
+sequence number in nanoseconds, orders the objects: it is their ``seq`` and the FIFO
+eviction order, and survives a reopen. A record whose value fails its CRC at open (a
+file cut short, say) is left out, and check() reports it.
 The directory and its files are private (0700, 0600), and locked while open, so that a
 second process cannot open it too (kvstored.sdk.files, kvstored.sdk.lock).
 """
@@ -22,6 +25,7 @@ import hashlib
 import os
 import struct
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -32,7 +36,6 @@ from kvstored.sdk import (
     CapacityError,
     CheckReport,
     EvictionGranularity,
-    InvalidRequestError,
     Location,
     ObjectRecord,
     Problem,
@@ -52,6 +55,7 @@ MAGIC = b"FLAT"
 
 class FlatDirBackend(StorageBackend):
     name = "flatdir"
+    sdk_version = "1.0"
 
     def __init__(self, path, *, capacity=None, max_value_size=256 * 2**20, on_evict=None):
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
@@ -62,7 +66,8 @@ class FlatDirBackend(StorageBackend):
         self._dir_lock = StoreLock.acquire(self.root / LOCK_NAME, what="flatdir store",
                                            wait=5.0)
         self._lock = threading.Lock()
-        self._index: dict[str, tuple[Path, int, int, int]] = {}  # key -> path, size, crc, disk
+        # key -> (path, size, crc, disk, seq)
+        self._index: dict[str, tuple[Path, int, int, int, int]] = {}
         self._seq = 0
         for tmp in self.root.glob("*.tmp"):
             tmp.unlink()  # an unfinished write: never acknowledged
@@ -70,6 +75,7 @@ class FlatDirBackend(StorageBackend):
             entry = self._load(path)
             if entry is not None:
                 self._index[entry[0]] = entry[1]
+                self._seq = max(self._seq, entry[1][4])
 
     # Reading a file's header back, for open and for check().
     def _load(self, path: Path):
@@ -83,8 +89,13 @@ class FlatDirBackend(StorageBackend):
             key = key_bytes.decode()
             if path.stem != hashlib.sha256(key_bytes).hexdigest():
                 return None
+            with open(path, "rb") as f:  # the whole value must be there and check
+                f.seek(HEADER.size + key_len)
+                if crc32c(f.read()) != value_crc:
+                    return None
             st = path.stat()
-            return key, (path, st.st_size - HEADER.size - key_len, value_crc, st.st_blocks * 512)
+            return key, (path, st.st_size - HEADER.size - key_len, value_crc, st.st_blocks * 512,
+                         st.st_mtime_ns)
         except (OSError, struct.error, UnicodeDecodeError):
             return None
 
@@ -99,7 +110,7 @@ class FlatDirBackend(StorageBackend):
                             max_value_size=self.max_value_size)
 
     def _used(self) -> int:
-        return sum(disk for _, _, _, disk in self._index.values())
+        return sum(entry[3] for entry in self._index.values())
 
     def batch_write(self, items):
         self._check_open()
@@ -112,6 +123,12 @@ class FlatDirBackend(StorageBackend):
                     continue
                 value = memoryview(value).cast("B")
                 need = HEADER.size + len(key_bytes) + value.nbytes + 4096
+                if self.capacity is not None and need > self.capacity:
+                    # It could never fit: fail it alone, without evicting anything for it.
+                    results.append(WriteResult(key, WriteOutcome.FAILED, CapacityError(
+                        f"the object needs {need} bytes, more than the capacity",
+                        key=key, path=self.root)))
+                    continue
                 if self.capacity is not None and self._used() + need > self.capacity:
                     self._evict_locked(self._used() + need - self.capacity, self.on_evict)
                     if self._used() + need > self.capacity:
@@ -132,11 +149,14 @@ class FlatDirBackend(StorageBackend):
             f.write(key_bytes)
             f.write(value)
             f.flush()
+            # The modification time is the seq: later than every earlier write's.
+            self._seq = max(self._seq + 1, time.time_ns())
+            os.utime(f.fileno(), ns=(self._seq, self._seq))
             os.fsync(f.fileno())
             disk = os.fstat(f.fileno()).st_blocks * 512
         os.rename(tmp, final)
         self._fsync_dir()
-        self._index[key] = (final, value.nbytes, crc32c(value), disk)
+        self._index[key] = (final, value.nbytes, crc32c(value), disk, self._seq)
         return WriteResult(key, WriteOutcome.WRITTEN)
 
     def _fsync_dir(self):
@@ -148,8 +168,7 @@ class FlatDirBackend(StorageBackend):
 
     def batch_read(self, keys, buffers):
         self._check_open()
-        if len(keys) != len(buffers):
-            raise InvalidRequestError("batch_read needs one buffer per key")
+        self._check_read_buffers(keys, buffers)
         results = []
         for key, buf in zip(keys, buffers):
             with self._lock:
@@ -157,7 +176,7 @@ class FlatDirBackend(StorageBackend):
             if entry is None:
                 results.append(ReadStatus.MISSING)
                 continue
-            path, size, value_crc, _ = entry
+            path, size, value_crc, _, _ = entry
             if len(buf) < size:
                 results.append(ReadStatus.BUFFER_TOO_SMALL)
                 continue
@@ -170,6 +189,8 @@ class FlatDirBackend(StorageBackend):
                     results.append(ReadStatus.MISSING)
                     continue
             ok = got == size and crc32c(buf[:size]) == value_crc
+            if not ok:
+                buf[:size] = bytes(size)  # nothing that failed its check stays in the buffer
             results.append(size if ok else ReadStatus.CORRUPT)
         return results
 
@@ -192,12 +213,11 @@ class FlatDirBackend(StorageBackend):
         entry = self._index.get(key)
         if entry is None:
             return None
-        path, size, value_crc, _ = entry
-        return ObjectRecord(key, size, value_crc, self._location(key, entry),
-                            path.stat().st_mtime, 0)
+        _, size, value_crc, _, seq = entry
+        return ObjectRecord(key, size, value_crc, self._location(key, entry), seq / 1e9, seq)
 
     def _location(self, key, entry):
-        path, size, _, _ = entry
+        path, size, _, _, _ = entry
         start = HEADER.size + len(key.encode())
         return Location(str(path), start, size, record_offset=0, record_length=start + size)
 
@@ -219,7 +239,7 @@ class FlatDirBackend(StorageBackend):
     def usage(self):
         self._check_open()
         with self._lock:
-            logical = sum(size for _, size, _, _ in self._index.values())
+            logical = sum(entry[1] for entry in self._index.values())
             return Usage(logical, self._used(), len(self._index), self.capacity)
 
     def evict(self, nbytes, on_evict=None):
@@ -229,7 +249,7 @@ class FlatDirBackend(StorageBackend):
 
     def _evict_locked(self, nbytes, on_evict):
         victims, freed = [], 0
-        for key, (_, _, _, disk) in list(self._index.items()):  # oldest first
+        for key, (_, _, _, disk, _) in list(self._index.items()):  # oldest first
             if freed >= nbytes:
                 break
             if not self._pins.is_pinned(key):
@@ -238,7 +258,7 @@ class FlatDirBackend(StorageBackend):
         entries = [self._index.pop(key) for key in victims]
         if victims and on_evict:
             on_evict(victims)  # before the files go, so nobody points at reused space
-        for path, _, _, _ in entries:
+        for path, *_ in entries:
             path.unlink(missing_ok=True)
         return victims
 
@@ -250,7 +270,7 @@ class FlatDirBackend(StorageBackend):
             entry = self._load(path)
             ok = entry is not None
             if ok:
-                key, (_, _size, value_crc, _) = entry
+                key, (_, _size, value_crc, _, _) = entry
                 with open(path, "rb") as f:
                     f.seek(HEADER.size + len(key.encode()))
                     ok = crc32c(f.read()) == value_crc

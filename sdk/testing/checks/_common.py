@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import random
@@ -12,9 +13,12 @@ import time
 
 from crc32c import crc32c
 
+from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.testing import _writer
-from kvstored.sdk.testing.kit import Check, Kit, payload, size_for
+from kvstored.sdk.testing.kit import Check, Kit, Requirement, payload, size_for
 from kvstored.sdk.types import (
+    Location,
+    ObjectRecord,
     ReadStatus,
     WriteOutcome,
 )
@@ -25,11 +29,44 @@ KiB, MiB = 1024, 1024 * 1024
 REGISTERED: dict[str, list[Check]] = {}
 
 
-def check(function):
-    """Register a check function; its name and docstring become the check's."""
-    REGISTERED.setdefault(function.__module__.rsplit(".", 1)[-1], []).append(
-        Check(function.__name__, function))
-    return function
+class Clause(enum.Enum):
+    """The contract's clauses, named as the headings of :mod:`kvstored.sdk.backend`'s
+    docstring; every check proves one."""
+
+    KEYS = "Keys"
+    BUFFERS = "Buffers"
+    BLOCKING = "Blocking and threads"
+    ATOMICITY = "Atomicity and durability"
+    WRITE_ONCE = "Write-once"
+    BATCHES = "Batch failures"
+    INTEGRITY = "Integrity"
+    RECORDS = "Records that check"
+    DELETES = "Deletes"
+    CAPACITY = "Capacity"
+    EVICTION = "Eviction"
+    PINS = "Pins"
+    USAGE = "Usage"
+    SCAN = "Scan"
+    SEQ = "Sequence numbers"
+    CHECK = "Check and repair"
+    CLOSE = "After close"
+    OPENING = "Opening, and who else may"
+    SHARING = "Sharing"
+    CAPABILITIES = "Capabilities"
+    ERRORS = "Errors"
+    VERSION = "Versions"
+
+
+def check(clause: Clause, *requires: Requirement):
+    """Register a check function for ``clause``; its name and docstring become the
+    check's, and it runs only on backends that meet ``requires``."""
+
+    def register(function):
+        REGISTERED.setdefault(function.__module__.rsplit(".", 1)[-1], []).append(
+            Check(function.__name__, function, clause.value, frozenset(requires)))
+        return function
+
+    return register
 
 
 def roundtrip_of_size(kit: Kit, size: int) -> None:
@@ -43,6 +80,20 @@ def roundtrip_of_size(kit: Kit, size: int) -> None:
     assert record is not None and record.size == size, f"stat after write: {record}"
     assert record.checksum == crc32c(value), "stat's checksum is not the CRC-32C of the value"
     assert backend.contains(key)
+
+
+def located(backend: StorageBackend, key: str) -> Location:
+    """``backend.locate(key)``, which must not be None (the key was just written)."""
+    where = backend.locate(key)
+    assert where is not None, f"locate({key!r}) is None for a stored key"
+    return where
+
+
+def stat_of(backend: StorageBackend, key: str) -> ObjectRecord:
+    """``backend.stat(key)``, which must not be None (the key was just written)."""
+    record = backend.stat(key)
+    assert record is not None, f"stat({key!r}) is None for a stored key"
+    return record
 
 
 def write_all(backend, items) -> None:
@@ -66,11 +117,14 @@ def child_env() -> dict[str, str]:
 
 
 def spec_options(kit: Kit) -> str:
-    try:
-        return json.dumps(kit.spec.options)
-    except TypeError as exc:
-        raise AssertionError(f"options must be JSON-serialisable for this check: {exc}") \
-            from None
+    return json.dumps(kit.spec.options)
+
+
+def child_target(kit: Kit) -> str:
+    """The reference a child process opens the backend by (checks that start one require
+    :attr:`Requirement.CHILD_PROCESS`, so there is one)."""
+    assert kit.spec.target is not None
+    return kit.spec.target
 
 
 def kill_writer_midway(kit: Kit) -> int:
@@ -78,7 +132,7 @@ def kill_writer_midway(kit: Kit) -> int:
     child process and kill -9 it in the middle of a batch, after at least 6 acknowledged
     batches; return the number of the last batch acknowledged."""
     child = subprocess.Popen(
-        [sys.executable, "-m", _writer.__name__, kit.spec.target, spec_options(kit),
+        [sys.executable, "-m", _writer.__name__, child_target(kit), spec_options(kit),
          str(kit.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env())
     assert child.stdout is not None and child.stderr is not None  # both piped

@@ -11,6 +11,7 @@ from kvstored.sdk.errors import (
     InvalidRequestError,
 )
 from kvstored.sdk.testing.checks._common import (
+    Clause,
     KiB,
     check,
     describe,
@@ -24,7 +25,7 @@ from kvstored.sdk.types import (
 # -- concurrency -------------------------------------------------------------------------
 
 
-@check
+@check(Clause.BLOCKING)
 def concurrent_writers_and_readers(kit: Kit) -> None:
     """Four writer and four reader threads at once: every write lands, every read is right."""
     backend = kit.open()
@@ -66,7 +67,7 @@ def concurrent_writers_and_readers(kit: Kit) -> None:
     assert backend.usage().objects == 100
 
 
-@check
+@check(Clause.WRITE_ONCE)
 def concurrent_same_key(kit: Kit) -> None:
     """Threads racing to write one key: exactly one value wins and every reader sees it."""
     backend = kit.open()
@@ -94,7 +95,7 @@ def concurrent_same_key(kit: Kit) -> None:
 DEADLOCK_TIMEOUT = 20.0
 
 
-@check
+@check(Clause.BLOCKING)
 def opposite_order_batches(kit: Kit) -> None:
     """Two threads writing overlapping multi-key batches in opposite orders both finish
     (no deadlock), and each key ends up written exactly once."""
@@ -151,7 +152,7 @@ def _race(kit: Kit, backend, orders: dict[str, list[str]], what: str) -> dict[st
     return results
 
 
-@check
+@check(Clause.ERRORS)
 def invalid_request_is_raised(kit: Kit) -> None:
     """Mismatched keys and buffers raise InvalidRequestError instead of guessing."""
     backend = kit.open()

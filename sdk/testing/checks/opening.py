@@ -14,23 +14,24 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     ReadOnlyError,
 )
-from kvstored.sdk.registry import backend_class
 from kvstored.sdk.testing import _holder, _writer
 from kvstored.sdk.testing.checks._common import (
+    Clause,
     check,
     child_env,
+    child_target,
     describe,
     kill_writer_midway,
     spec_options,
 )
-from kvstored.sdk.testing.kit import Kit, payload, size_for
+from kvstored.sdk.testing.kit import Kit, Requirement, payload, size_for
 from kvstored.sdk.types import OpenMode
 
 # -- opening -----------------------------------------------------------------------------
 
 
 def _supports_read_only(kit: Kit) -> bool:
-    return OpenMode.READ_ONLY in backend_class(kit.spec.target).open_modes
+    return OpenMode.READ_ONLY in kit.backend_type().open_modes
 
 
 def _tree(root: Path) -> dict[str, tuple]:
@@ -54,12 +55,12 @@ def _changes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
     return sorted({*before, *after} - {k for k in before if before[k] == after.get(k)})
 
 
-@check
+@check(Clause.OPENING, Requirement.PERSISTENT, Requirement.CHILD_PROCESS)
 def second_open_is_refused(kit: Kit) -> None:
     """While another process has the store open, opening it again (read-write or
     read-only) raises BackendBusyError; once that process closes it, it opens at once."""
     holder = subprocess.Popen(
-        [sys.executable, "-m", _holder.__name__, kit.spec.target, spec_options(kit),
+        [sys.executable, "-m", _holder.__name__, child_target(kit), spec_options(kit),
          str(kit.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=child_env())
     assert holder.stdin and holder.stdout and holder.stderr  # all three piped
@@ -87,7 +88,7 @@ def second_open_is_refused(kit: Kit) -> None:
     kit.open()  # the holder's close released it
 
 
-@check
+@check(Clause.OPENING, Requirement.PERSISTENT, Requirement.CHILD_PROCESS)
 def read_only_open_writes_nothing(kit: Kit) -> None:
     """After a writer is killed mid-batch, a read-only open reads every acknowledged
     object yet creates, changes and removes nothing (no recovery writes), and every
@@ -148,7 +149,7 @@ def _read_only_session(kit: Kit, acked: int) -> None:
     backend.close()
 
 
-@check
+@check(Clause.OPENING)
 def read_only_open_of_nothing_is_refused(kit: Kit) -> None:
     """A read-only open of a path that holds no store (absent, or an empty directory)
     raises MissingStoreError (or, for a backend whose path is a file or device, refuses

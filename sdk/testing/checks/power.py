@@ -30,8 +30,8 @@ from pathlib import Path
 from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.errors import BackendError
 from kvstored.sdk.testing import _power_child
-from kvstored.sdk.testing.checks._common import MiB, check, child_env, describe
-from kvstored.sdk.testing.kit import BackendSpec, Kit, NotApplicable
+from kvstored.sdk.testing.checks._common import Clause, MiB, check, child_env, describe
+from kvstored.sdk.testing.kit import BackendSpec, Kit, NotApplicable, Requirement
 from kvstored.sdk.testing.powerloss import (
     PowerLossMount,
     fuse_required,
@@ -131,6 +131,7 @@ def cut_child(kit: Kit, mount: PowerLossMount, store: str, program: str, surviva
     if arm is not None:
         mount.arm(arm, survival, seed)
     child_log = kit.workspace / f"{store}.child.log"
+    assert spec.target is not None  # the power checks require Requirement.CHILD_PROCESS
     with open(child_log, "wb") as errors:
         child = subprocess.Popen(
             [sys.executable, "-m", _power_child.__name__, spec.target,
@@ -288,7 +289,7 @@ def _deleted(lines: list[str]) -> bool:
     return "DELETED" in lines
 
 
-@check
+@check(Clause.ATOMICITY, Requirement.CHILD_PROCESS)
 def power_cut_keeps_acknowledged(kit: Kit) -> None:
     """A power cut right after a batch_delete returned, losing every unsynced write,
     keeps all acknowledged writes and deletes; the store opens and returns nothing torn."""
@@ -296,7 +297,7 @@ def power_cut_keeps_acknowledged(kit: Kit) -> None:
         _verify_churn(kit, cut)
 
 
-@check
+@check(Clause.ATOMICITY, Requirement.CHILD_PROCESS)
 def power_cut_tears_nothing(kit: Kit) -> None:
     """A power cut that keeps a random half of the unsynced pages and directory changes
     (so records in flight tear) keeps all acknowledged writes and deletes; the store opens
@@ -312,7 +313,7 @@ def _opens_empty(cut: PowerCut) -> None:
                       f"{cut.describe()}"
 
 
-@check
+@check(Clause.OPENING, Requirement.CHILD_PROCESS)
 def power_cut_after_create(kit: Kit) -> None:
     """A power cut right after a new store was opened (losing every unsynced write), and
     one at a random point of its creation (keeping a random half), leave a store that

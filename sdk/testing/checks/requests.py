@@ -5,13 +5,19 @@ from __future__ import annotations
 import os
 
 from kvstored.sdk.errors import (
+    CapacityError,
     InvalidKeyError,
+    InvalidRequestError,
+    ValueTooLargeError,
 )
 from kvstored.sdk.testing.checks._common import (
+    Clause,
+    KiB,
+    MiB,
     check,
     write_all,
 )
-from kvstored.sdk.testing.kit import Kit, payload
+from kvstored.sdk.testing.kit import Kit, Requirement, payload
 from kvstored.sdk.types import (
     MAX_KEY_BYTES,
     ReadStatus,
@@ -21,7 +27,7 @@ from kvstored.sdk.types import (
 # -- keys --------------------------------------------------------------------------------
 
 
-@check
+@check(Clause.KEYS)
 def invalid_keys_rejected(kit: Kit) -> None:
     """Empty, over-long and non-UTF-8 keys raise InvalidKeyError, and the batch writes
     nothing."""
@@ -36,7 +42,7 @@ def invalid_keys_rejected(kit: Kit) -> None:
         assert not backend.contains("fine"), "a batch with an invalid key wrote part of itself"
 
 
-@check
+@check(Clause.KEYS, Requirement.PERSISTENT)
 def longest_key_accepted(kit: Kit) -> None:
     """A key of exactly 1024 bytes of UTF-8 (multi-byte characters) round-trips."""
     backend = kit.open()
@@ -46,7 +52,7 @@ def longest_key_accepted(kit: Kit) -> None:
     kit.assert_value(backend, key, b"long key")
 
 
-@check
+@check(Clause.KEYS, Requirement.PERSISTENT)
 def hostile_keys(kit: Kit) -> None:
     """Keys with '/', '..', NUL, spaces and non-ASCII neither escape the directory nor
     collide."""
@@ -69,7 +75,7 @@ def hostile_keys(kit: Kit) -> None:
 # -- batches and write-once -------------------------------------------------------------
 
 
-@check
+@check(Clause.BATCHES)
 def batch_read_mixed(kit: Kit) -> None:
     """A batch read mixing present, missing and repeated keys answers each item."""
     backend = kit.open()
@@ -82,7 +88,7 @@ def batch_read_mixed(kit: Kit) -> None:
     assert bytes(bufs[2][:3000]) == b"two" * 1000
 
 
-@check
+@check(Clause.WRITE_ONCE)
 def batch_write_duplicates(kit: Kit) -> None:
     """A key repeated within one batch is written once: the first value wins."""
     backend = kit.open()
@@ -92,7 +98,7 @@ def batch_write_duplicates(kit: Kit) -> None:
     kit.assert_value(backend, "d", b"first")
 
 
-@check
+@check(Clause.WRITE_ONCE, Requirement.PERSISTENT)
 def put_existing_key(kit: Kit) -> None:
     """Writing an existing key reports EXISTS and keeps the stored value, across reopen."""
     backend = kit.open()
@@ -104,7 +110,7 @@ def put_existing_key(kit: Kit) -> None:
     kit.assert_value(backend, "k", b"original")
 
 
-@check
+@check(Clause.ERRORS)
 def missing_key(kit: Kit) -> None:
     """A key never written is missing everywhere: read, contains, stat, locate, delete."""
     backend = kit.open()
@@ -115,7 +121,7 @@ def missing_key(kit: Kit) -> None:
     assert backend.batch_delete(["absent"]) == [False]
 
 
-@check
+@check(Clause.BUFFERS)
 def buffer_too_small(kit: Kit) -> None:
     """A buffer shorter than the value gets BUFFER_TOO_SMALL, not a truncated value."""
     backend = kit.open()
@@ -124,3 +130,98 @@ def buffer_too_small(kit: Kit) -> None:
     kit.assert_value(backend, "big", payload("big", 10_000))
 
 
+@check(Clause.KEYS)
+def long_keys_sharing_prefix(kit: Kit) -> None:
+    """Long keys that differ only in their last character (a shared prefix past any file
+    name limit, at 255/256 bytes and at the 1024-byte maximum) are distinct objects."""
+    backend = kit.open()
+    keys = []
+    for length in (255, 256, 300, MAX_KEY_BYTES):
+        stem = "p" * (length - 1)
+        keys += [stem + tail for tail in "abc"]
+    keys.append("é" * (MAX_KEY_BYTES // 2 - 1) + "x")
+    keys.append("é" * (MAX_KEY_BYTES // 2 - 1) + "y")
+    items = [(k, payload(k, 64 + i)) for i, k in enumerate(keys)]
+    write_all(backend, items)
+    for key, value in items:
+        kit.assert_value(backend, key, value)
+    assert backend.usage().objects == len(items), "long keys collided"
+    if backend.capabilities.persistent:
+        backend = kit.reopen(backend)
+        for key, value in items:
+            kit.assert_value(backend, key, value)
+        assert sorted(r.key for r in backend.scan()) == sorted(keys), "scan lost a long key"
+
+
+@check(Clause.BUFFERS)
+def write_buffers_may_be_reused(kit: Kit) -> None:
+    """The caller may reuse its value buffers once batch_write returns: changing them
+    afterwards changes nothing stored (bytearray, memoryview slices, offset views)."""
+    backend = kit.open()
+    whole = bytearray(payload("buf/whole", 30_000))
+    arena = bytearray(payload("buf/arena", 50_000))
+    items = [("buf/whole", whole), ("buf/slice", memoryview(arena)[1_000:21_001])]
+    expected = {"buf/whole": bytes(whole), "buf/slice": bytes(arena[1_000:21_001])}
+    write_all(backend, items)
+    whole[:] = bytes(len(whole))
+    arena[:] = b"\xff" * len(arena)
+    for key, value in expected.items():
+        kit.assert_value(backend, key, value)
+
+
+@check(Clause.BUFFERS)
+def read_only_buffer_refused(kit: Kit) -> None:
+    """A read into a buffer that is not writable raises InvalidRequestError (before any
+    item is read) instead of failing inside the I/O."""
+    backend = kit.open()
+    write_all(backend, [("ro", payload("ro", 5000))])
+    try:
+        backend.batch_read(["ro"], [memoryview(bytes(5000))])
+    except InvalidRequestError:
+        return
+    except Exception as exc:
+        raise AssertionError(f"a read-only buffer raised {type(exc).__name__}: {exc}, not "
+                             "InvalidRequestError") from None
+    raise AssertionError("a read into a read-only buffer was accepted")
+
+
+@check(Clause.BATCHES)
+def batch_fails_per_item(kit: Kit) -> None:
+    """A batch mixing objects that fit with one too large for the capacity fails only
+    that one (FAILED with CapacityError); the others are written."""
+    backend = kit.open(capacity=4 * MiB)
+    small = [(f"fit/{i}", payload(f"fit/{i}", 20_000)) for i in range(3)]
+    items = [small[0], ("huge", payload("huge", 6 * MiB)), small[1], small[2]]
+    results = backend.batch_write(items)
+    outcomes = [r.outcome for r in results]
+    assert outcomes == [WriteOutcome.WRITTEN, WriteOutcome.FAILED, WriteOutcome.WRITTEN,
+                        WriteOutcome.WRITTEN], f"outcomes {outcomes}"
+    assert isinstance(results[1].error, CapacityError), results[1]
+    assert not backend.contains("huge")
+    for key, value in small:
+        kit.assert_value(backend, key, value)
+
+
+@check(Clause.ERRORS)
+def too_large_refused_in_any_batch(kit: Kit) -> None:
+    """A value over max_value_size raises ValueTooLargeError naming it wherever it sits in
+    a batch (first, middle, last, alone), and the batch writes nothing."""
+    limit = 64 * KiB
+    backend = kit.open(max_value_size=limit)
+    fine = [(f"ok/{i}", payload(f"ok/{i}", 1000)) for i in range(3)]
+    too_big = ("too-big", bytes(limit + 1))
+    for position in range(len(fine) + 1):
+        batch = [*fine[:position], too_big, *fine[position:]]
+        try:
+            backend.batch_write(batch)
+        except ValueTooLargeError as exc:
+            assert exc.key == "too-big", f"ValueTooLargeError names {exc.key!r}"
+        else:
+            raise AssertionError(f"a too-large value at position {position} of a batch "
+                                 f"of {len(batch)} was accepted")
+        written = [k for k, hit in zip([k for k, _ in batch], backend.batch_contains(
+            [k for k, _ in batch])) if hit]
+        assert not written, f"a refused batch wrote {written}"
+    write_all(backend, [(k, v) for k, v in fine])
+    for key, value in fine:
+        kit.assert_value(backend, key, value)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+from kvstored.capabilities import probe_fuse
+from tests.conftest import require
 from tests.daemon.harness import kvstore
 
 
-def test_bench_fuse_runs_every_reader_and_writes_ratios(fuse, tmp_path):
+def test_bench_fuse_runs_every_reader_and_writes_ratios(tmp_path):
+    require("fuse", *probe_fuse())
     out = tmp_path / "fuse.json"
     run = kvstore("bench", "fuse", "--size", "8MiB", "--rounds", "1", "--json-out", str(out))
     assert run.returncode == 0, run.stderr.decode()

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from kvstored.bench import sim as bench_sim
 from kvstored.tools import reader
-from kvstored.tools.core import PolicySpec, Replay
-
-from .conftest import random_requests, write_mooncake
+from kvstored.tools.core import Replay
+from kvstored.tools.runs import PolicySpec
+from tests.tools.conftest import random_requests, write_mooncake
 
 
 def test_replicated_copies_share_nothing(tmp_path):

@@ -1,19 +1,20 @@
-"""Parameter types of the CLI whose failures are not bad usage.
+"""click parameter types whose failures are not bad usage, for every command line of the
+package: the CLI's commands, the benchmarks' and the simulator's.
 
 click reports every bad parameter as usage (exit 2), but a path that does not exist is
 NOT_FOUND (exit 3) in docs/cli.md, like a missing key: a script can tell "you typed it
-wrong" from "it is not there".
+wrong" from "it is not there". So a missing path raises :class:`FileNotFoundError`,
+which the CLI's one table (:mod:`kvstored.cli.errors`) ends with NOT_FOUND like any
+other; this module knows no exit code and imports nothing of kvstored.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
 import click
-
-from kvstored.cli.errors import QuietError
-from kvstored.cli.exitcodes import ExitCode
 
 
 class ExistingPath(click.Path):
@@ -36,7 +37,8 @@ class ExistingPath(click.Path):
             else:
                 what = f" ({param.human_readable_name})" if param is not None else ""
             hint = f"; {self.missing_hint.format(path=path)}" if self.missing_hint else ""
-            raise QuietError(f"{path} does not exist{what}{hint}", ExitCode.NOT_FOUND)
+            # No filename: the message already names the path, as the user wrote it.
+            raise FileNotFoundError(errno.ENOENT, f"{path} does not exist{what}{hint}")
         return path
 
 
