@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# setuptools says "Editable installation ... be careful with folders named like your
+# package" on every editable install; that is kvstored/ itself here, so it is noise.
+QUIET_SETUPTOOLS := PYTHONWARNINGS="ignore:Editable installation"
 # What pip must redo when these change.
 INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py) \
                   $(wildcard tools/csrc/*.c tools/csrc/*.h tools/build_*.py)
@@ -19,7 +22,7 @@ sysdeps:
 $(STAMP): $(INSTALL_INPUTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(QUIET_SETUPTOOLS) $(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
 # SGLang, vLLM and LMCache (CPU builds) for tests/integrations; not needed by the demo.

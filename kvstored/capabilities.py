@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from kvstored.native import uring_status
 
-KNOWN = ("fuse", "uring", "rdma", "engines")
+KNOWN = ("fuse", "uring", "rdma", "engines", "fio")
 
 
 def required_capabilities(environ: Mapping[str, str]) -> set[str]:
@@ -60,6 +60,14 @@ def probe_rdma() -> tuple[bool, str]:
     except ImportError:
         return False, "RDMA devices exist but pyverbs is not installed (rdma-core)"
     return True, "RDMA available"
+
+
+def probe_fio() -> tuple[bool, str]:
+    """fio, which the io-engine and backend benchmarks measure themselves against."""
+    path = shutil.which("fio")
+    if path is None:
+        return False, "fio is not installed (Debian package fio; .ci/sysdeps installs it)"
+    return True, f"fio at {path}"
 
 
 def probe_engine(name: str) -> tuple[bool, str]:

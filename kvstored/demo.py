@@ -19,11 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 import kvstored
+from kvstored.progress import ProgressFn, progress_bar
 from kvstored.replay import multiturn, page, plots
 from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy
@@ -48,19 +50,11 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-class _Progress:
-    """A line that counts requests on a terminal (nothing when the output is a file),
-    redrawn at most four times a second."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.last = 0.0
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.console.is_terminal and (now - self.last > 0.25 or done == total):
-            self.last = now
-            self.console.print(f"  {label}: {done:,}/{total:,} requests", end="\r")
+def _requests(bar: ProgressFn | None) -> Callable[[str, int, int], None] | None:
+    """The replays' ``progress(label, done, total)`` drawn on ``bar`` (None: no bar)."""
+    if bar is None:
+        return None
+    return lambda label, done, total: bar(done, total, f"{label}: {done:,}/{total:,} requests")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
     started = time.monotonic()
-    progress = _Progress(console)
-
     console.rule("[bold]1. an embedded store")
     trace = reader.load([TRACE], keep_id_names=False)
     with EmbeddedStore(dram=DRAM, ssd=SSD, label="demo") as store:
@@ -86,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"of {trace.block_size} tokens and {format_size(BLOCK_BYTES)}: "
                       "prefix_hits, get of the hit prefix (checked byte for byte), put "
                       "of the rest")
-        with kvstored.connect(store.address) as client:
+        with kvstored.connect(store.address) as client, progress_bar(True) as bar:
+            counted = _requests(bar)
             replayed = replay_trace(client, trace, StorePolicy.from_config(store.config()),
                                     block_bytes=BLOCK_BYTES, master=store.address,
-                                    progress=lambda done, total: progress("replaying",
-                                                                          done, total))
+                                    progress=None if counted is None else
+                                    lambda done, total: counted("replaying", done, total))
     replay_doc = replayed.document
     render_replay(console, replay_doc, windows=False)
     console.print("the store was stopped cleanly (SIGTERM, exit 0)")
@@ -99,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"{MULTITURN.clients} conversations growing by about "
                   f"{MULTITURN.context_tokens:,} tokens a round, on a DRAM-only store and "
                   "then on DRAM+SSD, each fresh, with the same DRAM")
-    rounds_doc = multiturn.run(MULTITURN, block_bytes=BLOCK_BYTES, progress=progress)
+    with progress_bar(True) as bar:
+        rounds_doc = multiturn.run(MULTITURN, block_bytes=BLOCK_BYTES, progress=_requests(bar))
     render_multiturn(console, rounds_doc)
 
     console.rule("[bold]4. plots and page")

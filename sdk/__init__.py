@@ -13,7 +13,7 @@ and the calls answered from it), :class:`EvictionPolicy` (fifo and lru, in one t
 :mod:`kvstored.sdk.testing`. ``docs/sdk.md`` is the tutorial.
 """
 
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback, OpenProgress, StorageBackend
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendBusyError,
@@ -80,6 +80,7 @@ __all__ = [
     "ObjectIndex",
     "ObjectRecord",
     "OpenMode",
+    "OpenProgress",
     "Problem",
     "ProblemKind",
     "Quarantine",

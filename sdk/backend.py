@@ -259,6 +259,9 @@ def _while_open(backend: StorageBackend,
 #: Called with the keys an eviction removes, after they stopped being visible and
 #: before their space can be reused. It must not call back into the backend.
 EvictionCallback = Callable[[list[str]], None]
+#: Called as ``progress(done, total, unit)`` (``12, 400, "buckets"``) from the thread
+#: that opens a backend, while its open-time recovery runs; it must return quickly.
+OpenProgress = Callable[[int, int, str], None]
 
 
 class StorageBackend(abc.ABC):
@@ -281,6 +284,10 @@ class StorageBackend(abc.ABC):
         (:func:`kvstored.sdk.registry.open_backend`) refuses a mode it does not list, and
         passes ``mode`` only when it is not the default, so a backend that knows only
         read-write needs no ``mode`` parameter.
+
+    A backend whose open takes long (it reads many indexes) may also accept
+    ``progress``, an :data:`OpenProgress`; the registry passes it only to a constructor
+    that names it, so that a starting node can say how far recovery has got.
     """
 
     #: The registry name, such as ``"bucket"``.

@@ -31,12 +31,14 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from kvstored.sdk.backend import StorageBackend
+from kvstored.sdk.backend import OpenProgress, StorageBackend
 from kvstored.sdk.errors import InvalidRequestError, ReadOnlyError, UnknownBackendError
 from kvstored.sdk.types import OpenMode
 from kvstored.sdk.units import parse_bool, parse_size
 
 ENTRY_POINT_GROUP = "kvstored.backends"
+#: Options a program passes (callables), which no configuration can set.
+PROGRAM_HOOKS = frozenset({"on_evict", "progress"})
 
 #: The backends that ship with kvstored: name -> "module:Class" (imported when used).
 BUILTIN: dict[str, str] = {
@@ -123,8 +125,11 @@ def backend_options(cls: type[StorageBackend]) -> dict[str, Option]:
     return options
 
 
-def open_backend(name: str, path: str | os.PathLike, **options: Any) -> StorageBackend:
-    """Open the backend ``name`` on ``path``.
+def open_backend(name: str, path: str | os.PathLike, *,
+                 progress: OpenProgress | None = None, **options: Any) -> StorageBackend:
+    """Open the backend ``name`` on ``path``. ``progress`` (``progress(done, total,
+    unit)``, from the opening thread) is told how far the open-time recovery has got, by
+    a backend whose constructor takes ``progress``; others open without saying.
 
     Raises:
         UnknownBackendError: an unknown name (the error lists the known ones).
@@ -135,6 +140,8 @@ def open_backend(name: str, path: str | os.PathLike, **options: Any) -> StorageB
         BackendError: whatever the backend's own open raises.
     """
     cls = backend_class(name)
+    if progress is not None and "progress" in inspect.signature(cls.__init__).parameters:
+        options["progress"] = progress
     valid = backend_options(cls)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -160,7 +167,9 @@ def parse_options(cls: type[StorageBackend], raw: Mapping[str, Any]) -> dict[str
         InvalidRequestError: an unknown option (listing the valid ones), or a value its
             type does not accept (naming the option and what it takes).
     """
-    valid = backend_options(cls)
+    # The hooks (on_evict, progress) are the program's to pass, never a user's option.
+    valid = {name: option for name, option in backend_options(cls).items()
+             if name not in PROGRAM_HOOKS}
     typed: dict[str, Any] = {}
     for key, value in raw.items():
         option = valid.get(key)

@@ -45,3 +45,16 @@ def test_engine_probe_names_the_install_script_when_absent():
     available, reason = probe_engine("no-such-engine")
     assert not available and ".ci/engines" in reason
     assert required_capabilities({"KVSTORED_REQUIRE": "fuse,engines"}) == {"fuse", "engines"}
+
+
+def test_fio_probe_finds_fio_on_path_and_names_the_package_without_it(monkeypatch, tmp_path):
+    from kvstored.capabilities import probe_fio
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    available, reason = probe_fio()
+    assert not available and "Debian package fio" in reason
+    fake = tmp_path / "fio"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert probe_fio() == (True, f"fio at {fake}")
+    assert required_capabilities({"KVSTORED_REQUIRE": "fio"}) == {"fio"}

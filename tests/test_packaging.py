@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import site
 import subprocess
@@ -224,3 +225,25 @@ def test_sdist_holds_what_a_wheel_is_built_from(tmp_path):
     assert any(n.startswith("kvstored/native/_batch") and n.endswith(".so") for n in names)
     assert any(n.startswith("kvstored/tools/_simcore") and n.endswith(".so") for n in names)
     assert not [n for n in names if n.endswith((".c", ".h"))], "C sources in the wheel"
+
+
+def test_the_makefiles_editable_install_prints_nothing(tmp_path):
+    """`make setup`'s pip line (run here with --no-deps --no-build-isolation, into a venv
+    of its own) prints no setuptools warnings: a quiet install that says nothing unless
+    something is wrong."""
+    recipe = _run("make", "-s", "-B", "-n", ".venv/.installed", cwd=REPO).stdout
+    (line,) = [row for row in recipe.splitlines() if "pip install -q -e" in row]
+    words = shlex.split(line)
+    assignments = dict(w.split("=", 1) for w in words[:words.index("-m") - 1])
+    source = _copy_sources(tmp_path / "src")
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    python = venv / "bin" / "python"
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
+                        cwd=tmp_path).stdout.strip())
+    # pip, setuptools and cffi from this venv (no index needed), after the install's own.
+    (purelib / "zz_build_tools_from_the_dev_venv.pth").write_text(
+        "\n".join([*site.getsitepackages(), sysconfig.get_path("platlib")]) + "\n")
+    run = _run(python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+               "-e", source, cwd=tmp_path, env={**_clean_env(venv), **assignments})
+    assert run.stdout + run.stderr == "", run.stdout + run.stderr

@@ -1,4 +1,5 @@
-"""What ``kvstore sim`` and ``kvstore trace`` share: progress, options, out-of-memory hints.
+"""What ``kvstore sim`` and ``kvstore trace`` share: options and out-of-memory hints (their
+progress bar is :func:`kvstored.progress.progress_bar`).
 
 Their errors are the tools' (:mod:`kvstored.tools.errors`), which the CLI's one table
 turns into exit codes; nothing here prints an error or exits.
@@ -6,13 +7,10 @@ turns into exit codes; nothing here prints an error or exits.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
-import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import click
 
@@ -35,37 +33,6 @@ def explains_memory_errors(command: Callable) -> Callable:
                 from None
 
     return wrapper
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool) -> Iterator[Callable[[float, float, str], None] | None]:
-    """A progress callback drawing on stderr, shown only on a terminal and only once the
-    work has taken more than half a second."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console  # only on a terminal: --json runs never load rich
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
-        "{task.percentage:>3.0f}%"), TimeElapsedColumn(), console=console, transient=True)
-    started = time.monotonic()
-    task = bar.add_task("starting", total=1.0)
-    shown = False
-
-    def update(done: float, total: float, label: str) -> None:
-        nonlocal shown
-        if not shown and time.monotonic() - started > 0.5:
-            bar.start()
-            shown = True
-        bar.update(task, completed=done / total if total else 0.0, description=label)
-
-    try:
-        yield update
-    finally:
-        if shown:
-            bar.stop()
 
 
 def write_file(path, data: bytes | str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from kvstored.params import ExistingFile
+from kvstored.progress import progress_bar
 from kvstored.sdk.units import format_size
 from kvstored.tools import builtin, models, tiered
 from kvstored.tools.cli_common import (
@@ -21,7 +22,6 @@ from kvstored.tools.cli_common import (
     parse_gib,
     parse_gib_list,
     parse_int_list,
-    progress_bar,
     split_list,
     write_file,
 )
@@ -261,7 +261,8 @@ def run(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_to
         prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
         margin=margin, recommend_policy=recommend_policy, jobs=jobs,
         skip_bad_lines=skip_bad_lines, count_distinct_ids=schema == "reference")
-    with progress_bar(enabled=True) as progress:
+    # Never beside a JSON document: stdout and stderr are one stream on a terminal.
+    with progress_bar(enabled=not as_json and schema != "reference") as progress:
         result = simulate(paths, options, progress=progress)
     tier_plot = None
     if plot:
@@ -378,7 +379,7 @@ def plan(traces, trace_opts, fmt, block_size, skip_bad_lines, model, bytes_per_t
         write_through=tier_mode == "write-through", promote=promotion,
         prefill_tokens_per_s=prefill_tps, dram_gbps=dram_gbps, ssd_gbps=ssd_gbps,
         margin=margin, target_speedup=target_speedup, budget=budget, jobs=jobs)
-    with progress_bar(enabled=True) as progress:
+    with progress_bar(enabled=not as_json) as progress:
         result = plan_module.plan(paths, sim_options, options, progress=progress)
     if heatmap:
         from kvstored.tools import plots

@@ -9,14 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.progress import progress_bar
 from kvstored.sdk.units import format_size
 from kvstored.tools import reader, report_table, stats, workloads, writers
-from kvstored.tools.cli_common import (
-    FORMAT_CHOICE,
-    explains_memory_errors,
-    progress_bar,
-    write_file,
-)
+from kvstored.tools.cli_common import FORMAT_CHOICE, explains_memory_errors, write_file
 from kvstored.tools.errors import UsageProblem
 
 
@@ -25,13 +21,14 @@ def trace() -> None:
     """Describe traces and convert them between formats."""
 
 
-def _load(traces, fmt, block_size, skip_bad_lines=False):
+def _load(traces, fmt, block_size, skip_bad_lines=False, as_json=False):
     if not traces:
         raise UsageProblem("give a trace")
-    with progress_bar(enabled=True) as progress:
+    with progress_bar(enabled=not as_json) as progress:
         if progress:
             progress(0, 1, "reading the trace")
-        loaded = reader.load(list(traces), fmt, block_size, skip_bad_lines=skip_bad_lines)
+        loaded = reader.load(list(traces), fmt, block_size, skip_bad_lines=skip_bad_lines,
+                             progress=progress)
     note = report_table.bad_lines_note(loaded.summary())
     if note:
         click.echo(note, err=True)
@@ -79,7 +76,7 @@ def stats_command(traces, fmt, block_size, warmup, skip_bad_lines, as_json, plot
     """Requests, blocks, tokens, time span, the ceiling and the reuse-gap distribution."""
     if not 0 <= warmup < 1:
         raise UsageProblem(f"--warmup must be in [0, 1), got {warmup}")
-    loaded = _load(traces, fmt, block_size, skip_bad_lines)
+    loaded = _load(traces, fmt, block_size, skip_bad_lines, as_json)
     result = stats.describe(loaded, warmup=warmup)
     if plot:
         from kvstored.tools import plots

@@ -7,6 +7,7 @@ A trace is a path, ``-`` (standard input, spooled to a temporary file first), or
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 from kvstored.tools import binfile, builtin, events
@@ -46,11 +47,13 @@ def detect_format(path: Path) -> str:
 
 
 def load(paths: list[str | Path], fmt: str = "auto", block_size: int | None = None, *,
-         skip_bad_lines: bool = False, keep_id_names: bool = True) -> events.EventTrace:
+         skip_bad_lines: bool = False, keep_id_names: bool = True,
+         progress: Callable[[float, float, str], None] | None = None) -> events.EventTrace:
     """Read the traces at ``paths`` (replayed one after another) into event arrays.
     ``skip_bad_lines`` leaves out (and counts) lines that are not valid records instead
     of stopping at the first; without ``keep_id_names`` the texts of string ids are not
-    kept (a replay needs their keys only; converting back to JSON needs the texts)."""
+    kept (a replay needs their keys only; converting back to JSON needs the texts).
+    ``progress(done, total, label)`` hears how many bytes of a JSONL trace are read."""
     if not paths:
         raise UsageProblem("give at least one trace")
     if sum(str(p) == STDIN for p in paths) > 1:
@@ -60,13 +63,14 @@ def load(paths: list[str | Path], fmt: str = "auto", block_size: int | None = No
                     else builtin.resolve(p) if builtin.is_builtin(p) else Path(p)
                     for p in paths]
         trace = _load(resolved, fmt, block_size, BadLines(skip=skip_bad_lines),
-                      keep_id_names)
+                      keep_id_names, progress)
         trace.sources = [shown(p) for p in resolved]
     return trace
 
 
 def _load(paths: list[Path], fmt: str, block_size: int | None, bad: BadLines,
-          keep_id_names: bool = True) -> events.EventTrace:
+          keep_id_names: bool = True,
+          progress: Callable[[float, float, str], None] | None = None) -> events.EventTrace:
     if fmt not in (*FORMATS, "auto"):
         raise UsageProblem(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or auto")
     if fmt == "auto":
@@ -76,7 +80,7 @@ def _load(paths: list[Path], fmt: str, block_size: int | None, bad: BadLines,
                                "convert them to one first")
         fmt = found.pop()
     if fmt == "sessions":
-        return read_sessions(paths, block_size, bad)
+        return read_sessions(paths, block_size, bad, progress)
     if fmt == "binary":
         traces = [binfile.read(p) for p in paths]
         try:
@@ -86,4 +90,5 @@ def _load(paths: list[Path], fmt: str, block_size: int | None, bad: BadLines,
     for p in paths:
         if not p.exists():
             raise TraceNotFoundError(f"{shown(p)}: no such file")
-    return read_requests(paths, fmt, block_size, bad, keep_id_names=keep_id_names)
+    return read_requests(paths, fmt, block_size, bad, keep_id_names=keep_id_names,
+                         progress=progress)

@@ -17,6 +17,7 @@ by one numpy call, and only records that need it are checked field by field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,10 @@ from kvstored.tools.textio import STRICT, BadLines, json_lines
 DEFAULTS = {"mooncake": (512, 1e-3), "bailian": (16, 1.0)}
 _FLUSH_IDS = 1 << 16        # integer ids: converted 65,536 at a time
 _FLUSH_STRING_IDS = 1 << 14  # string ids cost ~70 bytes each while pending: fewer
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):,.1f} MiB"
 
 
 def _positive_int(value: object) -> int | None:
@@ -62,10 +67,10 @@ class _Reader:
         self.chunks: list[np.ndarray] = []
         self.flush_at = _FLUSH_IDS
 
-    def read(self, path: Path) -> None:
+    def read(self, path: Path, read: Callable[[int], None] | None = None) -> None:
         counts, lengths, outputs, stamps = self.counts, self.lengths, self.outputs, self.stamps
         pending, record_lines = self.pending, self.record_lines
-        for number, record, mentions_bool in json_lines(path, self.bad):
+        for number, record, mentions_bool in json_lines(path, self.bad, read=read):
             if type(record) is not dict:
                 self.bad.add(TraceError(path, f"is a JSON {type(record).__name__}, not an "
                                               "object with hash_ids and input_length",
@@ -196,14 +201,22 @@ class _Reader:
 
 
 def read_requests(paths: list[Path], fmt: str, block_size: int | None,
-                  bad: BadLines = STRICT, *, keep_id_names: bool = True) -> events.EventTrace:
+                  bad: BadLines = STRICT, *, keep_id_names: bool = True,
+                  progress: Callable[[float, float, str], None] | None = None
+                  ) -> events.EventTrace:
     """Read one or more JSONL files of format ``fmt``, replayed one after another.
     Without ``keep_id_names`` the texts of string ids are dropped as soon as every id
-    has its key (a replay compares keys only)."""
+    has its key (a replay compares keys only). ``progress(done, total, label)`` counts
+    the bytes of the files read."""
     default_block, seconds_per_unit = DEFAULTS[fmt]
     reader = _Reader(fmt, bad)
-    for path in paths:
-        reader.read(path)
+    sizes = [p.stat().st_size for p in paths] if progress is not None else []
+    for index, path in enumerate(paths):
+        before, total = sum(sizes[:index]), sum(sizes)
+        reader.read(path, None if progress is None else (
+            lambda done, before=before, total=total: progress(
+                before + done, total, f"reading the trace: {_mib(before + done)} of "
+                                      f"{_mib(total)}")))
     reader.flush()
     reader.drop_bad_requests()
     names = reader.interner.names if keep_id_names else []

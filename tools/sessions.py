@@ -30,6 +30,7 @@ All sessions therefore start together at t = 0.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,10 +140,12 @@ def _flatten(entries: object, base_t: float, out: list[_Request], path: Path,
                      f"{where} (nested group)", check_bools, mode)
 
 
-def read_sessions(paths: list[Path], block_size: int | None,
-                  bad: BadLines = STRICT) -> events.EventTrace:
+def read_sessions(paths: list[Path], block_size: int | None, bad: BadLines = STRICT,
+                  progress: Callable[[float, float, str], None] | None = None
+                  ) -> events.EventTrace:
     """Read session files or directories into event arrays, normalised. With a skipping
-    ``bad``, a session that is not valid is left out and counted."""
+    ``bad``, a session that is not valid is left out and counted. ``progress(done,
+    total, label)`` counts the sessions of each file."""
     files: list[Path] = []
     for path in paths:
         if not path.exists():
@@ -153,9 +156,13 @@ def read_sessions(paths: list[Path], block_size: int | None,
     scopes: set[str] = set()
     trace_block: int | None = None
     skipped = 0
-    for path in files:
+    for index, path in enumerate(files):
         sessions, check_bools = _sessions_in(path, bad)
+        of_files = f" (file {index + 1} of {len(files)})" if len(files) > 1 else ""
         for number, (session, line) in enumerate(sessions):
+            if progress is not None and number % 64 == 0:
+                progress(number, len(sessions), f"reading the trace: {number:,} of "
+                                                f"{len(sessions):,} sessions{of_files}")
             try:
                 got = _session(path, number, session, line, check_bools, trace_block, scopes)
             except TraceError as exc:

@@ -135,7 +135,8 @@ def prepare(paths: list[str | Path], options: SimOptions, *,
     owned = trace is None
     if trace is None:
         trace = reader.load(paths, options.fmt, options.block_size,
-                            skip_bad_lines=options.skip_bad_lines, keep_id_names=keep_ids)
+                            skip_bad_lines=options.skip_bad_lines, keep_id_names=keep_ids,
+                            progress=progress)
         trim_heap()
     loaded = time.perf_counter()
     sizing = None

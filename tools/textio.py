@@ -9,7 +9,7 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from json import scanner
 from pathlib import Path
@@ -95,17 +95,25 @@ def _decode(line: bytes) -> object:
     return value
 
 
-def json_lines(path: Path, bad: BadLines = STRICT) -> Iterator[tuple[int, object, bool]]:
+def json_lines(path: Path, bad: BadLines = STRICT, *,
+               read: Callable[[int], None] | None = None
+               ) -> Iterator[tuple[int, object, bool]]:
     """``(line number, value, mentions_bool)`` for every non-blank line. A line that is not
     one JSON value goes to ``bad`` (which raises TraceError naming it unless it skips).
     ``mentions_bool`` says the line contains
     ``true`` or ``false`` somewhere (searched per 1 MiB block, so nearly free): numpy would
-    silently take a boolean id for 0 or 1, so such records get checked one id at a time."""
+    silently take a boolean id for 0 or 1, so such records get checked one id at a time.
+    ``read`` is told, per block, how many bytes of the file (compressed, for a ``.gz``)
+    have been read: a progress bar's measure."""
     number = 0
     with open_binary(path) as handle:
+        # A gzip stream's position in its compressed file is what the file's size counts.
+        raw = getattr(handle, "fileobj", None) or handle
         try:
             while True:
                 block = handle.readlines(1 << 20)
+                if read is not None:
+                    read(raw.tell())
                 if not block:
                     break
                 joined = b"".join(block)

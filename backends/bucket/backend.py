@@ -54,7 +54,7 @@ from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
 from kvstored.backends.stamp import claim_directory
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback
+from kvstored.sdk.backend import EvictionCallback, OpenProgress
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
@@ -108,6 +108,8 @@ class BucketBackend(IndexedBackend):
     ``engine`` (None), ``direct`` (None)
         The io engine (``auto``, ``uring`` or ``posix``; None: ``KVSTORED_IO_ENGINE``)
         and whether data files use O_DIRECT (None: ``KVSTORED_IO_DIRECT``).
+    ``progress`` (None)
+        An :data:`~kvstored.sdk.OpenProgress` told of every bucket recovery loads.
     """
 
     name = "bucket"
@@ -124,7 +126,7 @@ class BucketBackend(IndexedBackend):
                  bucket_keys: int = 500,
                  bucket_age: float = 5.0, high_watermark: float = 0.90,
                  low_watermark: float = 0.80, engine: str | None = None,
-                 direct: bool | None = None) -> None:
+                 direct: bool | None = None, progress: OpenProgress | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
         if bucket_bytes < 1 or bucket_keys < 1 or not bucket_age > 0:
@@ -169,7 +171,8 @@ class BucketBackend(IndexedBackend):
             if not self.read_only:
                 make_private_dirs(self.buckets_dir)
             self._block = max(4096, os.statvfs(self.root).f_bsize)
-            found = recover(self.buckets_dir, self.quarantine, read_only=self.read_only)
+            found = recover(self.buckets_dir, self.quarantine, read_only=self.read_only,
+                            progress=progress)
         except BaseException as exc:
             self._dir_lock.release()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):

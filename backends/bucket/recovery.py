@@ -45,6 +45,7 @@ from kvstored.backends.bucket.index import (
 )
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.sdk.backend import OpenProgress
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import fsync_dir
 from kvstored.sdk.quarantine import Quarantine
@@ -69,9 +70,11 @@ class Recovered:
     unindexed: set[int] = field(default_factory=set)
 
 
-def recover(directory: str, quarantine: Quarantine, *, read_only: bool = False) -> Recovered:
+def recover(directory: str, quarantine: Quarantine, *, read_only: bool = False,
+            progress: OpenProgress | None = None) -> Recovered:
     """Load the bucket store in ``directory`` (the ``buckets/`` folder); see the module
-    docstring. ``read_only`` changes nothing on disk."""
+    docstring. ``read_only`` changes nothing on disk; ``progress`` hears of every bucket
+    loaded."""
     found = Recovered()
     if read_only and not os.path.isdir(directory):
         return found  # a store that never wrote a bucket
@@ -95,7 +98,9 @@ def recover(directory: str, quarantine: Quarantine, *, read_only: bool = False) 
         fsync_dir(directory)
     loader = _Loader(directory, quarantine, read_only, found)
     max_seq = 0
-    for bucket_id in sorted(listing.index):
+    for loaded, bucket_id in enumerate(sorted(listing.index)):
+        if progress is not None:
+            progress(loaded, len(listing.index), "buckets")
         bucket = loader.load(bucket_id, listing.index[bucket_id].path,
                              listing.data.get(bucket_id))
         if bucket is None:
@@ -104,6 +109,8 @@ def recover(directory: str, quarantine: Quarantine, *, read_only: bool = False) 
         for slot in bucket.slots:
             max_seq = max(max_seq, slot.seq)
     found.next_seq = max_seq + 1
+    if progress is not None:
+        progress(len(listing.index), len(listing.index), "buckets")
     _resolve_keys(found, directory, read_only)
     return found
 

@@ -432,9 +432,9 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
                     json_out: Path) -> None:
     """The storage backends' flush, batch reads and reopen, against fio, side by side.
 
-    Writes every round's figures, the medians, the ratios to fio and the goals of
-    issue 4 to --json-out, and prints a table. Exit codes: 6 when the disk lacks room,
-    5 when a read returns corrupt data, 1 on other failures.
+    Writes every round's figures, the medians, the ratios to fio and the goals they
+    meet or miss (docs/benchmarks.md) to --json-out, and prints a table. Exit codes:
+    6 when the disk lacks room, 5 when a read returns corrupt data, 1 on other failures.
     """
     def say(message: str) -> None:
         click.echo(message, err=True)

@@ -295,8 +295,9 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
                pattern_names: str, fio_path: str, json_out: Path) -> None:
     """The io engines (uring, posix) against fio on the same file and patterns.
 
-    Writes every round's figures, the medians, the ratios to fio and the issue's goals to
-    --json-out. Exit codes: 6 when the disk lacks room for the file, 1 on an I/O error.
+    Writes every round's figures, the medians, the ratios to fio and the goals they meet
+    or miss (docs/benchmarks.md) to --json-out. Exit codes: 6 when the disk lacks room
+    for the file, 1 on an I/O error.
     """
     def say(message: str) -> None:
         click.echo(message, err=True)

@@ -251,9 +251,9 @@ def _large(events_wanted: int, work: Path, policies: str) -> dict:
               help="Copies in the replicated trace (20 x the conversation trace = 5.8M "
                    "block events).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--large-events", type=click.IntRange(min=0), default=0,
+@click.option("--large-events", type=click.IntRange(min=0), default=0, show_default=True,
               help="Also run kvstore sim alone on a synthetic session trace of this many "
-                   "block events (e.g. 100000000).")
+                   "block events (e.g. 100000000; 0: no such run).")
 @click.option("--large-policies", default="fifo,lru,optimal", show_default=True)
 @click.option("--string-ids", is_flag=True,
               help="Give both traces string block ids (hex texts): both tools intern them.")

@@ -340,8 +340,9 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
                   workdir: Path | None, json_out: Path, markdown_out: Path | None) -> None:
     """kvstored's data path against Mooncake Store, a raw socket and memcpy.
 
-    Writes every figure, the ratios and the issue's goals to --json-out and prints the
-    tables. SSD-only reads drop the page cache first (root only; reported otherwise).
+    Writes every figure, the ratios and the goals they meet or miss (docs/benchmarks.md)
+    to --json-out and prints the tables. SSD-only reads drop the page cache first (root
+    only; reported otherwise).
     """
     def say(message: str) -> None:
         click.echo(message, err=True)

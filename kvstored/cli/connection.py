@@ -25,8 +25,9 @@ import kvstored
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import CliState, debug_option, state
+from kvstored.cli.settings import setting_option
 from kvstored.client import Client
-from kvstored.config import SCHEMA, ClientSettings, describe_default, load_config
+from kvstored.config import ClientSettings, load_config
 
 #: The flag that sets each configuration key, for the messages of a bad value.
 FLAGS = {"client.master": "--master", "client.timeout": "--timeout",
@@ -57,17 +58,16 @@ def client_options(function: Callable) -> Callable:
     """``--master``, ``--token-file``, ``--timeout``, ``--config`` and ``--debug``: on the
     ``kvstore`` group and on each command that talks to a cluster, the command's winning."""
     for option in reversed((
-        click.option("--master", metavar="HOST:PORT", expose_value=False,
-                     callback=_remember("master"),
-                     help="The master's address [client.master, env KVSTORE_MASTER; "
-                          f"default {describe_default(SCHEMA['client.master'])}]."),
-        click.option("--token-file", type=click.Path(dir_okay=False), expose_value=False,
-                     callback=_remember("token_file"),
-                     help="The cluster's shared secret [security.token_file]."),
-        click.option("--timeout", metavar="DURATION", expose_value=False,
-                     callback=_remember("timeout"),
-                     help="Bound of one request, e.g. 10s [client.timeout; default "
-                          f"{describe_default(SCHEMA['client.timeout'])}]."),
+        setting_option("--master", key="client.master", metavar="HOST:PORT",
+                       expose_value=False, callback=_remember("master"),
+                       help="The master's address (also $KVSTORE_MASTER)."),
+        setting_option("--token-file", key="security.token_file",
+                       type=click.Path(dir_okay=False), expose_value=False,
+                       callback=_remember("token_file"),
+                       help="The cluster's client token, which its master created."),
+        setting_option("--timeout", key="client.timeout", metavar="DURATION",
+                       expose_value=False, callback=_remember("timeout"),
+                       help="Bound of one request, e.g. 10s."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
                      expose_value=False, callback=_remember("config_file"),
                      help="A TOML configuration file [default: $KVSTORED_CONFIG]."),

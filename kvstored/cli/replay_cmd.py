@@ -20,8 +20,9 @@ from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
 from kvstored.config import load_config
+from kvstored.progress import progress_bar
 from kvstored.sdk.units import parse_size
-from kvstored.tools.cli_common import FORMAT_CHOICE, progress_bar
+from kvstored.tools.cli_common import FORMAT_CHOICE
 from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S
 
 #: The largest block a replay writes (a KV block of a large model at 512 tokens is a few
@@ -204,7 +205,7 @@ def _trace(trace, fmt, block, concurrency, speed, window, warmup, namespace, as_
     with progress_bar(enabled=not as_json) as progress:
         if progress:
             progress(0, 1, f"reading {trace}")
-        events = reader.load([trace], fmt, keep_id_names=False)
+        events = reader.load([trace], fmt, keep_id_names=False, progress=progress)
         if not events.requests:
             raise QuietError(f"{trace} has no request with blocks", ExitCode.USAGE)
         with open_client(settings) as client:

@@ -9,27 +9,21 @@ from typing import Any
 import click
 import trio
 
+from kvstored.backends import BUILTIN
 from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import debug_option
-from kvstored.config import SCHEMA, Config, choices_of, describe_default, load_config
+from kvstored.cli.settings import setting_option, shown_default
+from kvstored.config import Config, choices_of, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
                              help="A TOML configuration file (default: $KVSTORED_CONFIG).")
-
-
-def _default(key: str) -> str:
-    """A setting's default as help texts show it (the schema holds the only copy)."""
-    return describe_default(SCHEMA[key])
-
-
-token_option = click.option("--token-file", type=click.Path(dir_okay=False),
-                            help="The client token clients must present (default "
-                                 f"{_default('security.token_file')}, created at first "
-                                 "start).")
-node_token_option = click.option("--node-token-file", type=click.Path(dir_okay=False),
-                                 help="The node token nodes present (default "
-                                      f"{_default('security.node_token_file')}).")
+token_option = setting_option(
+    "--token-file", key="security.token_file", type=click.Path(dir_okay=False),
+    help="The client token clients must present (created at first start).")
+node_token_option = setting_option(
+    "--node-token-file", key="security.node_token_file", type=click.Path(dir_okay=False),
+    help="The node token nodes present (created at first start).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
 
 
@@ -65,16 +59,25 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-@click.command()
-@click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
-@click.option("--listen", metavar="HOST:PORT",
-              help=f"Master address [{_default('master.listen')}].")
-@click.option("--dram", metavar="SIZE", help="DRAM segment size, e.g. 4GiB.")
-@click.option("--ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
-@click.option("--backend", metavar="NAME", help="SSD backend (bucket, offset, …).")
-@click.option("--offload", type=click.Choice(choices_of("policy.offload")),
-              help=f"Offload policy [{_default('policy.offload')}].")
-@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@click.command(help=f"""Run the embedded single-host store: the master and one node, in the
+foreground.
+
+Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD (for at
+most node.shutdown_flush_timeout, {shown_default("node.shutdown_flush_timeout")} by
+default), so that a restart has them; a second Ctrl-C stops at once.
+""")
+@setting_option("--data", key="node.data", type=click.Path(file_okay=False),
+                help="Data directory (the SSD tier is DATA/ssd).")
+@setting_option("--listen", key="master.listen", metavar="HOST:PORT",
+                help="Address the master serves on.")
+@setting_option("--dram", key="node.dram", metavar="SIZE", help="DRAM segment size, e.g. 4GiB.")
+@setting_option("--ssd", key="node.ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
+@setting_option("--backend", key="node.backend", metavar="NAME",
+                help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
+@setting_option("--offload", key="policy.offload", type=click.Choice(choices_of("policy.offload")),
+                help="When objects go to SSD.")
+@setting_option("--metrics", key="master.metrics", metavar="HOST:PORT",
+                help="Serve Prometheus metrics here.")
 @config_option
 @token_option
 @node_token_option
@@ -82,12 +85,6 @@ def _logging(verbose: bool) -> None:
 @debug_option
 def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
        node_token_file, verbose) -> None:
-    """Run the embedded single-host store: the master and one node, in the foreground.
-
-    Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD
-    (for at most node.shutdown_flush_timeout, 30s by default), so that a restart has
-    them; a second Ctrl-C stops at once.
-    """
     from kvstored.server import run_embedded
 
     _logging(verbose)
@@ -111,9 +108,10 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 
 
 @click.command()
-@click.option("--listen", metavar="HOST:PORT",
-              help=f"Address to serve on [{_default('master.listen')}].")
-@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@setting_option("--listen", key="master.listen", metavar="HOST:PORT",
+                help="Address to serve clients and nodes on.")
+@setting_option("--metrics", key="master.metrics", metavar="HOST:PORT",
+                help="Serve Prometheus metrics here.")
 @config_option
 @token_option
 @node_token_option
@@ -136,15 +134,20 @@ def master(listen, metrics, config_file, token_file, node_token_file, verbose) -
 
 
 @click.command()
-@click.option("--master", "master_address", metavar="HOST:PORT", help="The master's address.")
-@click.option("--listen", metavar="HOST:PORT",
-              help=f"Data server address [{_default('node.listen')}].")
-@click.option("--data", type=click.Path(file_okay=False), help="Data directory (SSD tier).")
-@click.option("--dram", metavar="SIZE", help="DRAM segment size.")
-@click.option("--ssd", metavar="SIZE", help="SSD tier capacity.")
-@click.option("--backend", metavar="NAME", help="SSD backend.")
-@click.option("--name", help="Node name (default: hostname:port).")
-@click.option("--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here.")
+@setting_option("--master", "master_address", key="node.master", metavar="HOST:PORT",
+                help="The master's address.")
+@setting_option("--listen", key="node.listen", metavar="HOST:PORT",
+                help="Address of the data server (port 0 picks a free one).")
+@setting_option("--data", key="node.data", type=click.Path(file_okay=False),
+                help="Data directory (the SSD tier is DATA/ssd).")
+@setting_option("--dram", key="node.dram", metavar="SIZE", help="DRAM segment size.")
+@setting_option("--ssd", key="node.ssd", metavar="SIZE", help="SSD tier capacity.")
+@setting_option("--backend", key="node.backend", metavar="NAME",
+                help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
+@setting_option("--name", key="node.name",
+                help="Node name in status and metrics; empty means HOSTNAME:PORT.")
+@setting_option("--metrics", key="node.metrics", metavar="HOST:PORT",
+                help="Serve Prometheus metrics here.")
 @config_option
 @node_token_option
 @verbose_option

@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from kvstored.cli.connection import (
+    Reach,
     client_options,
     json_option,
     open_client,
@@ -27,15 +27,17 @@ from kvstored.cli.connection import (
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
+from kvstored.cli.settings import setting_option
 from kvstored.errors import NotFoundError
 from kvstored.params import ExistingDirectory, ExistingFile
+from kvstored.progress import progress_bar, wait_showing
 from kvstored.sdk.units import format_size, parse_size
 
 console = Console()
 
-wait_timeout_option = click.option(
-    "--wait-timeout", metavar="DURATION",
-    help="How long to wait for the nodes [client.wait_timeout; default 30m].")
+wait_timeout_option = setting_option(
+    "--wait-timeout", key="client.wait_timeout", metavar="DURATION",
+    help="How long to wait for the nodes.")
 
 
 def _print_json(document: Any) -> None:
@@ -57,25 +59,9 @@ def status(client, as_json: bool) -> None:
     if as_json:
         _print_json(reply)
         return
-    tiers = Table("tier", "objects", "logical", "used", "capacity", "use",
-                  title=f"{reply['objects']} objects")
-    for tier, t in reply["tiers"].items():
-        use = t["used_bytes"] / t["capacity_bytes"] if t["capacity_bytes"] else 0
-        tiers.add_row(tier, str(t["objects"]), format_size(t["logical_bytes"]),
-                      format_size(t["used_bytes"]), format_size(t["capacity_bytes"]),
-                      f"{use:.1%}")
-    console.print(tiers)
-    nodes = Table("node", "address", "alive", "backend", "DRAM used", "SSD used",
-                  "SSD objects", "checksum failures", "quarantined")
-    for n in reply["nodes"]:
-        nodes.add_row(n["node"], n["address"], "yes" if n["alive"] else "[red]no[/]",
-                      n["backend"], format_size(n["dram"]["used"]),
-                      format_size(n["ssd"]["used"]), str(n["ssd"]["objects"]),
-                      str(n["corrupt_reads"]), str(n["quarantined"]))
-    console.print(nodes)
-    hits = reply["hit_rate"]
-    console.print(f"hit rate: {hits['total']:.1%} (DRAM {hits['dram']:.1%}, "
-                  f"SSD {hits['ssd']:.1%}) over {sum(reply['lookups'].values())} lookups")
+    from kvstored.cli.status_view import render_status
+
+    render_status(console, reply)
 
 
 @click.command()
@@ -98,7 +84,8 @@ def put(client, key: str, source: str) -> None:
 @click.command()
 @click.argument("key")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-",
-              help="Write here instead of stdout (created only once the value is read).")
+              show_default=True,
+              help="Write here instead of stdout (-) (created only once the value is read).")
 @store_command
 def get(client, key: str, output: str) -> None:
     """Write the value of KEY to stdout or a file."""
@@ -177,8 +164,16 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
     """
     target = reach(state(), wait_timeout=wait_timeout)
     waited = target.settings.wait_timeout
-    with open_client(target, waits=wait) as client:
-        reply = client.call("flush", node=node, wait=wait, timeout=waited)
+    with open_client(target, waits=wait) as client, _StatusPoller(target) as status:
+        def left() -> tuple[float, float, str]:
+            remaining = sum(n.get("queued_offloads", 0) for n in status.nodes(node))
+            status.most = max(status.most, remaining)
+            return (status.most - remaining, status.most,
+                    f"flush: {remaining:,} objects still to write to SSD")
+
+        reply = wait_showing(
+            lambda: client.call("flush", node=node, wait=wait, timeout=waited),
+            left, enabled=wait and not as_json)
     reply.pop("ok", None)
     if as_json:
         _print_json(reply)
@@ -187,8 +182,12 @@ def flush(node: str | None, wait: bool, wait_timeout: str | None, as_json: bool)
         click.echo(f"flush {state_word}: {reply['queued']} objects offloaded"
                    + (f", {len(reply['failed'])} failed" if reply["failed"] else ""))
     if wait and reply["failed"]:
-        raise QuietError(f"{len(reply['failed'])} objects could not be offloaded; the node "
-                         "logs say why", ExitCode.FAILURE)
+        # The node's reason names the key and what to do (a full disk, a bad record).
+        failed = len(reply["failed"])
+        raise QuietError(f"{failed:,} objects could not be offloaded: "
+                         f"{reply['failed'][0]['reason']}"
+                         + ("; --json lists each with its reason" if failed > 1 else ""),
+                         ExitCode.FAILURE)
     if wait and not reply["done"]:
         raise QuietError(f"{reply.get('remaining', '?')} objects were not durable after "
                          f"{waited:g} s; wait longer (--wait-timeout) or see "
@@ -267,8 +266,16 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
         raise click.UsageError("--backend only applies with --offline DIR")
     target = reach(state(), wait_timeout=wait_timeout)
     waited = target.settings.wait_timeout
-    with open_client(target, waits=True) as client:
-        reply = client.call("recover", node=node, repair=repair, timeout=waited)
+    with open_client(target, waits=True) as client, _StatusPoller(target) as status:
+        def checking() -> tuple[float, float, str]:
+            if status.most == 0:  # the nodes it waits for: counted once
+                status.most = len(status.nodes(node))
+            nodes = f"{status.most} node{'s' * (status.most != 1)}"
+            return 0, 0, f"recover: {nodes} reading back and checking every SSD record"
+
+        reply = wait_showing(
+            lambda: client.call("recover", node=node, repair=repair, timeout=waited),
+            checking, enabled=not as_json)
     reports = reply["reports"]
     if as_json:
         _print_json({"reports": reports, "missing": reply["missing"]})
@@ -280,6 +287,32 @@ def recover(node, repair, offline_dir, backend, wait_timeout, as_json) -> None:
         raise QuietError(f"node {_some(reply['missing'])} did not report back within "
                          f"{waited:g} s; wait longer (--wait-timeout) or see "
                          "its log", ExitCode.FAILURE)
+
+
+class _StatusPoller:
+    """The master's status over a connection of its own (the command's connection is
+    busy waiting), opened at the first poll: what a progress bar shows while a flush or
+    a recover waits on the nodes."""
+
+    def __init__(self, target: Reach) -> None:
+        self.target = target
+        self.client: Any = None
+        #: The largest count seen so far: the bar's whole.
+        self.most = 0
+
+    def nodes(self, only: str | None) -> list[dict[str, Any]]:
+        """The live nodes (only the one named ``only``, if given)."""
+        if self.client is None:
+            self.client = open_client(self.target)
+        return [n for n in self.client.call("status")["nodes"]
+                if n["alive"] and only in (None, n["node"])]
+
+    def __enter__(self) -> _StatusPoller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.client is not None:
+            self.client.close()
 
 
 def _fail_on_problems(problems: list[dict[str, Any]]) -> None:
@@ -296,9 +329,18 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
     # A backend error (no store there, a damaged stamp, a running node holding it...) is
     # mapped to its exit code by kvstored.cli.errors.
     name = identify(directory, backend, repair=repair)
-    with open_offline(directory, name, repair=repair) as store:
+    with open_offline(directory, name, repair=repair) as store, \
+            progress_bar(enabled=not as_json) as progress:
+        if progress:
+            progress(0, 0, f"recover: checking {directory}")
         report = store.check(repair=repair)
-        records = sum(1 for _ in store.scan(verify=True))
+        total = store.usage().objects
+        records = 0
+        for _ in store.scan(verify=True):
+            records += 1
+            if progress and records % 256 == 0:
+                progress(records, total, f"recover: {records:,} of {total:,} records "
+                                         "read back and verified")
     problems = [p.as_dict() for p in report.problems]
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,

@@ -10,7 +10,7 @@ from kvstored.master.cluster import Cluster
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import count_ssd_read
 from kvstored.master.table import DRAM, SSD
-from kvstored.protocol import Tier, ops
+from kvstored.protocol import NodePhase, Tier, ops
 from kvstored.protocol.master_api import (
     Empty,
     ExistsReply,
@@ -65,10 +65,16 @@ class ClientOps:
         live = cluster.live_nodes()
         nodes = [n for n in live if not n.leaving]
         if not nodes:
-            raise UnreachableError(
-                "every storage node is shutting down; retry once one is back" if live else
-                "no storage node is registered; start one with `kvstored node` (or use "
-                "`kvstored up`)")
+            starting = [n for n in cluster.nodes.values() if n.phase is NodePhase.STARTING]
+            if live:
+                why = "every storage node is shutting down; retry once one is back"
+            elif starting:
+                why = (f"node {starting[0].node_id} is starting ({starting[0].registration()}"
+                       "); retry once `kvstore status` shows it ready")
+            else:
+                why = ("no storage node is registered; start one with `kvstored node` (or "
+                       "use `kvstored up`)")
+            raise UnreachableError(why)
         # Every object is checked before any is reserved: a batch is refused whole.
         candidates = [self._nodes_for(nodes, key, size)
                       for key, size in zip(request.keys, request.sizes)]

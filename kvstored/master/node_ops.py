@@ -90,8 +90,8 @@ class NodeOps:
             node_id=request.node, contact=request.contact,
             dram_capacity=request.dram_capacity, ssd_capacity=request.ssd_capacity,
             backend=request.backend, shared_ssd=request.shared,
-            max_value_size=request.max_value_size, last_heartbeat=time.monotonic(),
-            session=conn)
+            max_value_size=request.max_value_size, inventory=request.objects,
+            last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s", request.node, request.contact.endpoint)
         # The node checks clients on its data server with the cluster's client token.
         return RegisterReply(heartbeat_interval=cluster.timing.heartbeat_interval,
@@ -111,6 +111,10 @@ class NodeOps:
                     and table.objects[key].replica(node.node_id, tier) is None:
                 conflicts.keys.append(key)
                 conflicts.tiers.append(tier)
+        node.inventory_sent += len(request.keys)
+        # Registration also counts as a sign of life: a large inventory takes longer
+        # than master.node_ttl to send, and its node heartbeats only afterwards.
+        node.last_heartbeat = now
         return conflicts
 
     async def register_done(self, conn: FramedSocket, request: NodeRequest) -> Empty:

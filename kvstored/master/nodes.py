@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvstored.protocol.enums import NodePhase
 from kvstored.protocol.master_api import (
     DropTask,
     NodeContact,
     NodeStatus,
     OffloadTask,
     PromoteTask,
+    Registration,
     Task,
     TierUse,
 )
@@ -37,6 +39,9 @@ class NodeState:
     quarantined: int = 0
     last_heartbeat: float = 0.0
     registered: bool = False
+    #: While it registers: the objects it said it holds, and how many it has sent.
+    inventory: int = 0
+    inventory_sent: int = 0
     alive: bool = True
     #: Shutting down: it serves reads, but takes no new puts.
     leaving: bool = False
@@ -91,13 +96,28 @@ class NodeState:
                 return
         self.tasks.append(task)
 
+    @property
+    def phase(self) -> NodePhase:
+        if not self.alive:
+            return NodePhase.DEAD
+        if not self.registered:
+            return NodePhase.STARTING
+        return NodePhase.LEAVING if self.leaving else NodePhase.READY
+
+    def registration(self) -> Registration:
+        """How far its registration has got (complete once it is registered)."""
+        return Registration(sent=self.inventory_sent, objects=self.inventory)
+
     def take_tasks(self) -> list[Task]:
         tasks, self.tasks = self.tasks, []
         return tasks
 
     def status(self) -> NodeStatus:
+        phase = self.phase
         return NodeStatus(
             node=self.node_id, address=str(self.contact.endpoint), alive=self.alive,
+            state=phase,
+            registering=self.registration() if phase is NodePhase.STARTING else None,
             backend=self.backend, dram=TierUse(self.dram_used, self.dram_capacity),
             ssd=TierUse(self.ssd_used, self.ssd_capacity, self.ssd_objects),
             corrupt_reads=self.corrupt_reads, quarantined=self.quarantined,

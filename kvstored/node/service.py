@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -40,6 +41,7 @@ from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.report import Integrity, Outcomes
 from kvstored.node.staging import StagingPool
+from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.node.tasks import TaskRunner
 from kvstored.protocol import NODE_OPS, HelloReply, Role, Tier, ops
 from kvstored.protocol.master_api import (
@@ -102,8 +104,11 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
     # misses cleanly: the backend never serves reused space.
     options = {"capacity": config.ssd, "on_evict": outcomes.ssd_evicted,
                **config.backend_options}
-    backend = await trio.to_thread.run_sync(
-        lambda: open_backend(config.backend, ssd_dir, **options))
+    startup = StartupProgress()
+    who = functools.partial(_who, config.name, Path(config.data_dir))
+    async with startup.logged(StartupStep.RECOVERING_SSD, log, who):
+        backend = await trio.to_thread.run_sync(
+            lambda: open_backend(config.backend, ssd_dir, progress=startup.update, **options))
     try:
         swept = await trio.to_thread.run_sync(sweep_stale)
         if swept:
@@ -115,7 +120,7 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
             lambda: DramSegment.create(segment_name, config.dram, populate=config.populate))
         try:
             yield Node(config, backend, segment, outcomes, credentials=credentials,
-                       limits=limits, metrics=metrics)
+                       limits=limits, metrics=metrics, startup=startup)
         finally:
             segment.close()
     finally:
@@ -123,13 +128,18 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
             await trio.to_thread.run_sync(backend.close)
 
 
+def _who(name: str, data_dir: Path) -> str:
+    """How log lines name a node (its name is known once it serves)."""
+    return f"node {name}" if name else f"node on {data_dir}"
+
+
 class Node:
     """A node with its tiers open (see :func:`open_node`); :meth:`run` serves it."""
 
     def __init__(self, config: NodeConfig, backend: StorageBackend, segment: DramSegment,
                  outcomes: Outcomes, *, credentials: Credentials | None = None,
-                 limits: ServerLimits | None = None,
-                 metrics: NodeMetrics | None = None) -> None:
+                 limits: ServerLimits | None = None, metrics: NodeMetrics | None = None,
+                 startup: StartupProgress | None = None) -> None:
         self.config = config
         self.name = config.name
         self.backend = backend
@@ -170,6 +180,8 @@ class Node:
         self.master: RpcClient | None = None
         self.address: tuple[str, int] | None = None
         self.registered = trio.Event()
+        #: What a starting node is doing, for its log (kvstored.node.startup).
+        self.startup = startup or StartupProgress()
         #: The master's policy.dram_only (told at registration): nothing is offloaded.
         self.dram_only = False
         #: Set by :meth:`leave`: puts are refused while the node shuts down.
@@ -201,6 +213,9 @@ class Node:
         finally:
             if self.master is not None:
                 self.master.close()
+
+    def _who(self) -> str:
+        return _who(self.name, self.config.data_dir)
 
     def _named(self, name: str) -> None:
         self.name = self.offloader.node = self.integrity.node = name
@@ -241,24 +256,32 @@ class Node:
     async def _register(self, client: RpcClient) -> None:
         self.outcomes.clear()  # a full inventory follows; older reports are moot
         caps = self.backend.capabilities
-        reply = await client.call(ops.REGISTER, RegisterRequest(
-            node=self.name, contact=self.contact(), dram_capacity=self.dram.capacity,
-            ssd_capacity=self.config.ssd, backend=self.config.backend, shared=caps.shared,
-            max_value_size=caps.max_value_size))
-        self.dram_only = reply.dram_only
-        self._adopt_client_token(reply.client_token)
         inventory = [(o.key, o.size, o.checksum, Tier.DRAM, o.offset)
                      for o in self.dram.committed()]
-        inventory += await trio.to_thread.run_sync(
-            lambda: [(r.key, r.size, r.checksum, Tier.SSD, -1) for r in self.backend.scan()])
-        for start in range(0, len(inventory), REGISTER_CHUNK):
-            keys, sizes, checksums, tiers, offsets = (
-                list(column) for column in zip(*inventory[start:start + REGISTER_CHUNK]))
-            conflicts = await client.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
-                self.name, keys, sizes, checksums, tiers, offsets))
-            for key, tier in zip(conflicts.keys, conflicts.tiers):
-                await self._drop_conflict(key, tier)
-        await client.call(ops.REGISTER_DONE, NodeRequest(self.name))
+        # Listed before registering: the master shows the node as starting, with the
+        # count of objects still to come, until register_done.
+        async with self.startup.logged(StartupStep.LISTING, log, self._who):
+            inventory += await trio.to_thread.run_sync(
+                lambda: [(r.key, r.size, r.checksum, Tier.SSD, -1)
+                         for r in self.backend.scan()])
+        async with self.startup.logged(StartupStep.REGISTERING, log, self._who) as progress:
+            progress.update(0, len(inventory), "objects")
+            reply = await client.call(ops.REGISTER, RegisterRequest(
+                node=self.name, contact=self.contact(), dram_capacity=self.dram.capacity,
+                ssd_capacity=self.config.ssd, backend=self.config.backend,
+                shared=caps.shared, max_value_size=caps.max_value_size,
+                objects=len(inventory)))
+            self.dram_only = reply.dram_only
+            self._adopt_client_token(reply.client_token)
+            for start in range(0, len(inventory), REGISTER_CHUNK):
+                chunk = inventory[start:start + REGISTER_CHUNK]
+                keys, sizes, checksums, tiers, offsets = (list(column) for column in zip(*chunk))
+                conflicts = await client.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
+                    self.name, keys, sizes, checksums, tiers, offsets))
+                progress.update(start + len(chunk), len(inventory), "objects")
+                for key, tier in zip(conflicts.keys, conflicts.tiers):
+                    await self._drop_conflict(key, tier)
+            await client.call(ops.REGISTER_DONE, NodeRequest(self.name))
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
 
     async def _drop_conflict(self, key: str, tier: Tier) -> None:

@@ -1,8 +1,8 @@
 """The control protocol of the master, the nodes and the clients: its vocabulary, its
 messages and its ops, with no I/O.
 
-- :mod:`~kvstored.protocol.enums`: roles, op names, tiers, replica states, per-item put
-  outcomes, task kinds, offload failures;
+- :mod:`~kvstored.protocol.enums`: roles, op names, tiers, replica states, node phases,
+  per-item put outcomes, task kinds, offload failures;
 - :mod:`~kvstored.protocol.shapes` and :mod:`~kvstored.protocol.messages`: how a typed
   message checks, decodes and encodes itself (``from_wire`` / ``to_wire``);
 - :mod:`~kvstored.protocol.master_api` and :mod:`~kvstored.protocol.node_api`: the
@@ -15,6 +15,7 @@ Not here: the frame format (:mod:`kvstored.wire`), the server loop and the async
 """
 
 from kvstored.protocol.enums import (
+    NodePhase,
     OffloadFailure,
     Op,
     PutStatus,
@@ -37,6 +38,6 @@ from kvstored.protocol.ops import (
 from kvstored.protocol.shapes import MAX_BATCH
 
 __all__ = ["HELLO", "MASTER_OPS", "MAX_BATCH", "MAX_WAIT_SECONDS", "NODE_OPS",
-           "PROTOCOL_VERSION", "Hello", "HelloReply", "Message", "OffloadFailed",
+           "PROTOCOL_VERSION", "Hello", "HelloReply", "Message", "NodePhase", "OffloadFailed",
            "OffloadFailure", "Op", "OpSpec", "PutStatus", "ReplicaState", "Role", "TaskKind",
            "Tier", "message"]

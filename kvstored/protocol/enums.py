@@ -1,5 +1,6 @@
 """The protocol's enumerations: who a peer is, which op it calls, and the words of the
-cluster's bookkeeping (tiers, replica states, per-item outcomes, task kinds).
+cluster's bookkeeping (tiers, replica states, node phases, per-item outcomes, task
+kinds).
 
 Each is a ``StrEnum`` whose values are what travels on the wire (msgpack packs them as
 strings); :mod:`kvstored.protocol.messages` decodes them back into members.
@@ -72,6 +73,18 @@ class ReplicaState(enum.StrEnum):
     COMPLETE = "complete"
     #: No new leases; its node frees it once every lease on the object has expired.
     REMOVING = "removing"
+
+
+class NodePhase(enum.StrEnum):
+    """Where a node is in its life, as ``kvstore status`` shows it."""
+
+    #: Registered its name, still sending the objects it holds: takes no puts yet.
+    STARTING = "starting"
+    READY = "ready"
+    #: Shutting down: serves reads, takes no new puts.
+    LEAVING = "leaving"
+    #: Missed its heartbeats for master.node_ttl: its replicas were dropped.
+    DEAD = "dead"
 
 
 class PutStatus(enum.StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Annotated
 
-from kvstored.protocol.enums import OffloadFailure, ReplicaState, TaskKind, Tier
+from kvstored.protocol.enums import NodePhase, OffloadFailure, ReplicaState, TaskKind, Tier
 from kvstored.protocol.messages import Message, message
 from kvstored.protocol.shapes import (
     MAX_BATCH,
@@ -104,6 +104,8 @@ class RegisterRequest(Message):
     shared: bool = False
     #: The largest value the backend takes (0: no limit told).
     max_value_size: Size = 0
+    #: How many objects its register_objects will send (start-up progress in status).
+    objects: Size = 0
 
 
 @message
@@ -451,10 +453,22 @@ class TierUse(Message):
 
 
 @message
+class Registration(Message):
+    """How far a starting node has got sending the master the objects it holds."""
+
+    sent: int
+    objects: int
+
+    def __str__(self) -> str:
+        return f"registering its objects with the master: {self.sent:,} of {self.objects:,}"
+
+
+@message
 class NodeStatus(Message):
     node: str
     address: str
     alive: bool
+    state: NodePhase
     backend: str
     dram: TierUse
     ssd: TierUse
@@ -463,6 +477,8 @@ class NodeStatus(Message):
     queued_offloads: int
     leaving: bool
     offload_problem: str | None = None
+    #: While it is starting: its registration's progress.
+    registering: Registration | None = None
 
 
 @message

@@ -4,12 +4,13 @@ sizes: the figures themselves are for docs/benchmarks.md, not for tests)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
 
+from kvstored.capabilities import probe_fio
 from kvstored.cli.tool import main
+from tests.conftest import require
 
 WORKLOADS = ["flush-1m", "flush-128k", "read-4k", "read-128k", "read-1m"]
 
@@ -43,8 +44,7 @@ def test_backends_without_fio(tmp_path):
 
 @pytest.mark.slow
 def test_against_fio(tmp_path):
-    if shutil.which("fio") is None:
-        pytest.skip("fio is not installed")
+    require("fio", *probe_fio())
     code, output, report = run_bench(tmp_path, "--backends", "3fs,file-per-key",
                                      "--recovery-objects", "0")
     assert code == 0, output

@@ -4,11 +4,11 @@ themselves are for docs/benchmarks.md, not for tests)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from click.testing import CliRunner
 
+from kvstored.capabilities import probe_fio
 from kvstored.cli.tool import main
 from kvstored.native import probe_uring
 from tests.conftest import require
@@ -46,8 +46,7 @@ def test_bench_io_compares_the_engines_without_fio(tmp_path):
 
 @pytest.mark.slow
 def test_bench_io_against_fio(tmp_path):
-    if shutil.which("fio") is None:
-        pytest.skip("fio is not installed")
+    require("fio", *probe_fio())
     code, output, report = run_bench(tmp_path, "--runners", "fio,posix")
     assert code == 0, output
     for pattern in PATTERNS:

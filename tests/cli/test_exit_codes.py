@@ -358,7 +358,13 @@ def _(w: World) -> Outcome:
 def _(w: World) -> Outcome:
     source = w.path("big.bin")
     source.write_bytes(bytes(48 * MiB))
-    return w.kvstore("put", "put/big", str(source), master=w.cluster)  # a 32 MiB tier
+    out = w.kvstore("put", "put/big", str(source), master=w.cluster)  # a 32 MiB tier
+    # At once, naming the size and the limit: not "full of objects that cannot be
+    # evicted yet" after the put's wait for room on an empty cluster.
+    assert "48.0 MiB, larger than the whole DRAM tier of every node (the largest is " \
+           "32.0 MiB)" in out.output, out.output
+    assert "node.dram" in out.output and "evicted" not in out.output, out.output
+    return out
 
 
 @scenario("kvstore", "get", 0)

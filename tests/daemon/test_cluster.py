@@ -34,7 +34,9 @@ def _start_node(spawn, tmp_path, master, name, *extra, dram="32MiB", data=None):
 
 
 def _live_nodes(master: str) -> int:
-    return sum(1 for n in _status(master)["nodes"] if n["alive"])
+    """The nodes that take puts: a node is alive from its hello on, and ready once it has
+    registered its objects (a put placed on it before then is refused)."""
+    return sum(1 for n in _status(master)["nodes"] if n["state"] == "ready")
 
 
 def test_three_nodes_share_one_namespace(spawn, tmp_path, rng):
@@ -127,6 +129,11 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
             report = json.loads(run.stdout)
             assert report["failed"], "offload to a full disk should report failures"
             assert any("full" in f["reason"] for f in report["failed"]), report["failed"]
+            # On a terminal's stderr too: what failed and why, not "the node logs say why".
+            told = kvstore("flush", "--wait", master=master.addr)
+            assert told.returncode == 1, told.stderr.decode()
+            assert b"could not be offloaded: " in told.stderr, told.stderr.decode()
+            assert b"file system is full" in told.stderr, told.stderr.decode()
             for key, value in values.items():
                 assert c.get(key) == value, key
             with pytest.raises(NoSpaceError):

@@ -62,7 +62,9 @@ def test_a_node_stopped_cleanly_leaves_at_once_and_its_keys_miss(spawn, tmp_path
         nodes[name] = spawn("node", "--master", master.addr, "--listen", "127.0.0.1:0",
                             "--name", name, "--data", str(tmp_path / name), "--dram", "32MiB",
                             "--ssd", "1GiB", "--backend", "file-per-key")
-    wait_for(lambda: len(_status(master.addr)["nodes"]) == 2, what="two nodes")
+    # Listed from its hello on; a node takes puts once it has registered its objects.
+    wait_for(lambda: [n["state"] for n in _status(master.addr)["nodes"]] == ["ready"] * 2,
+             what="two nodes ready")
     values = {f"x{i}": os.urandom(30_000) for i in range(30)}
     with kvstored.connect(master.addr, transport="tcp") as c:
         assert c.batch_put(list(values), list(values.values())) == [True] * len(values)

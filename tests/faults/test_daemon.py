@@ -255,7 +255,9 @@ def test_a_full_disk_offloads_what_fits_names_the_ssd_and_recovers_when_freed(
     master = spawn("master", "--listen", "127.0.0.1:0")
     node = _node(spawn, tmp_path, master.addr, "n1", "--metrics", f"127.0.0.1:{metrics_port}",
                  dram="16MiB", backend="bucket", data=small_disk / "n1")
-    wait_for(lambda: _status(master.addr)["nodes"], what="the node")
+    # Listed from its hello on; it takes puts once it has registered its objects.
+    wait_for(lambda: [n["state"] for n in _status(master.addr)["nodes"]] == ["ready"],
+             what="the node ready")
     values = {f"f{i}": os.urandom(MiB) for i in range(10)}
     with kvstored.connect(master.addr) as c:
         # One batch of 10 MiB does not fit; what fits of it is written.

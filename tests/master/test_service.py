@@ -5,15 +5,18 @@ nodes, and housekeeping that survives its own failures."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import trio
 import trio.testing
 
-from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError
+from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError, UnreachableError
+from kvstored.master import node_ops
 from kvstored.master import nodes as nodes_module
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
-from kvstored.protocol import OffloadFailed, OffloadFailure, Role, Tier, ops
+from kvstored.protocol import NodePhase, OffloadFailed, OffloadFailure, Role, Tier, ops
 from kvstored.protocol.master_api import (
     CommitRequest,
     Dropped,
@@ -36,6 +39,7 @@ from kvstored.protocol.master_api import (
     RecoveryReport,
     RegisterObjectsRequest,
     RegisterRequest,
+    Registration,
     StatRequest,
 )
 from tests.master.harness import NODE_TOKEN, Cluster, run
@@ -429,6 +433,40 @@ def test_a_silent_node_is_declared_dead_and_must_register_again():
         with pytest.raises(BadRequestError, match="declared dead; re-register"):
             await node.heartbeat()
         assert (await cluster.client().call(ops.STATUS, Empty())).nodes[0].alive is False
+
+    run(scenario, node_ttl=10.0)
+
+
+def test_a_registering_node_is_starting_takes_no_puts_and_is_not_declared_dead(monkeypatch):
+    """A node sending a large inventory is *starting* (status says how far it got), a
+    put names it instead of saying no node is registered, and sending its objects counts
+    as a sign of life: a registration longer than node_ttl must not drop what it sent."""
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(node_ops, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def scenario(cluster: Cluster) -> None:
+        rpc = cluster.rpc(Role.NODE)
+        await rpc.call(ops.REGISTER, RegisterRequest(
+            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
+            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=30))
+        client = cluster.client()
+        for chunk in range(3):  # a chunk every 6 s: 18 s in all, and no heartbeat
+            clock.now += 6.0
+            cluster.master.cluster.housekeeping(clock.now)
+            count = 10 if chunk < 2 else 5
+            await rpc.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
+                "n1", [f"k{chunk}-{i}" for i in range(count)], [10] * count, [0] * count,
+                [SSD] * count, [-1] * count))
+            (node,) = (await client.call(ops.STATUS, Empty())).nodes
+            assert node.state is NodePhase.STARTING and node.alive, node
+        assert node.registering == Registration(sent=25, objects=30)
+        with pytest.raises(UnreachableError, match=r"node n1 is starting \(registering its "
+                                                   r"objects with the master: 25 of 30\)"):
+            await client.call(ops.PUT_TARGET, PutTargetRequest(["x"], [1]))
+        await rpc.call(ops.REGISTER_DONE, NodeRequest("n1"))
+        (node,) = (await client.call(ops.STATUS, Empty())).nodes
+        assert node.state is NodePhase.READY and node.registering is None
+        assert len(cluster.master.cluster.table.objects) == 25
 
     run(scenario, node_ttl=10.0)
 

@@ -9,8 +9,6 @@ prediction, which the run in docs/benchmarks.md records."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import kvstored
@@ -18,15 +16,14 @@ from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy
 from kvstored.replay.session import replay_trace
 from kvstored.tools import reader
+from tests.shared_data import SHARED, missing_reason
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic.jsonl"
+TRACE = SHARED / "traces" / "mooncake_synthetic.jsonl"
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.skipif(not TRACE.exists(),
-                    reason=f"needs the public Mooncake synthetic trace at {TRACE} "
-                           "(../shared/traces beside the checkout)")
+@pytest.mark.skipif(not TRACE.exists(), reason=missing_reason(TRACE))
 def test_mooncake_synthetic_measured_within_two_points_of_the_prediction():
     trace = reader.load([TRACE])
     settings = {"policy.promote_reads": "1000000000"}

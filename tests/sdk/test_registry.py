@@ -63,7 +63,6 @@ def test_typed_values_from_a_configuration_file_are_kept():
     ("capacity", "lots", "is not a size"),
     ("auto_evict", "maybe", "not a boolean"),
     ("max_value_size", "none", "is not a size"),
-    ("on_evict", "print", "no text form"),
 ])
 def test_a_bad_value_names_the_option_and_what_it_takes(option, text, says):
     with pytest.raises(InvalidRequestError) as caught:

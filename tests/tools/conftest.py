@@ -6,17 +6,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+from tests.shared_data import shared_file
 
-
-def shared_file(*parts: str) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"{path} is not there (the shared reference data sits beside the "
-                    "checkout in CI)")
-    return path
+__all__ = ["random_requests", "shared_file", "write_mooncake"]
 
 
 def random_requests(seed: int, requests: int = 60, *, prefixes: int = 5, vocab: int = 40,

@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from kvstored.tools import binfile, reader, writers
+from kvstored.tools import binfile, builtin, reader, writers
 from kvstored.tools.errors import TraceError, UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
 
-from .conftest import random_requests, shared_file, write_mooncake
+from .conftest import random_requests, write_mooncake
 
 
 def _same_arrays(a, b):
@@ -59,9 +59,7 @@ def test_binary_damage_is_detected(tmp_path):
 
 @pytest.mark.parametrize("target", ["mooncake", "bailian", "sessions", "binary"])
 def test_convert_keeps_the_replay(tmp_path, target):
-    source = shared_file("traces", "mooncake_conversation.jsonl")
-    head = tmp_path / "head.jsonl"
-    head.write_text("".join(source.read_text().splitlines(keepends=True)[:1500]))
+    head = builtin.path_of("multi-turn-chat")  # Mooncake's format; ships in the package
     out = tmp_path / f"converted.{target}"
     writers.write(reader.load([head]), target, out)
     options = SimOptions(model="glm-5.1", budgets_gib=[1, 8, 64, 512],

@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.tool import main
+from kvstored.tools import builtin
 
-from .conftest import random_requests, shared_file, write_mooncake
+from .conftest import random_requests, write_mooncake
 
 
 def run(*args):
@@ -19,16 +20,14 @@ def run(*args):
 
 
 @pytest.fixture
-def conversation_head(tmp_path):
-    source = shared_file("traces", "mooncake_conversation.jsonl")
-    path = tmp_path / "head.jsonl"
-    path.write_text("".join(source.read_text().splitlines(keepends=True)[:2000]))
-    return path
+def chat_trace():
+    """A chat trace in Mooncake's format that ships in the package (no ../shared)."""
+    return builtin.path_of("multi-turn-chat")
 
 
-def test_sim_table_plot_and_html(tmp_path, conversation_head):
+def test_sim_table_plot_and_html(tmp_path, chat_trace):
     png, page = tmp_path / "out.png", tmp_path / "report.html"
-    result = run("sim", conversation_head, "--model", "glm-5.1", "--budgets",
+    result = run("sim", chat_trace, "--model", "glm-5.1", "--budgets",
                  "16GiB,64GiB,256GiB,1TiB", "--plot", png, "--html", page)
     assert result.exit_code == 0, result.output
     assert "Recommended" in result.output and "256 GiB" in result.output
@@ -38,8 +37,8 @@ def test_sim_table_plot_and_html(tmp_path, conversation_head):
     assert not re.search(r"(src|href)=\"https?:", text)  # self-contained
 
 
-def test_sim_json_with_tiered(conversation_head):
-    result = run("sim", conversation_head, "--model", "glm-5.1", "--budgets", "64,256",
+def test_sim_json_with_tiered(chat_trace):
+    result = run("sim", chat_trace, "--model", "glm-5.1", "--budgets", "64,256",
                  "--policies", "lru,s3fifo,tiered", "--ssd", "1TiB", "--tier-mode", "offload",
                  "--json")
     assert result.exit_code == 0, result.output
@@ -59,20 +58,20 @@ def test_list_models():
     assert any(m["id"] == "deepseek-v3.2" for m in doc["models"])
 
 
-def test_trace_stats_and_convert(tmp_path, conversation_head):
+def test_trace_stats_and_convert(tmp_path, chat_trace):
     png = tmp_path / "gaps.png"
-    result = run("trace", "stats", conversation_head, "--plot", png)
+    result = run("trace", "stats", chat_trace, "--plot", png)
     assert result.exit_code == 0, result.output
     assert "reused 0-10 min" in result.output and png.exists()
     assert "longest gap >30 min" in result.output
-    doc = json.loads(run("trace", "stats", conversation_head, "--json").output)
+    doc = json.loads(run("trace", "stats", chat_trace, "--json").output)
     for key in ("perReuse", "perBlockMaxGap"):
         assert [b["label"] for b in doc["reuseGaps"][key]["bins"]] == \
             ["0-10 min", "10-20 min", "20-30 min", ">30 min"]
     binary = tmp_path / "t.kvtrace"
-    result = run("trace", "convert", conversation_head, "--to", "binary", "-o", binary)
+    result = run("trace", "convert", chat_trace, "--to", "binary", "-o", binary)
     assert result.exit_code == 0 and "wrote" in result.output
-    a = json.loads(run("sim", conversation_head, "--model", "glm-5.1", "--json").output)
+    a = json.loads(run("sim", chat_trace, "--model", "glm-5.1", "--json").output)
     b = json.loads(run("sim", binary, "--model", "glm-5.1", "--json").output)
     assert a["points"] == b["points"]
 
