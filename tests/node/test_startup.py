@@ -10,11 +10,11 @@ import pytest
 import trio
 import trio.testing
 
-from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
 from kvstored.node import startup
 from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.registry import open_backend, parse_options
 
 
 def test_the_bucket_backend_reports_each_bucket_its_recovery_loads(tmp_path):
@@ -37,7 +37,7 @@ def test_progress_reaches_only_backends_that_take_it(tmp_path):
 def test_a_configuration_cannot_set_the_programs_callbacks():
     for hook in ("progress", "on_evict"):
         try:
-            coerce_options(BucketBackend, {hook: "print"})
+            parse_options(BucketBackend, {hook: "print"})
         except InvalidRequestError as exc:
             assert f"unknown option {hook!r}" in str(exc)
         else:
