@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvstored.backends import BUILTIN, backend_class, open_backend
 from kvstored.backends.stamp import STAMP_NAME, read_stamp, repair_hint, store_files
 from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.errors import CorruptionError, MissingStoreError, UnknownBackendError
+from kvstored.sdk.registry import BUILTIN, backend_class, open_backend
 from kvstored.sdk.types import OpenMode
 
 #: The folder of a node's ``--data`` directory that holds its SSD tier.

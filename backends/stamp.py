@@ -36,7 +36,7 @@ from kvstored.sdk.errors import CorruptionError, InvalidRequestError, MissingSto
 from kvstored.sdk.files import is_temporary, make_private, make_private_dirs, write_atomically
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import OpenMode, Problem, ProblemKind
+from kvstored.sdk.types import OpenMode, Problem, ProblemKind, RepairAction
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,10 @@ def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
         write_stamp(root, backend, layout)
         log.warning("%s: the stamp was unreadable; moved it to %s and wrote a new one for "
                     "the %s backend", root, moved, backend)
-        return Problem(ProblemKind.CORRUPT_RECORD, exc.message, None, str(stamp_path),
-                       f"moved to {moved}; a new stamp was written for the {backend} backend")
+        return Problem(ProblemKind.CORRUPT_RECORD, exc.message, path=str(stamp_path),
+                       action=RepairAction.REBUILT,
+                       action_detail=f"a new stamp for the {backend} backend; the damaged "
+                       f"one is in {moved}")
     if stamp is None:
         present = store_files(root)
         ours = sorted(markers) if markers and set(markers) <= set(present) else []
@@ -167,8 +169,8 @@ def _check_stamp(root: Path, backend: str, layout: int, mode: OpenMode,
                 files = ", ".join(ours)
                 return Problem(ProblemKind.INDEX_MISMATCH,
                                f"the stamp was missing beside the store's files ({files})",
-                               None, str(stamp_path),
-                               f"a new stamp was written for the {backend} backend")
+                               path=str(stamp_path), action=RepairAction.REBUILT,
+                               action_detail=f"a new stamp for the {backend} backend")
             raise CorruptionError(
                 f"the directory holds the files of a {backend} store ({', '.join(ours)}) "
                 f"but its stamp {STAMP_NAME} is missing; {repair_hint(root)}",

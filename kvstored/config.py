@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 
 from kvstored.address import split_address
 from kvstored.errors import ConfigError
-from kvstored.units import format_size, parse_bool, parse_size
+from kvstored.sdk.units import format_size, parse_bool, parse_size
 
 CONFIG_ENV = "KVSTORED_CONFIG"
 ENV_PREFIX = "KVSTORED_"

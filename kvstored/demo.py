@@ -31,9 +31,9 @@ from kvstored.replay.embedded import EmbeddedStore
 from kvstored.replay.predict import StorePolicy
 from kvstored.replay.session import replay_trace
 from kvstored.replay.tables import render_multiturn, render_replay
+from kvstored.sdk.units import format_size
 from kvstored.tools import plots as tool_plots
 from kvstored.tools import reader
-from kvstored.units import format_size
 
 TRACE = "builtin:multi-turn-chat"
 BLOCK_BYTES = 64 << 10

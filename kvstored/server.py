@@ -20,7 +20,6 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from kvstored.address import split_address
-from kvstored.backends import backend_class, backend_options, coerce_options
 from kvstored.config import Config
 from kvstored.errors import ConfigError
 from kvstored.master.policy import PolicyConfig
@@ -28,6 +27,7 @@ from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node, NodeConfig, open_node
 from kvstored.rpc import ServerLimits, serve
+from kvstored.sdk.registry import backend_class, backend_options, parse_options
 from kvstored.security import Credentials, create_token_file, read_token_file
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def node_config(cfg: Config, master: tuple[str, int] | None = None,
     backend = settings.backend
     cls = backend_class(backend)
     raw = settings.backend_options
-    options = coerce_options(cls, {k: str(v) for k, v in raw.items()})
+    options = parse_options(cls, raw)
     # io.engine / io.direct reach every backend that does its I/O through the engine.
     accepted = backend_options(cls)
     if "engine" in accepted:

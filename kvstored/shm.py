@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,10 @@ The contract (what blocks, what is per item, which errors) is on :class:`IoEngin
 design is in docs/io-engine.md.
 """
 
-from kvstored.native.engine import IoEngine, IoFile
+from kvstored.native.engine import IoEngine, IoFile, sync_written, write_synced
 from kvstored.native.errors import EngineUnavailableError, IoError
 from kvstored.native.probe import probe_uring
+from kvstored.native.scratch import ScratchMemory
 from kvstored.native.selection import ENGINES, get_engine, uring_status
 
 __all__ = [
@@ -23,7 +24,10 @@ __all__ = [
     "IoEngine",
     "IoError",
     "IoFile",
+    "ScratchMemory",
     "get_engine",
     "probe_uring",
+    "sync_written",
     "uring_status",
+    "write_synced",
 ]

@@ -27,12 +27,12 @@ Both engines use this module; each passes its own ``run`` function.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
-import threading
+import typing
 from collections.abc import Callable
 
 from kvstored.native.errors import log_once
+from kvstored.native.scratch import ScratchMemory
 
 #: The alignment used for O_DIRECT: 4 KiB satisfies 512-byte and 4 KiB devices alike.
 ALIGN = 4096
@@ -46,11 +46,6 @@ Outcome = tuple[int, int]
 Run = Callable[[int, list[Op]], list[Outcome]]
 
 READ, WRITE = 0, 1  # the KV_OP_* codes of io_uring_core.h
-
-# Bounce arenas up to this size are kept for reuse by their thread (first touch of fresh
-# pages is slow); larger ones are freed after the batch.
-_KEEP_ARENA_BYTES = 64 << 20
-
 
 class Pieces:
     """The buffers of a vectored item, moved back to back from the item's offset as one
@@ -102,22 +97,8 @@ def span_of(offset: int, length: int) -> tuple[int, int]:
     return offset & ~_MASK, (offset + length + _MASK) & ~_MASK
 
 
-class _Arena(threading.local):
-    """Each thread's page-aligned scratch memory, grown on demand and reused."""
-
-    def __init__(self) -> None:
-        self.memory: mmap.mmap | None = None
-
-    def take(self, size: int) -> memoryview:
-        if self.memory is not None and len(self.memory) >= size:
-            return memoryview(self.memory)[:size]
-        fresh = mmap.mmap(-1, max(1 << (size - 1).bit_length(), 1 << 20))
-        if len(fresh) <= _KEEP_ARENA_BYTES:
-            self.memory = fresh
-        return memoryview(fresh)[:size]
-
-
-_arena = _Arena()
+#: The bounce buffers of each thread.
+_arena = ScratchMemory()
 
 
 def _clip(value: int, length: int) -> int:
@@ -136,7 +117,7 @@ def read_through_bounce(run: Run, ops: list[Op | None],
         views[i] = arena[position:position + end - start]
         position += end - start
         ops[i] = (fd, start, views[i], None, ALIGN)
-    outcomes = run(READ, ops)
+    outcomes = run(READ, typing.cast("list[Op]", ops))  # every None is filled now
     for i, (_, offset, dest) in bounced.items():
         result, done = outcomes[i]
         head = offset - spans[i][0]
@@ -254,7 +235,8 @@ def _trim_rounding(ops: list[Op | None], bounced: dict, outcomes: list,
         for i, outcome in enumerate(outcomes):
             if outcome is None or outcome[0] < 0:
                 continue
-            item_fd, offset, view = (bounced[i] if i in bounced else ops[i])[:3]
+            item_fd, offset, view = (bounced[i] if i in bounced
+                                     else typing.cast("Op", ops[i]))[:3]
             if item_fd != fd:
                 continue
             ends.append(offset + view.nbytes)  # a memoryview or Pieces

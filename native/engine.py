@@ -12,9 +12,10 @@ import errno
 import logging
 import operator
 import os
+import typing
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import cffi
 
@@ -34,6 +35,8 @@ _MAX_END = 2**63 - 1  # off_t
 #: ``(file, offset, buffer)``: one item of a read or write batch. ``buffer`` may also be
 #: a list or tuple of buffers (a vectored item).
 Item = tuple["IoFile", int, Any]
+#: What a write batch's item ended with, before it is synced (a byte count, or None).
+R = TypeVar("R")
 #: Most buffers in one vectored item: ample for header + value + padding, and it keeps a
 #: careless caller from building a kernel-sized iovec by accident.
 MAX_PIECES = 65536
@@ -325,7 +328,7 @@ class IoEngine(abc.ABC):
             else:
                 append((file.fd, offset, view, None, 0))
         if not bounced:
-            outcomes = self._run(code, ops)
+            outcomes = self._run(code, typing.cast("list[Op]", ops))  # None marks a bounce
         elif code == READ:
             outcomes = direct.read_through_bounce(self._run, ops, bounced)
         else:
@@ -362,3 +365,37 @@ def _error(number: int, file: IoFile, offset: int | None, op: str, length: int,
     if file.closed:
         detail = "the IoFile was closed"
     return IoError(number, file.path, offset, op=op, length=length, done=done, detail=detail)
+
+
+# The write-then-fsync of every backend. Functions, not methods, so that they call the
+# ``write`` and ``fsync`` of whatever engine they are given: a wrapper that overrides one
+# of those (a fault injector, a test double) is honoured.
+
+def write_synced(engine: IoEngine, items: Iterable[Item], *, datasync: bool = True
+                 ) -> list[int | IoError]:
+    """``engine.write`` the batch, then :func:`sync_written`. Returns per item
+    ``len(buffer)`` once it is durable, or the IoError of its write or of its file's
+    sync."""
+    items = list(items)
+    return sync_written(engine, [item[0] for item in items], engine.write(items),
+                        datasync=datasync)
+
+
+def sync_written(engine: IoEngine, files: Sequence[IoFile], results: Sequence[R], *,
+                 datasync: bool = True) -> list[R | IoError]:
+    """Make a batch that was written durable: ``files[i]`` is the file item ``i`` wrote
+    and ``results[i]`` how its write ended (an ``OSError`` when it failed). Each file
+    that one item reached without error is fdatasync'd (``fsync`` with
+    ``datasync=False``) once, all together; returns ``results`` with every item that had
+    not failed but whose file did not sync given that sync's IoError."""
+    if len(files) != len(results):
+        raise ValueError(f"{len(files)} files but {len(results)} results")
+    written: dict[int, IoFile] = {}  # by id: an IoFile is not hashable by value
+    for file, result in zip(files, results):
+        if not isinstance(result, OSError):
+            written.setdefault(id(file), file)
+    synced = dict(zip(written, engine.fsync(list(written.values()), datasync=datasync)))
+    failed = {ident: outcome for ident, outcome in synced.items()
+              if isinstance(outcome, IoError)}
+    return [failed.get(id(file), result) if not isinstance(result, OSError) else result
+            for file, result in zip(files, results)]

@@ -67,7 +67,7 @@ class IoError(OSError):
         return self.message
 
     def __repr__(self) -> str:
-        name = errno_names.errorcode.get(self.errno, str(self.errno))
+        name = errno_names.errorcode.get(self.errno or 0, str(self.errno))
         return (f"IoError({name}, {self.op} {self.path!r}, offset={self.offset}, "
                 f"done={self.done})")
 

@@ -40,7 +40,7 @@ def _transfer(code: int, op: Op) -> Outcome:
         try:
             moved = call(fd, [view[done:]], offset + done)
         except OSError as exc:
-            return -exc.errno, done
+            return -(exc.errno or errno.EIO), done
         if moved == 0:  # end of file for a read; no progress for a write
             return (done, done) if code == READ else (-errno.EIO, done)
         done += moved
@@ -62,7 +62,7 @@ def _transfer_pieces(code: int, fd: int, offset: int, pieces: Pieces, align: int
         try:
             moved = call(fd, views[first:first + IOV_MAX], offset + done)
         except OSError as exc:
-            return -exc.errno, done
+            return -(exc.errno or errno.EIO), done
         if moved == 0:
             return (done, done) if code == READ else (-errno.EIO, done)
         done += moved
@@ -84,7 +84,7 @@ def _sync(code: int, op: Op) -> Outcome:
     try:
         (os.fdatasync if code == FDATASYNC else os.fsync)(op[0])
     except OSError as exc:
-        return -exc.errno, 0
+        return -(exc.errno or errno.EIO), 0
     return 0, 0
 
 

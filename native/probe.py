@@ -9,6 +9,7 @@ refusal; they never stand in for the attempt (root may use io_uring under
 from __future__ import annotations
 
 import errno
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,8 @@ def read_io_uring_disabled(path: str | Path = IO_URING_DISABLED) -> int | None:
 
 
 def _load_native() -> Any:
-    from kvstored.native import _io
-
-    return _io.lib
+    # The compiled module exists only once built (make engines): no static import.
+    return importlib.import_module("kvstored.native._io").lib
 
 
 def probe_uring(*, sysctl_path: str | Path = IO_URING_DISABLED,

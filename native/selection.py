@@ -19,7 +19,7 @@ from kvstored.native.engine import IoEngine
 from kvstored.native.errors import EngineUnavailableError, log_once
 from kvstored.native.posix import PosixEngine
 from kvstored.native.probe import probe_uring
-from kvstored.units import parse_bool
+from kvstored.sdk.units import parse_bool
 
 ENGINES = ("auto", "uring", "posix")
 ENV_ENGINE = "KVSTORED_IO_ENGINE"

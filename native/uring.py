@@ -20,6 +20,7 @@ process without CAP_IPC_LOCK pays RLIMIT_MEMLOCK once per ring using the buffer.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import resource
@@ -31,10 +32,10 @@ from kvstored.native._io import ffi, lib
 from kvstored.native.direct import ALIGN, READ, VECTORED, Op, Outcome
 from kvstored.native.engine import IoEngine, IoFile, _error, _nbytes
 from kvstored.native.errors import IoError, log, log_once
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
-try:
-    from kvstored.native import _batch  # pyright: ignore[reportAttributeAccessIssue]  (C, no stub)
+try:  # by name: the module exists only once built
+    _batch = importlib.import_module("kvstored.native._batch")
 except ImportError:  # an optional extension (setup.py): the general path does it all
     _batch = None
 

@@ -4,9 +4,13 @@ Start with :class:`StorageBackend` (the contract), the value types below, and th
 taxonomy in :mod:`kvstored.sdk.errors`. The mechanisms every backend needs and is easy to
 get wrong are here too, ready to use: :class:`WriteClaims` (two writers of one key,
 without deadlock), :class:`StoreLock` (one process per store), :class:`Quarantine`
-(evidence set aside, never deleted) and :mod:`kvstored.sdk.files` (private, durable
-files). Prove a backend with the conformance kit, :mod:`kvstored.sdk.testing`.
-``docs/sdk.md`` is the tutorial.
+(evidence set aside, never deleted), :mod:`kvstored.sdk.files` (private, durable
+files), :mod:`kvstored.sdk.record` (a self-describing record, and the one way to verify
+one read back), :class:`ObjectIndex` and :class:`IndexedBackend` (the in-memory index
+and the calls answered from it), :class:`EvictionPolicy` (fifo and lru, in one table),
+:mod:`kvstored.sdk.check` (the record pass of ``check``) and :mod:`kvstored.sdk.stamp`
+(claiming a directory). Prove a backend with the conformance kit,
+:mod:`kvstored.sdk.testing`. ``docs/sdk.md`` is the tutorial.
 """
 
 from kvstored.sdk.backend import EvictionCallback, OpenProgress, StorageBackend
@@ -25,6 +29,8 @@ from kvstored.sdk.errors import (
     UnknownBackendError,
     ValueTooLargeError,
 )
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
+from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.lock import StoreLock
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import (
@@ -40,6 +46,7 @@ from kvstored.sdk.types import (
     Problem,
     ProblemKind,
     ReadStatus,
+    RepairAction,
     Usage,
     WriteBatchHint,
     WriteOutcome,
@@ -63,10 +70,14 @@ __all__ = [
     "CorruptionError",
     "EvictionCallback",
     "EvictionGranularity",
+    "EvictionOrder",
+    "EvictionPolicy",
+    "IndexedBackend",
     "InvalidKeyError",
     "InvalidRequestError",
     "Location",
     "MissingStoreError",
+    "ObjectIndex",
     "ObjectRecord",
     "OpenMode",
     "OpenProgress",
@@ -75,6 +86,7 @@ __all__ = [
     "Quarantine",
     "ReadOnlyError",
     "ReadStatus",
+    "RepairAction",
     "StorageBackend",
     "StoreLock",
     "UnknownBackendError",

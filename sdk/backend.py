@@ -197,6 +197,8 @@ from typing import ClassVar, Self
 
 from kvstored.sdk.errors import (
     BackendClosedError,
+    BackendIOError,
+    CorruptionError,
     InvalidRequestError,
     ReadOnlyError,
     ValueTooLargeError,
@@ -265,7 +267,7 @@ OpenProgress = Callable[[int, int, str], None]
 class StorageBackend(abc.ABC):
     """An SSD tier: immutable objects under one directory or on one device.
 
-    Construct through :func:`kvstored.backends.open_backend` or the subclass's
+    Construct through :func:`kvstored.sdk.registry.open_backend` or the subclass's
     :meth:`open`. Every backend accepts these options, plus its own:
 
     ``capacity``
@@ -279,7 +281,7 @@ class StorageBackend(abc.ABC):
     ``mode``
         An :class:`~kvstored.sdk.OpenMode` (default read-write). A backend that supports
         more than read-write says so in :attr:`open_modes`; the registry
-        (:func:`kvstored.backends.open_backend`) refuses a mode it does not list, and
+        (:func:`kvstored.sdk.registry.open_backend`) refuses a mode it does not list, and
         passes ``mode`` only when it is not the default, so a backend that knows only
         read-write needs no ``mode`` parameter.
 
@@ -522,8 +524,6 @@ class StorageBackend(abc.ABC):
 
     def read(self, key: str) -> bytes | None:
         """The value of ``key``, or None if missing. Raises CorruptionError if corrupt."""
-        from kvstored.sdk.errors import BackendIOError, CorruptionError
-
         while True:
             record = self.stat(key)
             if record is None:

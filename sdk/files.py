@@ -8,6 +8,8 @@ too.
 - :func:`make_private_dirs` creates a directory and every missing parent 0700
   (``os.makedirs`` applies its mode to the last level only);
 - :func:`write_all` writes a whole buffer to a descriptor, resuming short writes;
+- :func:`write_new_file` creates a private file and fsyncs it (the write-then-fsync of
+  a backend that stages each object in a file of its own);
 - :func:`write_atomically` replaces a small file so that a crash leaves the old content
   or the new, never a mix: temporary file, write, fsync, rename, directory fsync;
 - :func:`fsync_dir` makes a directory's entries (a create, a rename, an unlink) durable.
@@ -84,6 +86,30 @@ def write_all(fd: int, data, offset: int | None = None) -> None:
         view = view[written:]
         if offset is not None:
             offset += written
+
+
+def write_new_file(path: str | os.PathLike, data) -> os.stat_result:
+    """Create ``path``, which must not exist, as a private file holding ``data`` (a
+    buffer, or an iterable of buffers written in turn), fsync'd before this returns; on
+    any failure the file is removed. Returns its ``os.stat`` (size, blocks). The caller
+    renames it into place and fsyncs the directory (:func:`fsync_dir`)."""
+    chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE)
+    try:
+        at = 0
+        for chunk in chunks:
+            write_all(fd, chunk, at)
+            at += memoryview(chunk).nbytes
+        os.fsync(fd)
+        return os.fstat(fd)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
 
 
 def write_atomically(path: str | os.PathLike, data, *, sync_dir: bool = True,

@@ -11,11 +11,15 @@ to a quarantine folder, never simply away. Every built-in backend uses this one
 - :meth:`Quarantine.copy_out` writes bytes (a record copied out of a larger file) as
   ``<name>.kvr`` with a ``<name>.json`` note saying where they came from and why, each
   written to a temporary name, fsync'd and renamed, so a crash never leaves half a copy
-  under a final name;
+  under a final name; :meth:`Quarantine.copy_range` copies a byte range of a file or
+  device that way (a record out of a bucket, a volume or a shard), named
+  ``<time>-<file>-<offset in hex>``, in chunks, so a large extent needs little memory;
 - the folder and its files are private (0700, 0600) and the folder is created only when
   something is first put in it, so a read-only open never creates it.
 
-The folder is not counted in a backend's usage: it is the operator's to empty.
+The folder is not counted in a backend's usage: it is the operator's to empty. What a
+repair put there is reported as :attr:`~kvstored.sdk.RepairAction.QUARANTINED`, with the
+path these methods return as the problem's ``action_detail``.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kvstored.sdk.files import fsync_dir, make_private_dirs, write_atomically
 
 log = logging.getLogger("kvstored.sdk.quarantine")
+
+#: Bytes read at a time by :meth:`Quarantine.copy_range`.
+COPY_CHUNK = 16 << 20
 
 
 class Quarantine:
@@ -81,6 +88,41 @@ class Quarantine:
         log.warning("copied %s to %s: %s", note.get("key") or stem, target,
                     note.get("reason", ""))
         return str(target)
+
+
+    def copy_range(self, source: str | os.PathLike, offset: int, length: int | None, *,
+                   reason: str, key: str | None = None, stem: str | None = None,
+                   suffix: str = ".kvr", **facts: Any) -> str | None:
+        """Copy ``length`` bytes (None: to the end) of the file or device ``source`` at
+        ``offset`` out with :meth:`copy_out`, named ``<source name>-<offset in hex>``
+        unless ``stem`` is given. The note records ``source``, ``offset``, the ``key``,
+        the ``reason`` and any ``facts`` (sequence number, CRC…). Returns the copy's path,
+        or None when there was nothing to copy (the file ends before ``offset``)."""
+        source = os.fspath(source)
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            first = os.pread(fd, min(COPY_CHUNK, length if length is not None else
+                                     COPY_CHUNK), offset)
+            if not first:
+                return None
+
+            def chunks() -> Iterator[bytes]:
+                yield first
+                done = len(first)
+                while length is None or done < length:
+                    want = COPY_CHUNK if length is None else min(COPY_CHUNK, length - done)
+                    chunk = os.pread(fd, want, offset + done)
+                    if not chunk:
+                        return  # the file ends early: keep what there is
+                    yield chunk
+                    done += len(chunk)
+
+            note = {"key": key, "source": source, "offset": offset, "length": length,
+                    "reason": reason, **facts}
+            return self.copy_out(stem or f"{Path(source).name}-{offset:x}", chunks(), note,
+                                 suffix=suffix)
+        finally:
+            os.close(fd)
 
 
 def note_path(target: Path, suffix: str) -> Path:

@@ -202,6 +202,32 @@ class ProblemKind(enum.Enum):
     ACCOUNTING = "accounting"
 
 
+class RepairAction(enum.Enum):
+    """What was done about a :class:`Problem` (``Problem.action``); ``action_detail``
+    says the specifics (where the evidence went, what was rebuilt from what)."""
+
+    #: The bytes were set aside in the quarantine folder (copied or moved there:
+    #: ``action_detail`` is where), and the object, if any, dropped from the index.
+    QUARANTINED = "quarantined"
+    #: The entry was taken out of the index; nothing was left on disk worth keeping
+    #: (its file was gone, or the record lay past the end of a truncated file).
+    DROPPED_FROM_INDEX = "dropped-from-index"
+    #: A valid record that nothing indexed was added to the index.
+    ADDED_TO_INDEX = "added-to-index"
+    #: Damaged or missing metadata (an index, a stamp, a superblock, a checkpoint, a
+    #: journal) was written anew from what still checks; a damaged copy, if there was
+    #: one, is in the quarantine.
+    REBUILT = "rebuilt"
+    #: A write that never finished, hence was never acknowledged, was removed: nothing
+    #: of value was lost.
+    REMOVED = "removed"
+    #: An accounting figure was corrected to what is on disk.
+    CORRECTED = "corrected"
+    #: The store was opened read-only, so nothing was changed: the next read-write open
+    #: tidies it (an unfinished write it will remove).
+    LEFT_FOR_NEXT_OPEN = "left-for-next-open"
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One finding of :meth:`StorageBackend.check`."""
@@ -210,8 +236,23 @@ class Problem:
     detail: str
     key: str | None = None
     path: str | None = None
-    #: What repair did about it ("quarantined to …", "dropped from the index"), if run.
-    action: str | None = None
+    #: What repair (or an open) did about it, if anything yet.
+    action: RepairAction | None = None
+    #: The specifics of ``action``: where the bytes went, what was rebuilt from what.
+    action_detail: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        """The plain form a report travels in (JSON, msgpack): enums as their values."""
+        return {"kind": self.kind.value, "detail": self.detail, "key": self.key,
+                "path": self.path, "action": self.action.value if self.action else None,
+                "action_detail": self.action_detail}
+
+    def describe_action(self) -> str | None:
+        """``action`` and its detail in words, for a person (``quarantined: /…``)."""
+        if self.action is None:
+            return None
+        return f"{self.action.value}: {self.action_detail}" if self.action_detail \
+            else self.action.value
 
 
 @dataclass(slots=True)
@@ -226,7 +267,8 @@ class CheckReport:
     @property
     def ok(self) -> bool:
         """True when nothing was found, or everything found was repaired."""
-        return not self.problems or (self.repaired and all(p.action for p in self.problems))
+        return not self.problems or (self.repaired and all(p.action is not None
+                                                           for p in self.problems))
 
     def count(self, kind: ProblemKind) -> int:
         return sum(1 for p in self.problems if p.kind is kind)

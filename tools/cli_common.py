@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import click
 
+from kvstored.sdk.units import parse_size
 from kvstored.tools.errors import ToolError, UsageProblem
-from kvstored.units import parse_size
 
 FORMAT_CHOICE = click.Choice(["auto", "mooncake", "sessions", "bailian", "binary"])
 

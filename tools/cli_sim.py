@@ -14,6 +14,7 @@ import click
 
 from kvstored.params import ExistingFile
 from kvstored.progress import progress_bar
+from kvstored.sdk.units import format_size
 from kvstored.tools import builtin, models, tiered
 from kvstored.tools.cli_common import (
     FORMAT_CHOICE,
@@ -26,7 +27,6 @@ from kvstored.tools.cli_common import (
 )
 from kvstored.tools.errors import UsageProblem
 from kvstored.tools.simulate import SimOptions, simulate
-from kvstored.units import format_size
 
 # Imported where used, so that a --json run does not load rich, matplotlib or the report
 # code (its peak memory is measured against the reference's): report_table, rich,

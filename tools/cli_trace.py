@@ -10,10 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from kvstored.progress import progress_bar
+from kvstored.sdk.units import format_size
 from kvstored.tools import reader, report_table, stats, workloads, writers
 from kvstored.tools.cli_common import FORMAT_CHOICE, explains_memory_errors, write_file
 from kvstored.tools.errors import UsageProblem
-from kvstored.units import format_size
 
 
 @click.group("trace", context_settings={"help_option_names": ["-h", "--help"]})

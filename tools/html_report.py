@@ -11,10 +11,10 @@ import html
 import json
 from pathlib import Path
 
+from kvstored.sdk.units import format_size
 from kvstored.tools import plots
 from kvstored.tools.planning import size_label
 from kvstored.tools.report_table import budget_label, gain_column
-from kvstored.units import format_size
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }

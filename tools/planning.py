@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 GIB = 1 << 30
 DEFAULT_BUDGETS_GIB = [float(1 << k) for k in range(15)]  # 1 GiB .. 16 TiB

@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvstored.sdk.units import format_size
 from kvstored.tools.planning import marginal_gains, size_label
 from kvstored.tools.simulate import point_speedup
-from kvstored.units import format_size
 
 
 def budget_label(point: dict) -> str:

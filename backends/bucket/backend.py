@@ -33,39 +33,41 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvstored.backends.bucket.check import Checker
 from kvstored.backends.bucket.handles import ReadHandles
 from kvstored.backends.bucket.index import (
     FLAG_DELETED,
+    FLAG_QUARANTINED,
+    FLAGS_GONE,
+    IndexEntry,
     encode_index,
     index_size,
     write_indexes,
 )
 from kvstored.backends.bucket.layout import BUCKETS_DIR, LAYOUT_VERSION, QUARANTINE_DIR
-from kvstored.backends.bucket.records import NewRecord, ReadOutcome, read_records
+from kvstored.backends.bucket.records import NewRecord, read_records
 from kvstored.backends.bucket.recovery import recover
-from kvstored.backends.bucket.state import Bucket, Slot, chunked
+from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
-from kvstored.backends.record import align_up, record_size
 from kvstored.backends.stamp import claim_directory
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback, OpenProgress, StorageBackend
+from kvstored.sdk.backend import EvictionCallback, OpenProgress
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import ReadOutcome, align_up, record_size
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
     Capabilities,
     CheckReport,
     EvictionGranularity,
-    Location,
-    ObjectRecord,
     OpenMode,
     ReadStatus,
     Usage,
@@ -80,16 +82,16 @@ log = logging.getLogger("kvstored.backends.bucket")
 MiB = 1024 * 1024
 
 
-class BucketBackend(StorageBackend):
+class BucketBackend(IndexedBackend):
     """The default SSD backend: objects grouped into buckets, one data file and one index
     file each, evicted a whole bucket at a time.
 
     Options, besides the common ``capacity``, ``max_value_size`` and ``on_evict``:
 
-    ``policy`` (``"fifo"``)
-        Which bucket eviction removes first: ``"fifo"`` the oldest written, ``"lru"`` the
-        least recently read (or written). LRU order is kept in memory; after a reopen it
-        starts again from write order.
+    ``policy`` (``fifo``)
+        Which bucket eviction removes first (:class:`~kvstored.sdk.eviction.EvictionPolicy`):
+        ``fifo`` the oldest written, ``lru`` the least recently read (or written). LRU
+        order is kept in memory; after a reopen it starts again from write order.
     ``bucket_bytes`` (256 MiB), ``bucket_keys`` (500)
         A ``batch_write`` is cut into buckets of at most this many bytes of records (a
         single larger value gets a bucket of its own) and this many keys.
@@ -120,14 +122,13 @@ class BucketBackend(StorageBackend):
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
                  mode: OpenMode = OpenMode.READ_WRITE,
-                 policy: str = "fifo", bucket_bytes: int = 256 * MiB, bucket_keys: int = 500,
+                 policy: EvictionPolicy = EvictionPolicy.FIFO, bucket_bytes: int = 256 * MiB,
+                 bucket_keys: int = 500,
                  bucket_age: float = 5.0, high_watermark: float = 0.90,
                  low_watermark: float = 0.80, engine: str | None = None,
                  direct: bool | None = None, progress: OpenProgress | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
-        if policy not in ("fifo", "lru"):
-            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if bucket_bytes < 1 or bucket_keys < 1 or not bucket_age > 0:
             raise InvalidRequestError(
                 f"bucket_bytes, bucket_keys and bucket_age must be positive (got "
@@ -136,7 +137,7 @@ class BucketBackend(StorageBackend):
             raise InvalidRequestError(
                 "watermarks must satisfy 0 < low_watermark <= high_watermark <= 1 (got "
                 f"low {low_watermark}, high {high_watermark})")
-        self.policy = policy
+        self.policy = EvictionPolicy.parse(policy)
         self.bucket_bytes = bucket_bytes
         self.bucket_keys = bucket_keys
         self.bucket_age = bucket_age
@@ -150,22 +151,19 @@ class BucketBackend(StorageBackend):
         self.buckets_dir = str(self.root / BUCKETS_DIR)
         self.quarantine_dir = str(self.root / QUARANTINE_DIR)
         self.quarantine = Quarantine(self.quarantine_dir)
-        #: Reads that failed their checks since open (exported as a metric).
-        self.corrupt_reads = 0
-
         self._lock = threading.Lock()
         self._space_lock = threading.Lock()
-        self._keys: dict[str, Slot] = {}
-        # Eviction order: first is evicted first. FIFO keeps write order; LRU moves a
-        # bucket to the end when it is read.
-        self._buckets: OrderedDict[int, Bucket] = OrderedDict()
+        #: Every visible key, and the slot of its record.
+        self.index: ObjectIndex[Slot] = ObjectIndex(Slot.location, self._lock)
+        #: The buckets of the store, first to be evicted first.
+        self._buckets: EvictionOrder[int, Bucket] = EvictionOrder(self.policy)
         self._claims = WriteClaims(self._lock)
         # Buckets being written (not yet visible) and being removed (no longer
         # visible): their files are busy, not orphans.
         self._writing: set[int] = set()
         self._removing: set[int] = set()
         self._handles = ReadHandles(self.engine)
-        self._physical = self._logical = self._reserved = 0
+        self._physical = self._reserved = 0
         stamp_report: list = []
         self._dir_lock = claim_directory(self.root, self.name, LAYOUT_VERSION, mode=self.mode,
                                          markers=self.layout_markers, report=stamp_report)
@@ -180,13 +178,13 @@ class BucketBackend(StorageBackend):
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
                 raise from_oserror(exc, path=self.root, action="opening the backend") from exc
             raise
-        self._buckets.update(found.buckets)
-        self._keys = found.keys
+        for bucket_id, bucket in found.buckets.items():
+            self._buckets.add(bucket_id, bucket)
+            self._physical += bucket.physical
+        for key, slot in found.keys.items():
+            self.index.add(key, slot)
         self._next_bucket = found.next_bucket_id
         self._next_seq = found.next_seq
-        for bucket in self._buckets.values():
-            self._physical += bucket.physical
-            self._logical += bucket.logical
         self._checker = Checker(self, stamp_report + found.problems, found.unindexed)
 
     # -- lifecycle and capabilities ----------------------------------------------------
@@ -194,7 +192,7 @@ class BucketBackend(StorageBackend):
     def _close(self) -> None:
         with self._lock:
             self._handles.close_all_locked()
-            self._keys = {}
+            self.index.clear()
             self._buckets.clear()
         self._dir_lock.release()
 
@@ -221,7 +219,7 @@ class BucketBackend(StorageBackend):
             self._write_buckets(cut(claimed, self.bucket_keys, self.bucket_bytes), results)
 
         for i in self._claims.write_batch([key for key, _ in items],
-                                          stored=self._keys.__contains__, write=write):
+                                          stored=self.index.__contains__, write=write):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
 
@@ -263,10 +261,9 @@ class BucketBackend(StorageBackend):
                     log.warning("bucket: writing bucket %016x failed: %s", bucket.id, exc)
                     continue
                 self._physical += bucket.physical
-                self._logical += bucket.logical
-                self._buckets[bucket.id] = bucket
+                self._buckets.add(bucket.id, bucket)
                 for slot in bucket.slots:
-                    self._keys[slot.key] = slot
+                    self.index.add(slot.key, slot)
                 for i, key, _, _ in group:
                     results[i] = WriteResult(key, WriteOutcome.WRITTEN)
             if self.capacity is not None:
@@ -363,12 +360,11 @@ class BucketBackend(StorageBackend):
     def _retire_locked(self, bucket: Bucket) -> None:
         """Take ``bucket`` out of the store: its keys become invisible at once."""
         bucket.retired = True
-        self._buckets.pop(bucket.id, None)
+        self._buckets.discard(bucket.id)
         self._removing.add(bucket.id)
         for slot in bucket.slots:
-            if slot.live and self._keys.get(slot.key) is slot:
-                del self._keys[slot.key]
-        self._logical -= bucket.logical
+            if slot.live and self.index.get(slot.key) is slot:
+                self.index.pop(slot.key)
 
     def _remove_files(self, buckets: list[Bucket]) -> None:
         """Unlink retired buckets' files durably (index first, so a crash in between
@@ -412,7 +408,7 @@ class BucketBackend(StorageBackend):
         wanted: list[tuple[int, Slot]] = []
         with self._lock:
             for i, key in enumerate(keys):
-                slot = self._keys.get(key)
+                slot = self.index.get(key)
                 if slot is None:
                     continue
                 if views[i].nbytes < slot.size:
@@ -420,8 +416,7 @@ class BucketBackend(StorageBackend):
                     continue
                 slot.bucket.readers += 1
                 wanted.append((i, slot))
-                if self.policy == "lru" and not slot.bucket.retired:
-                    self._buckets.move_to_end(slot.bucket.id)
+                self._buckets.touch(slot.bucket.id)
         if not wanted:
             return results
         slots = [slot for _, slot in wanted]
@@ -431,11 +426,9 @@ class BucketBackend(StorageBackend):
             self._end_reads(slots)
         for (i, slot), outcome in zip(wanted, outcomes):
             results[i] = outcome.status
-            if outcome.status == ReadStatus.CORRUPT:
-                self.corrupt_reads += 1
-                log.warning("bucket: key %r in %s at %d failed its check (%s); reported as "
-                            "a miss (run check(repair=True) to quarantine it)", slot.key,
-                            slot.bucket.data_path, slot.offset, outcome.reason)
+            if outcome.status in (ReadStatus.CORRUPT, ReadStatus.IO_ERROR):
+                self._note_failed_read(slot.key, f"{slot.bucket.data_path} at {slot.offset}",
+                                       outcome)
         return results
 
     def _hold(self, slots: Sequence[Slot]) -> list[Slot]:
@@ -487,36 +480,6 @@ class BucketBackend(StorageBackend):
         for file in closing:
             file.close()
 
-    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
-        with self._lock:
-            return [key in self._keys for key in keys]
-
-    def stat(self, key: str) -> ObjectRecord | None:
-        self._check_open()
-        with self._lock:
-            slot = self._keys.get(key)
-        return None if slot is None else slot.record()
-
-    def locate(self, key: str) -> Location | None:
-        self._check_open()
-        with self._lock:
-            slot = self._keys.get(key)
-        return None if slot is None else slot.location()
-
-    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
-        self._check_open()
-        with self._lock:
-            snapshot = sorted(self._keys.values(), key=lambda s: (s.bucket.id, s.offset))
-        if not verify:
-            for slot in snapshot:
-                yield slot.record()
-            return
-        for chunk in chunked(snapshot, 32 * MiB):
-            for slot, outcome in zip(chunk, self._read_slots(chunk)):
-                if outcome is not None and outcome.status >= 0:
-                    yield slot.record()
-
     def _read_slots(self, slots: Sequence[Slot]) -> list[ReadOutcome | None]:
         """Read and verify ``slots`` into scratch buffers (for scan and check); None for a
         slot no longer visible."""
@@ -531,7 +494,8 @@ class BucketBackend(StorageBackend):
     def usage(self) -> Usage:
         self._check_open()
         with self._lock:
-            return Usage(self._logical, self._physical, len(self._keys), self.capacity)
+            return Usage(self.index.logical_bytes, self._physical, len(self.index),
+                         self.capacity)
 
     # -- deletes -----------------------------------------------------------------------
 
@@ -543,11 +507,10 @@ class BucketBackend(StorageBackend):
         found: list[bool] = []
         with self._lock:
             for key in keys:
-                slot = self._keys.pop(key, None)
+                slot = self.index.pop(key)
                 found.append(slot is not None)
                 if slot is not None:
                     slot.bucket.forget(slot, FLAG_DELETED)
-                    self._logical -= slot.size
                     touched[slot.bucket.id] = slot.bucket
             dead = [b for b in touched.values() if not b.live and not b.retired]
             for bucket in dead:
@@ -590,6 +553,73 @@ class BucketBackend(StorageBackend):
         else:
             self._check_open()
         return self._checker.run(repair)
+
+    # What check.py needs of the store (its CheckedStore), and nothing else: these are
+    # not part of the SDK contract.
+
+    def loaded_buckets(self) -> list[Bucket]:
+        with self._lock:
+            return list(self._buckets.values())
+
+    def busy_bucket_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._buckets) | self._writing | self._removing
+
+    def index_entries(self, bucket: Bucket) -> list[IndexEntry]:
+        with self._lock:
+            return [slot.entry() for slot in bucket.slots]
+
+    def rewrite_index(self, bucket: Bucket) -> None:
+        self._rewrite_indexes([bucket])
+
+    def indexed(self) -> list[tuple[str, Slot]]:
+        # In volume order: a batch of the record pass reads neighbouring records.
+        return sorted(self.index.snapshot(), key=lambda item: (item[1].bucket.id,
+                                                                item[1].offset))
+
+    def read_back(self, records: Sequence[tuple[str, Slot]]) -> list[ReadOutcome | None]:
+        return self._read_slots([slot for _, slot in records])
+
+    def set_aside(self, key: str, entry: Slot, reason: str) -> str | None:
+        bucket = entry.bucket
+        try:
+            where = self.quarantine.copy_range(
+                bucket.data_path, entry.offset, entry.length, reason=reason, key=key,
+                stem=f"{bucket.id:016x}-{entry.offset:x}", seq=entry.seq,
+                value_length=entry.size, value_crc32c=entry.checksum)
+        except FileNotFoundError:
+            where = None  # its bucket went meanwhile: nothing left to keep
+        self.drop_records(bucket, [entry])
+        return where
+
+    def record_path(self, entry: Slot) -> str:
+        return entry.bucket.data_path
+
+    def drop_records(self, bucket: Bucket, slots: Sequence[Slot]) -> None:
+        with self._lock:
+            for slot in slots:
+                if slot.flags & FLAGS_GONE:
+                    continue  # deleted meanwhile: already out of the index
+                if self.index.get(slot.key) is slot:
+                    self.index.pop(slot.key)
+                bucket.forget(slot, FLAG_QUARANTINED)
+            emptied = not bucket.live and not bucket.retired
+            if emptied:
+                self._retire_locked(bucket)
+        if emptied:
+            self._remove_files([bucket])
+        else:
+            self._rewrite_indexes([bucket])
+
+    def counted_physical(self, bucket: Bucket) -> int | None:
+        with self._lock:
+            return None if bucket.retired else bucket.physical
+
+    def correct_physical(self, bucket: Bucket, actual: int) -> None:
+        with self._lock:
+            if not bucket.retired:
+                self._physical += actual - bucket.physical
+                bucket.physical = actual
 
 
 def _unlink_quietly(path: str) -> None:

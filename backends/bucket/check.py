@@ -10,9 +10,10 @@ What is examined, and what repair does about it:
 - Each bucket's index file is re-read and compared with memory: INDEX_MISMATCH if it
   fails its CRC or lists other records; repair rewrites it from memory (which was
   loaded from a verified index and kept up to date since).
-- Every visible record is read back through the io engine and both its CRCs checked:
-  CORRUPT_RECORD for each that fails; repair copies the record's bytes to
-  ``quarantine/`` with a JSON note and flags the key QUARANTINED in the index, durably.
+- Every visible record is read back through the io engine and verified (the SDK's
+  record pass, :func:`kvstored.sdk.check.check_records`): CORRUPT_RECORD for each that
+  fails; repair copies the record's bytes to ``quarantine/`` with a JSON note and flags
+  the key QUARANTINED in the index, durably.
 - Each bucket's ``st_blocks`` is compared with what usage counts: ACCOUNTING; repair
   corrects the figure.
 
@@ -23,25 +24,55 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from kvstored.backends.bucket.index import FLAG_QUARANTINED, FLAGS_GONE, read_index
+from kvstored.backends.bucket.index import IndexEntry, read_index
 from kvstored.backends.bucket.layout import list_buckets
-from kvstored.backends.bucket.state import Bucket, Slot, chunked
+from kvstored.backends.bucket.state import Bucket, Slot
+from kvstored.sdk.check import RecordStore, check_records
 from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.types import CheckReport, Problem, ProblemKind
+from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
-if TYPE_CHECKING:
-    from kvstored.backends.bucket.backend import BucketBackend
 
-#: Values read per engine submission while checking.
-CHECK_CHUNK_BYTES = 32 * 1024 * 1024
+class CheckedStore(RecordStore[Slot], Protocol):
+    """What the checks need of the backend, and nothing more (BucketBackend has it): the
+    record pass's :class:`~kvstored.sdk.check.RecordStore`, and the buckets' files."""
+
+    @property
+    def buckets_dir(self) -> str: ...
+    @property
+    def quarantine(self) -> Quarantine: ...
+
+    def loaded_buckets(self) -> list[Bucket]:
+        """The buckets that make up the store now."""
+        ...
+
+    def busy_bucket_ids(self) -> set[int]:
+        """Ids of the buckets whose files are in use: loaded, being written or removed."""
+        ...
+
+    def index_entries(self, bucket: Bucket) -> list[IndexEntry]:
+        """What ``bucket``'s index file should hold, from memory (hold its meta_lock)."""
+        ...
+
+    def rewrite_index(self, bucket: Bucket) -> None:
+        """Make ``bucket``'s index file say what memory says, durably."""
+        ...
+
+    def counted_physical(self, bucket: Bucket) -> int | None:
+        """The disk bytes usage counts for ``bucket``; None once it left the store."""
+        ...
+
+    def correct_physical(self, bucket: Bucket, actual: int) -> None:
+        """Count ``actual`` disk bytes for ``bucket`` from now on."""
+        ...
 
 
 class Checker:
     """Runs the checks above against one open backend."""
 
-    def __init__(self, backend: BucketBackend, recovery_problems: list[Problem],
+    def __init__(self, backend: CheckedStore, recovery_problems: list[Problem],
                  unindexed: set[int] = frozenset()) -> None:
         self.backend = backend
         self._recovery_problems = list(recovery_problems)
@@ -56,12 +87,10 @@ class Checker:
             if repair:
                 self._recovery_problems.clear()
             self._check_files(report, repair)
-            with self.backend._lock:
-                buckets = list(self.backend._buckets.values())
-            for bucket in buckets:
+            for bucket in self.backend.loaded_buckets():
                 self._check_index(bucket, report, repair)
-                self._check_records(bucket, report, repair)
                 self._check_blocks(bucket, report, repair)
+            check_records(self.backend, report, repair=repair)
             return report
 
     # -- files nobody owns -------------------------------------------------------------
@@ -69,8 +98,7 @@ class Checker:
     def _check_files(self, report: CheckReport, repair: bool) -> None:
         backend = self.backend
         listing = list_buckets(backend.buckets_dir)
-        with backend._lock:
-            busy = set(backend._buckets) | backend._writing | backend._removing
+        busy = backend.busy_bucket_ids()
         found: list[tuple[ProblemKind, str, str]] = []
         for bucket_id, entry in listing.tmp:
             if bucket_id not in busy:  # a known bucket's temporary file is a rewrite
@@ -87,13 +115,15 @@ class Checker:
         for kind, detail, path in found:
             if path in reported:
                 continue
-            action = None
+            action = where = None
             if repair:
                 try:
-                    action = f"moved to {backend.quarantine.move_aside(path, detail)}"
+                    where = backend.quarantine.move_aside(path, detail)
                 except FileNotFoundError:
                     continue  # its owner removed it meanwhile: nothing was wrong
-            report.problems.append(Problem(kind, detail, path=path, action=action))
+                action = RepairAction.QUARANTINED
+            report.problems.append(Problem(kind, detail, path=path, action=action,
+                                           action_detail=where))
 
     # -- one bucket ----------------------------------------------------------------------
 
@@ -104,8 +134,7 @@ class Checker:
         with bucket.meta_lock:
             if bucket.files_gone:
                 return
-            with backend._lock:
-                expected = [slot.entry() for slot in bucket.slots]
+            expected = backend.index_entries(bucket)
             try:
                 _, on_disk = read_index(bucket.index_path)
                 detail = _compare(expected, on_disk)
@@ -117,65 +146,11 @@ class Checker:
             return
         action = None
         if repair:
-            backend._rewrite_indexes([bucket])
-            action = "rewritten from memory"
+            backend.rewrite_index(bucket)
+            action = RepairAction.REBUILT
         report.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail,
-                                       path=bucket.index_path, action=action))
-
-    def _check_records(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
-        with self.backend._lock:
-            slots = bucket.live_slots()
-        bad: list[tuple[Slot, str]] = []
-        for chunk in chunked(slots, CHECK_CHUNK_BYTES):
-            for slot, outcome in zip(chunk, self.backend._read_slots(chunk)):
-                if outcome is None:
-                    continue  # deleted or evicted meanwhile
-                report.records_checked += 1
-                if outcome.status < 0:
-                    bad.append((slot, outcome.reason or "unreadable"))
-        if not bad:
-            return
-        actions = self._quarantine(bucket, bad) if repair else {}
-        for slot, reason in bad:
-            report.problems.append(Problem(ProblemKind.CORRUPT_RECORD,
-                                           f"record at offset {slot.offset}: {reason}",
-                                           key=slot.key, path=bucket.data_path,
-                                           action=actions.get(id(slot))))
-
-    def _quarantine(self, bucket: Bucket, bad: list[tuple[Slot, str]]) -> dict[int, str]:
-        """Copy each bad record out, then drop its key from the index durably."""
-        backend = self.backend
-        actions: dict[int, str] = {}
-        dropped: list[Slot] = []
-        for slot, reason in bad:
-            try:
-                with open(bucket.data_path, "rb", buffering=0) as f:
-                    raw = os.pread(f.fileno(), slot.length, slot.offset)
-            except OSError as exc:
-                raw, reason = b"", f"{reason}; the bytes could not be read: {exc}"
-            note = {"key": slot.key, "bucket": f"{bucket.id:016x}",
-                    "data_file": bucket.data_path, "record_offset": slot.offset,
-                    "record_length": slot.length, "value_len": slot.size, "seq": slot.seq,
-                    "value_crc": slot.crc, "reason": reason}
-            where = backend.quarantine.copy_out(f"{bucket.id:016x}-{slot.offset:x}", raw, note)
-            actions[id(slot)] = f"quarantined to {where}, dropped from the index"
-            dropped.append(slot)
-        with backend._lock:
-            for slot in dropped:
-                if slot.flags & FLAGS_GONE:
-                    continue  # deleted meanwhile: already out of the index
-                if backend._keys.get(slot.key) is slot:
-                    del backend._keys[slot.key]
-                bucket.forget(slot, FLAG_QUARANTINED)
-                backend._logical -= slot.size
-            emptied = not bucket.live and not bucket.retired
-            if emptied:
-                backend._retire_locked(bucket)
-        if emptied:
-            backend._remove_files([bucket])
-        else:
-            backend._rewrite_indexes([bucket])
-        return actions
+                                       path=bucket.index_path, action=action,
+                                       action_detail="from memory" if action else None))
 
     def _check_blocks(self, bucket: Bucket, report: CheckReport, repair: bool) -> None:
         backend = self.backend
@@ -187,17 +162,15 @@ class Checker:
                           + os.stat(bucket.index_path).st_blocks) * 512
             except FileNotFoundError:
                 return  # reported by the index and record checks
-        with backend._lock:
-            counted = bucket.physical
-            if actual == counted or bucket.retired:
-                return
-            if repair:
-                backend._physical += actual - counted
-                bucket.physical = actual
+        counted = backend.counted_physical(bucket)
+        if counted is None or actual == counted:
+            return
+        if repair:
+            backend.correct_physical(bucket, actual)
         report.problems.append(Problem(
             ProblemKind.ACCOUNTING, f"bucket {bucket.id:016x} occupies {actual} bytes, "
             f"usage counts {counted}", path=bucket.data_path,
-            action="usage corrected" if repair else None))
+            action=RepairAction.CORRECTED if repair else None))
 
 
 def _compare(expected: list, on_disk: list) -> str | None:

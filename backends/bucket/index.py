@@ -43,9 +43,9 @@ from typing import NamedTuple
 import numpy as np
 from crc32c import crc32c
 
-from kvstored.backends.record import ALIGN, VALUE_OFFSET
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import fsync_dir, write_atomically
+from kvstored.sdk.record import ALIGN, VALUE_OFFSET
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 MAGIC = b"KVSI"

@@ -11,63 +11,40 @@ O_DIRECT nothing needs a read-modify-write, and the record is bounced only if th
 caller's memory is itself unaligned.
 
 Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple (the
-record format of backends/record.py with its value padded to 4 KiB), padding zeroed.
+record format of sdk/record.py with its value padded to 4 KiB), padding zeroed.
 
-Reading: every record asked for in one call is read in one engine submission. A small
-value is checked in scratch memory before it is copied to the caller. Either way the header
-CRC (header and key) and the value CRC are both checked, and the header must name the
-key, size and sequence number the index holds. A record that fails is reported CORRUPT,
-and the caller's bytes are zeroed rather than left holding a value that failed.
+Reading: every record asked for in one call is read in one engine submission, and ends
+in the SDK's one verification (:func:`kvstored.sdk.record.verified_read`): the header and
+value CRCs, and the key, size, sequence number and value CRC the index holds. A small
+value is checked in scratch memory before it is copied to the caller; a record that fails
+is reported CORRUPT, and the caller's bytes are zeroed rather than left holding a value
+that failed.
 """
 
 from __future__ import annotations
 
-import mmap
-import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from crc32c import crc32c
-
 from kvstored.backends.bucket.state import Slot
-from kvstored.backends.record import (
+from kvstored.native import IoEngine, IoError, IoFile, ScratchMemory
+from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
+    ReadOutcome,
     align_up,
-    decode_header,
     encode_header,
     record_size,
+    verified_read,
 )
-from kvstored.native import IoEngine, IoError, IoFile
-from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.types import ReadStatus
 
 #: Values up to this size move with their header in one contiguous I/O (see above).
 SMALL_VALUE_MAX = 64 * 1024
 #: Scratch memory filled per write submission.
 WRITE_CHUNK_BYTES = 16 * 1024 * 1024
 
-# Scratch memory up to this size is kept by its thread for the next call: touching
-# fresh pages is slow (DESIGN.md), and a thread's batches tend to look alike.
-_KEEP_SCRATCH_BYTES = 64 << 20
-
-
-class _Scratch(threading.local):
-    """Each thread's page-aligned scratch memory, grown on demand and reused."""
-
-    def __init__(self) -> None:
-        self.memory: mmap.mmap | None = None
-
-    def take(self, size: int) -> memoryview:
-        if self.memory is not None and len(self.memory) >= size:
-            return memoryview(self.memory)[:size]
-        fresh = mmap.mmap(-1, max(1 << max(size - 1, 0).bit_length(), 1 << 20))
-        if len(fresh) <= _KEEP_SCRATCH_BYTES:
-            self.memory = fresh
-        return memoryview(fresh)[:size]
-
-
-_scratch = _Scratch()
+#: This module's scratch memory: record headers, small values, partial blocks.
+_scratch = ScratchMemory()
 
 
 class NewRecord(NamedTuple):
@@ -78,7 +55,7 @@ class NewRecord(NamedTuple):
     value: memoryview
     seq: int
     write_ns: int
-    crc: int
+    checksum: int
 
 
 def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[NewRecord]]]
@@ -120,7 +97,7 @@ def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[New
             block = scratch[at:at + need]
             at += need
             block[:VALUE_OFFSET] = encode_header(record.key_bytes, size, record.seq,
-                                                 record.crc, write_ns=record.write_ns)
+                                                 record.checksum, write_ns=record.write_ns)
             owners.append(owner)
             if copied:
                 block[VALUE_OFFSET:VALUE_OFFSET + size] = record.value
@@ -137,13 +114,6 @@ def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[New
     if items:
         submit()
     return errors
-
-
-class ReadOutcome(NamedTuple):
-    """The value's length, or a negative ReadStatus and why."""
-
-    status: int
-    reason: str | None = None
 
 
 def read_records(engine: IoEngine,
@@ -182,41 +152,23 @@ def read_records(engine: IoEngine,
         items.append((file, slot.offset, pieces))
         plans.append((block, None))
     results = engine.read(items)
-    outcomes = []
-    for (slot, _, dest), (block, span), result in zip(requests, plans, results):
-        outcome = _verify(slot, dest, result, block, span)
-        if outcome.status < 0 and span is None:
-            dest[:slot.size] = bytes(slot.size)  # never leave failed bytes in the buffer
-        outcomes.append(outcome)
-    return outcomes
+    return [_finish(slot, dest, result, block, span)
+            for (slot, _, dest), (block, span), result in zip(requests, plans, results)]
 
 
-def _verify(slot: Slot, dest: memoryview, result: int | IoError, block: memoryview,
+def _finish(slot: Slot, dest: memoryview, result: int | IoError, block: memoryview,
             span: memoryview | None) -> ReadOutcome:
     """``block`` starts with the header; after it comes the whole record (``span`` is
-    ``block``) or just the value's last partial block (``span`` is None)."""
-    if isinstance(result, IoError):
-        return ReadOutcome(ReadStatus.IO_ERROR, str(result))
-    if result < record_size(slot.size):
-        return ReadOutcome(ReadStatus.CORRUPT, "the record is cut short (the data file is "
-                                               "shorter than the index says)")
-    try:
-        header = decode_header(block[:VALUE_OFFSET], offset=slot.offset)
-    except CorruptionError as exc:
-        return ReadOutcome(ReadStatus.CORRUPT, exc.message)
-    if (header.key != slot.key or header.seq != slot.seq or header.value_len != slot.size
-            or header.value_crc != slot.crc or header.tombstone):
-        return ReadOutcome(ReadStatus.CORRUPT, "the record header does not match the index "
-                                               f"(key {header.key!r}, seq {header.seq})")
+    ``block``) or just the value's last partial block (``span`` is None: the value's
+    whole blocks were read straight into ``dest``)."""
+    error = result if isinstance(result, IoError) else None
+    value = None
     if span is not None:
         value = span[VALUE_OFFSET:VALUE_OFFSET + slot.size]
-        if crc32c(value) != slot.crc:
-            return ReadOutcome(ReadStatus.CORRUPT, "the value fails its checksum")
-        dest[:slot.size] = value
-        return ReadOutcome(slot.size)
-    whole = slot.size & ~(ALIGN - 1)
-    if slot.size != whole:
-        dest[whole:slot.size] = block[VALUE_OFFSET:VALUE_OFFSET + slot.size - whole]
-    if crc32c(dest[:slot.size]) != slot.crc:
-        return ReadOutcome(ReadStatus.CORRUPT, "the value fails its checksum")
-    return ReadOutcome(slot.size)
+    elif error is None:
+        whole = slot.size & ~(ALIGN - 1)
+        if slot.size != whole:
+            dest[whole:slot.size] = block[VALUE_OFFSET:VALUE_OFFSET + slot.size - whole]
+    return verified_read(dest, block[:VALUE_OFFSET], value, key=slot.key, size=slot.size,
+                         seq=slot.seq, checksum=slot.checksum, error=error,
+                         complete=isinstance(result, int) and result >= record_size(slot.size))

@@ -45,18 +45,14 @@ from kvstored.backends.bucket.index import (
 )
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.backends.record import RecordHeader, record_size, scan_records
 from kvstored.sdk.backend import OpenProgress
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import fsync_dir
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.types import Problem, ProblemKind
+from kvstored.sdk.record import RecordHeader, record_size, scan_records
+from kvstored.sdk.types import Problem, ProblemKind, RepairAction
 
 log = logging.getLogger("kvstored.backends.bucket")
-
-#: The action of a problem a read-only open leaves for the next read-write open to tidy.
-LEFT_FOR_NEXT_OPEN = "left in place (opened read-only); the next read-write open removes it"
-
 
 @dataclass
 class Recovered:
@@ -91,11 +87,11 @@ def recover(directory: str, quarantine: Quarantine, *, read_only: bool = False,
                   for bucket_id, entry in listing.data.items() if bucket_id not in listing.index]
     for entry, why in leftovers:
         if read_only:
-            action = LEFT_FOR_NEXT_OPEN
+            action = RepairAction.LEFT_FOR_NEXT_OPEN
         else:
             os.unlink(entry.path)
             removed = True
-            action = "removed at open"
+            action = RepairAction.REMOVED
         found.problems.append(Problem(ProblemKind.TORN_WRITE, why, path=entry.path,
                                       action=action))
     if removed:
@@ -170,10 +166,12 @@ class _Loader:
         if not self.read_only and lost:
             write_indexes(self.directory, [(bucket.tmp_index_name, bucket.index_name,
                                             bucket.index_bytes())])
-            action = "left out the records past the end; index rewritten"
-        log.warning("bucket: %s%s", detail, f" ({action})" if action else "")
+            action = RepairAction.DROPPED_FROM_INDEX
+        log.warning("bucket: %s%s", detail, " (left out of the index, which was rewritten)"
+                    if action else "")
         self.problems.append(Problem(ProblemKind.TORN_WRITE, detail, path=bucket.data_path,
-                                     action=action))
+                                     action=action, action_detail="the index was rewritten "
+                                     "without them" if action else None))
 
     def _rebuild(self, bucket_id: int, index_path: str, data_path: str,
                  why: str) -> Bucket | None:
@@ -198,33 +196,35 @@ class _Loader:
                   f"({size - covered} of {size} bytes unaccounted for). Keys deleted from "
                   "this bucket may reappear: the index alone recorded deletes")
         if self.read_only:
-            action = None
+            rebuilt = None
             self.found.unindexed.add(bucket_id)
             physical = os.stat(data_path).st_blocks * 512 + os.stat(index_path).st_blocks * 512
         else:
             moved = self.quarantine.move_aside(index_path, why)
             write_indexes(self.directory, [(bucket.tmp_index_name, bucket.index_name,
                                             bucket.index_bytes())])
-            action = f"damaged index moved to {moved}; a new one was written from the records"
+            rebuilt = f"from the records of its data file; the damaged index is in {moved}"
             physical = (os.stat(data_path).st_blocks + os.stat(index_path).st_blocks) * 512
-        log.warning("bucket: %s%s", detail, f" ({action})" if action else
+        log.warning("bucket: %s%s", detail, f" (index rebuilt {rebuilt})" if rebuilt else
                     " (opened read-only: kept in memory; recover --repair rebuilds the index)")
         self.problems.append(Problem(ProblemKind.INDEX_MISMATCH, detail, path=index_path,
-                                     action=action))
+                                     action=RepairAction.REBUILT if rebuilt else None,
+                                     action_detail=rebuilt))
         _count(bucket, physical)
         return bucket
 
     def _drop(self, bucket_id: int, index_path: str, data_path: str | None,
               kind: ProblemKind, why: str) -> None:
-        action = None
+        moved = None
         if not self.read_only:
-            moved = [self.quarantine.move_aside(p, why) for p in (index_path, data_path)
-                     if p is not None]
-            action = f"moved to {', '.join(moved)} at open"
+            moved = ", ".join(self.quarantine.move_aside(p, why) for p in (index_path, data_path)
+                              if p is not None)
         log.warning("bucket: bucket %016x dropped: %s%s", bucket_id, why,
-                    "" if action else " (opened read-only: left in place)")
+                    "" if moved else " (opened read-only: left in place)")
         self.problems.append(Problem(kind, f"bucket {bucket_id:016x} dropped: {why}",
-                                     path=index_path, action=action))
+                                     path=index_path,
+                                     action=RepairAction.QUARANTINED if moved else None,
+                                     action_detail=moved))
         return None
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
 
 from kvstored.backends.bucket.index import (
     FLAGS_GONE,
@@ -20,25 +19,26 @@ from kvstored.backends.bucket.index import (
     index_size,
 )
 from kvstored.backends.bucket.layout import data_name, index_name, tmp_index_name
-from kvstored.backends.record import VALUE_OFFSET, record_size
 from kvstored.native import IoFile
-from kvstored.sdk.types import Location, ObjectRecord
+from kvstored.sdk.record import VALUE_OFFSET, record_size
+from kvstored.sdk.types import Location
 
 
 class Slot:
     """One record in a bucket's data file, and whether its key is still visible."""
 
-    __slots__ = ("bucket", "crc", "flags", "key", "offset", "seq", "size", "write_ns")
+    __slots__ = ("bucket", "checksum", "flags", "key", "offset", "seq", "size", "write_ns")
 
     def __init__(self, bucket: Bucket, key: str, offset: int, size: int, seq: int,
-                 write_ns: int, crc: int, flags: int = 0) -> None:
+                 write_ns: int, checksum: int, flags: int = 0) -> None:
         self.bucket = bucket
         self.key = key
         self.offset = offset
         self.size = size
         self.seq = seq
         self.write_ns = write_ns
-        self.crc = crc
+        #: CRC-32C of the value.
+        self.checksum = checksum
         self.flags = flags
 
     @property
@@ -52,15 +52,11 @@ class Slot:
 
     def entry(self) -> IndexEntry:
         return IndexEntry(self.key, self.offset, self.size, self.seq, self.write_ns,
-                          self.crc, self.flags)
+                          self.checksum, self.flags)
 
     def location(self) -> Location:
         return Location(self.bucket.data_path, self.offset + VALUE_OFFSET, self.size,
                         self.offset, self.length)
-
-    def record(self) -> ObjectRecord:
-        return ObjectRecord(self.key, self.size, self.crc, self.location(),
-                            self.write_ns / 1e9, self.seq)
 
 
 class Bucket:
@@ -130,18 +126,3 @@ class Bucket:
     def __repr__(self) -> str:
         return (f"<Bucket {self.id:016x}: {self.live}/{len(self.slots)} live, "
                 f"{self.data_len} bytes>")
-
-
-def chunked(slots: Sequence[Slot], budget: int) -> Iterator[list[Slot]]:
-    """``slots`` in runs whose values add up to at most ``budget`` bytes (a larger value
-    makes a run of its own): one engine submission each, with bounded memory."""
-    chunk: list[Slot] = []
-    size = 0
-    for slot in slots:
-        if chunk and size + slot.size > budget:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(slot)
-        size += slot.size
-    if chunk:
-        yield chunk

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from kvstored.backends.bucket.index import write_indexes
 from kvstored.backends.bucket.records import NewRecord, write_records
 from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.backends.record import record_size, value_checksum
-from kvstored.native import IoEngine, IoFile
+from kvstored.native import IoEngine, IoFile, sync_written
 from kvstored.sdk.files import PRIVATE_FILE
+from kvstored.sdk.record import record_size, value_checksum
 
 #: A claimed item of a batch: (its position in the batch, key, key bytes, value).
 Claimed = tuple[int, str, bytes, memoryview]
@@ -115,8 +115,9 @@ def _write_data(engine: IoEngine,
         errors = write_records(engine, [(f, r) for _, r, f in writing])
         for position, error in errors.items():
             failures[writing[position][0].id] = error
-        syncing = [(b, f) for b, _, f in writing if b.id not in failures]
-        for (bucket, _), outcome in zip(syncing, engine.fsync([f for _, f in syncing])):
+        synced = sync_written(engine, [f for _, _, f in writing],
+                                     [failures.get(b.id) for b, _, _ in writing])
+        for (bucket, _, _), outcome in zip(writing, synced):
             if isinstance(outcome, OSError):
                 failures[bucket.id] = outcome
     finally:

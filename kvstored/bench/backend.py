@@ -39,12 +39,18 @@ from typing import Any
 import click
 import numpy as np
 
-from kvstored.backends import BUILTIN, backend_class, backend_options, known_backends, open_backend
 from kvstored.bench import BenchError, no_space
 from kvstored.bench.io import QUEUE_DEPTH, Measurement, Pattern, prepare_file, run_fio
 from kvstored.errors import CorruptDataError
 from kvstored.sdk.errors import CapacityError
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.registry import (
+    BUILTIN,
+    backend_class,
+    backend_options,
+    known_backends,
+    open_backend,
+)
+from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
 #: The default backends, in this order, those of them that are registered.

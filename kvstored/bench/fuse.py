@@ -51,7 +51,7 @@ from kvstored.bench import BenchError
 from kvstored.capabilities import probe_fuse
 from kvstored.errors import UnavailableError
 from kvstored.fuse.names import key_to_name
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
 READ_SIZES = (128 * KiB, MiB)

@@ -40,7 +40,7 @@ from kvstored.bench import BenchError, no_space
 from kvstored.native import IoEngine, IoError, probe_uring
 from kvstored.native.posix import PosixEngine
 from kvstored.native.uring import UringEngine
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 QUEUE_DEPTH = 32
 MIN_SIZE = 4 << 30

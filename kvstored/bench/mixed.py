@@ -42,7 +42,7 @@ import click
 import kvstored
 from kvstored.bench.store_kvstored import KvstoredDaemon
 from kvstored.errors import StoreError
-from kvstored.units import parse_size
+from kvstored.sdk.units import parse_size
 
 OPS = ("put", "get", "remove", "exists")
 WEIGHTS = (0.4, 0.4, 0.1, 0.1)

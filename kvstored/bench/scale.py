@@ -52,8 +52,8 @@ import numpy as np
 
 import kvstored
 from kvstored.bench import BenchError
+from kvstored.sdk.units import format_size, parse_size
 from kvstored.security import create_token_file
-from kvstored.units import format_size, parse_size
 
 BACKENDS = ("file-per-key", "bucket")
 PUT_BATCH = 1024

@@ -42,9 +42,9 @@ from rich.table import Table
 from kvstored.bench import BenchError
 from kvstored.errors import UnavailableError
 from kvstored.params import ExistingFile
+from kvstored.sdk.units import format_size
 from kvstored.tools import binfile, events
 from kvstored.tools.errors import TraceNotFoundError
-from kvstored.units import format_size
 
 DEFAULT_TRACE = "mooncake_conversation.jsonl"
 

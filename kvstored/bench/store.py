@@ -54,7 +54,7 @@ from kvstored.bench.store_workload import (
     run_ops,
 )
 from kvstored.errors import StoreError
-from kvstored.units import parse_size
+from kvstored.sdk.units import parse_size
 
 PEERS = ("raw-socket", "memcpy", "mooncake")
 

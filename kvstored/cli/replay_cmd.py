@@ -21,9 +21,9 @@ from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
 from kvstored.config import load_config
 from kvstored.progress import progress_bar
+from kvstored.sdk.units import parse_size
 from kvstored.tools.cli_common import FORMAT_CHOICE
 from kvstored.tools.tiered import DEFAULT_PREFILL_TOKENS_PER_S
-from kvstored.units import parse_size
 
 #: The largest block a replay writes (a KV block of a large model at 512 tokens is a few
 #: MiB; the store's default object limit is far above).

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from kvstored.protocol import NodePhase
 from kvstored.protocol.master_api import NodeStatus, StatusReply
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 #: Width of the labels of a node's lines ("checksum  ").
 _LABEL = 10

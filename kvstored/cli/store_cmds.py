@@ -31,7 +31,7 @@ from kvstored.cli.settings import setting_option
 from kvstored.errors import NotFoundError
 from kvstored.params import ExistingDirectory, ExistingFile
 from kvstored.progress import progress_bar, wait_showing
-from kvstored.units import format_size, parse_size
+from kvstored.sdk.units import format_size, parse_size
 
 console = Console()
 
@@ -341,8 +341,7 @@ def _recover_offline(directory: str, backend: str | None, repair: bool, as_json:
             if progress and records % 256 == 0:
                 progress(records, total, f"recover: {records:,} of {total:,} records "
                                          "read back and verified")
-    problems = [{"kind": p.kind.value, "detail": p.detail, "key": p.key, "path": p.path,
-                 "action": p.action} for p in report.problems]
+    problems = [p.as_dict() for p in report.problems]
     if as_json:
         _print_json({"directory": directory, "backend": name, "objects": records,
                      "mode": "repair" if repair else "read-only",
@@ -361,4 +360,5 @@ def _print_problems(name: str, problems: list[dict[str, Any]], checked: int) -> 
     for p in problems:
         what = p["key"] if p["key"] is not None else p["path"]
         click.echo(f"  {p['kind']}: {what}: {p['detail']}"
-                   + (f" -> {p['action']}" if p["action"] else ""))
+                   + (f" -> {p['action']}" if p["action"] else "")
+                   + (f": {p['action_detail']}" if p.get("action_detail") else ""))

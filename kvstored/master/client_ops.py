@@ -31,7 +31,7 @@ from kvstored.protocol.master_api import (
     StatRequest,
 )
 from kvstored.rpc import Binding, FramedSocket
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 #: The most keys one list page holds, and how many pages' worth a filtered page examines.
 LIST_LIMIT = 10000

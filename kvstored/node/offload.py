@@ -46,8 +46,8 @@ from kvstored.sdk import (
     ValueTooLargeError,
     WriteOutcome,
 )
+from kvstored.sdk.units import format_size
 from kvstored.supervisor import Backoff, Supervisor, describe_keys
-from kvstored.units import format_size
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ from typing import Any
 
 import trio
 
-from kvstored.backends import open_backend
 from kvstored.errors import BadRequestError, UnreachableError
 from kvstored.hostid import host_id
 from kvstored.metrics import NodeMetrics
@@ -57,10 +56,11 @@ from kvstored.protocol.master_api import (
 )
 from kvstored.rpc import RpcClient, ServerLimits, Service, serve
 from kvstored.sdk import StorageBackend
+from kvstored.sdk.registry import open_backend
+from kvstored.sdk.units import format_size
 from kvstored.security import Credentials, make_private_dir
 from kvstored.shm import DramSegment, sweep_stale
 from kvstored.supervisor import Backoff, Supervisor
-from kvstored.units import format_size
 
 log = logging.getLogger(__name__)
 

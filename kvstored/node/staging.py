@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from kvstored.errors import BadRequestError
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 #: Smallest buffer allocated: many small gets then share one.
 MIN_BUFFER = 1 << 20

@@ -80,12 +80,20 @@ class StartupProgress:
                 said = True
                 await trio.sleep(INTERVAL)
 
+        # The body's error leaves as itself, not inside the ticker nursery's exception
+        # group: callers (the supervisor's log line, the master session's retry) must see
+        # "node name 'n1' belongs to a live node", not "ExceptionGroup: ...".
+        failure: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tick)
             try:
                 yield self
+            except Exception as exc:
+                failure = exc
             finally:
                 nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         if said:
             logger.info("%s: %s: done in %.1fs", who(), self.line(),
                         trio.current_time() - started)

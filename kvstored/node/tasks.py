@@ -31,7 +31,7 @@ from kvstored.protocol.master_api import (
     RecoveryReport,
     Task,
 )
-from kvstored.sdk import Problem, StorageBackend
+from kvstored.sdk import Problem, RepairAction, StorageBackend
 from kvstored.supervisor import Supervisor, describe_keys
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,8 @@ QUARANTINE_ID = 0
 
 
 def quarantined(problem: Problem) -> bool:
-    """Whether a check moved ``problem``'s record to quarantine.
-
-    The one place that reads a problem's action: it is free text today ("quarantined to
-    …"). When ``kvstored.sdk.types`` gives actions an enum, compare with its member here.
-    """
-    return problem.action is not None and "quarantine" in problem.action
+    """Whether a check moved ``problem``'s record to quarantine."""
+    return problem.action is RepairAction.QUARANTINED
 
 
 class TaskRunner:
@@ -158,7 +154,9 @@ class TaskRunner:
         self.outcomes.recovered(RecoveryReport(
             id=ident, repaired=report.repaired, records_checked=report.records_checked,
             problems=[ProblemReport(kind=p.kind.value, detail=p.detail, key=p.key,
-                                    path=p.path, action=p.action) for p in problems]))
+                                    path=p.path,
+                                    action=p.action.value if p.action else None,
+                                    action_detail=p.action_detail) for p in problems]))
         self.wake()
 
     def _recover_failed(self, ident: int, exc: Exception) -> None:

@@ -233,8 +233,11 @@ class ProblemReport(Message):
     detail: str
     key: str | None = None
     path: str | None = None
-    #: What the check did about it (None: nothing; ``--repair`` would).
+    #: What the check did about it, a :class:`kvstored.sdk.RepairAction` value (None:
+    #: nothing; ``--repair`` would).
     action: str | None = None
+    #: The specifics of ``action``: where the bytes went, what was rebuilt from what.
+    action_detail: str | None = None
 
 
 @message

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 64em; color: #222; }

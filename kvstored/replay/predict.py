@@ -41,8 +41,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvstored.backends.bucket.index import index_size
-from kvstored.backends.record import record_size
 from kvstored.config import Config
+from kvstored.sdk.record import record_size
 from kvstored.tools.events import EventTrace
 from kvstored.tools.tiered import TierReplay, replay_tiers
 

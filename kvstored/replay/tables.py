@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 #: A difference that the tables point out (the issue's bound for the store).
 PARTS_PP = 2.0

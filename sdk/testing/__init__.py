@@ -165,6 +165,9 @@ def _as_test(check: Check):
     return test
 
 
-for _check in CHECKS:
-    setattr(BackendConformance, f"test_{_check.name}", _as_test(_check))
-del _check
+def _add_tests() -> None:
+    for check in CHECKS:
+        setattr(BackendConformance, f"test_{check.name}", _as_test(check))
+
+
+_add_tests()

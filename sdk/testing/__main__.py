@@ -17,6 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvstored.sdk.errors import BackendError
+from kvstored.sdk.registry import backend_class, parse_options
+from kvstored.sdk.testing import CHECKS, check_backend
+from kvstored.sdk.testing.kit import CheckStatus
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,10 +36,6 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
 
     BACKEND is a registered backend name (file-per-key, bucket, …) or module:Class.
     """
-    from kvstored.backends import backend_class, coerce_options
-    from kvstored.sdk.testing import CHECKS, check_backend
-    from kvstored.sdk.testing.kit import CheckStatus
-
     raw = {}
     for item in raw_options:
         key, sep, value = item.partition("=")
@@ -44,7 +43,7 @@ def main(backend: str, raw_options: tuple[str, ...], directory: Path | None,
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         raw[key] = value
     try:
-        options = coerce_options(backend_class(backend), raw)
+        options = parse_options(backend_class(backend), raw)
     except BackendError as exc:
         raise click.UsageError(str(exc)) from None
     if directory is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstored.sdk.backend import StorageBackend
+from kvstored.sdk.registry import backend_class, known_backends, open_backend
 from kvstored.sdk.types import Capabilities, Location, ReadStatus
 
 #: The kit opens backends with this max_value_size unless told otherwise, so that the
@@ -80,10 +81,8 @@ class BackendSpec:
 
 def resolve_factory(target: str) -> BackendFactory:
     """The factory a reference names: a registered backend name or ``module:Class`` opens
-    through the registry (:func:`kvstored.backends.open_backend`); ``module:function``
+    through the registry (:func:`kvstored.sdk.registry.open_backend`); ``module:function``
     names a factory function."""
-    from kvstored.backends import known_backends, open_backend
-
     if ":" in target and target not in known_backends():
         module_name, _, attribute = target.partition(":")
         found: Any = importlib.import_module(module_name)
@@ -193,8 +192,6 @@ class Kit:
         if isinstance(factory, type) and issubclass(factory, StorageBackend):
             return factory
         if factory is None and self.spec.target is not None:
-            from kvstored.backends import backend_class
-
             try:
                 return backend_class(self.spec.target)
             except Exception:  # a factory function's reference: open one to see
@@ -224,8 +221,9 @@ class Kit:
 
     def assert_value(self, backend: StorageBackend, key: str, expected: bytes) -> None:
         got = self.read(backend, key)
-        if isinstance(got, ReadStatus):
-            raise AssertionError(f"reading {key!r} gave {got.name}, expected {len(expected)} bytes")
+        if not isinstance(got, bytes):
+            raise AssertionError(f"reading {key!r} gave {ReadStatus(got).name}, expected "
+                                 f"{len(expected)} bytes")
         if got != expected:
             raise AssertionError(f"reading {key!r} gave wrong bytes ({len(got)} bytes, "
                                  f"expected {len(expected)}; first difference at "

@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 
 
 def main() -> None:

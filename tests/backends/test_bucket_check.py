@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from kvstored.backends import open_backend
 from kvstored.backends.bucket.index import FLAG_QUARANTINED, read_index
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
-from kvstored.sdk.types import ProblemKind, ReadStatus
+from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction
 
 ITEMS = [(f"c/{n}", payload(f"c/{n}", 20_000 + 4096 * n)) for n in range(6)]
 
@@ -35,15 +35,15 @@ def test_bad_record_is_copied_out_and_dropped_durably(tmp_path):
     assert backend.contains("c/2"), "check without repair must change nothing"
 
     report = backend.check(repair=True)
-    assert report.ok and "quarantined to" in report.problems[0].action
+    assert report.ok and report.problems[0].action is RepairAction.QUARANTINED
     copies = sorted((store / "quarantine").glob("*.kvr"))
-    assert len(copies) == 1
+    assert len(copies) == 1 and report.problems[0].action_detail == str(copies[0])
     damaged = bytearray(original)
     damaged[4096 + 7] ^= 0xFF
     assert copies[0].read_bytes() == bytes(damaged), "the evidence is not the record"
     note = json.loads(copies[0].with_suffix(".json").read_text())
-    assert note["key"] == "c/2" and note["record_offset"] == victim.record_offset
-    assert note["data_file"] == victim.path and "checksum" in note["reason"]
+    assert note["key"] == "c/2" and note["offset"] == victim.record_offset
+    assert note["source"] == victim.path and "checksum" in note["reason"]
 
     assert backend.batch_read(["c/2"], [memoryview(bytearray(40_000))]) == [ReadStatus.MISSING]
     _, entries = read_index(str(Path(victim.path).with_suffix(".idx")))

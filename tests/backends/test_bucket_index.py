@@ -22,8 +22,8 @@ from kvstored.backends.bucket.index import (
     write_indexes,
 )
 from kvstored.backends.bucket.layout import list_buckets
-from kvstored.backends.record import record_size
 from kvstored.sdk.errors import CorruptionError
+from kvstored.sdk.record import record_size
 
 
 @pytest.fixture(autouse=True, params=["python", "numpy"])

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 import kvstored.native
-from kvstored.backends import open_backend
 from kvstored.backends.bucket.records import SMALL_VALUE_MAX
-from kvstored.backends.record import record_size
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
+from kvstored.sdk.record import record_size
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
 from tests.conftest import require

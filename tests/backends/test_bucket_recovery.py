@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.bucket.index import FLAG_DELETED, read_index
 from kvstored.backends.bucket.layout import data_name, index_name
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
-from kvstored.sdk.types import ProblemKind
+from kvstored.sdk.types import ProblemKind, RepairAction
 
 OPTIONS = {"engine": "posix"}
 BASE = [(f"base/{n}", payload(f"base/{n}", 10_000 + n)) for n in range(5)]
@@ -36,7 +36,7 @@ def _crash_during(path: Path, patch: str, action: str) -> None:
     process die with os._exit at a chosen step), then run ``action``; it must die."""
     script = textwrap.dedent(f"""
         import os, sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         from kvstored.sdk.testing import payload
         BASE = {[k for k, _ in BASE]!r}
         NEW = {[k for k, _ in NEW]!r}
@@ -75,7 +75,7 @@ def test_crash_after_data_before_index(tmp_path):
     _assert_base_intact(backend)
     report = backend.check()
     assert [p.kind for p in report.problems] == [ProblemKind.TORN_WRITE]
-    assert report.problems[0].action == "removed at open"
+    assert report.problems[0].action is RepairAction.REMOVED
     assert backend.check(repair=True).problems
     assert not backend.check().problems
 
@@ -194,7 +194,8 @@ def test_broken_bucket_is_dropped_and_quarantined(tmp_path, damage):
     kept = sorted(p.name for p in (store / "quarantine").iterdir())
     assert any(name.endswith(index_name(2)) for name in kept), kept
     report = backend.check()
-    assert len(report.problems) == 1 and "moved to" in report.problems[0].action
+    assert len(report.problems) == 1
+    assert report.problems[0].action is RepairAction.QUARANTINED
     assert report.problems[0].kind in (ProblemKind.INDEX_MISMATCH, ProblemKind.TORN_WRITE)
     assert backend.check(repair=True).ok
     assert not backend.check().problems
@@ -215,7 +216,7 @@ def test_data_file_cut_short_keeps_the_records_inside_it(tmp_path):
         assert backend.read(key) == value
     [problem] = backend.check().problems
     assert problem.kind is ProblemKind.TORN_WRITE and "2 record(s) past the end" in problem.detail
-    assert problem.action and "index rewritten" in problem.action
+    assert problem.action is RepairAction.DROPPED_FROM_INDEX
     backend.close()
     assert _open(store).usage().objects == 3, "the rewritten index did not stick"
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
-from kvstored.backends.record import record_size
 from kvstored.native import IoEngine
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
+from kvstored.sdk.eviction import EvictionPolicy
+from kvstored.sdk.record import record_size
+from kvstored.sdk.registry import open_backend, parse_options
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus, WriteBatchHint, WriteOutcome
 
@@ -44,11 +45,11 @@ def test_write_hint_reports_the_thresholds(tmp_path):
 
 
 def test_options_parse_from_a_command_line():
-    typed = coerce_options(BucketBackend, {"bucket_bytes": "64MiB", "bucket_age": "0.5",
+    typed = parse_options(BucketBackend, {"bucket_bytes": "64MiB", "bucket_age": "0.5",
                                            "direct": "yes", "policy": "lru",
                                            "high_watermark": "0.95"})
     assert typed == {"bucket_bytes": 64 * MiB, "bucket_age": 0.5, "direct": True,
-                     "policy": "lru", "high_watermark": 0.95}
+                     "policy": EvictionPolicy.LRU, "high_watermark": 0.95}
 
 
 @pytest.mark.parametrize("bad", [{"policy": "random"}, {"bucket_keys": 0},

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from kvstored.backends import open_backend
-from kvstored.backends.nvmeof import device_size, is_block_device
+from kvstored.backends.nvmeof.device import device_size, is_block_device
 from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidRequestError
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
 from tests.backends.test_nvmeof_conformance import LOOP_IMAGE_SIZE, attach_loop, detach_loop
@@ -49,7 +49,7 @@ def test_device_size_and_defaults(loops):
         os.close(fd)
     backend = open_backend("nvmeof", device, engine="posix")
     try:
-        assert backend._file.direct, "O_DIRECT is the default on block devices"
+        assert backend.volume_file.direct, "O_DIRECT is the default on block devices"
         assert backend.usage().capacity_bytes == LOOP_IMAGE_SIZE
         write_all(backend, [("k", payload("k", 12_345))])
         where = backend.locate("k")
@@ -70,7 +70,7 @@ def test_capacity_may_use_part_of_the_device_not_more(loops):
 
 
 def test_device_in_use_is_refused(loops, monkeypatch):
-    import kvstored.backends.nvmeof as nvmeof
+    import kvstored.backends.nvmeof.backend as nvmeof
 
     monkeypatch.setattr(nvmeof, "BUSY_WAIT", 0.1)
     device = loops()
@@ -88,7 +88,7 @@ def test_a_device_released_while_waiting_is_opened(loops, monkeypatch, caplog):
     deferred release) is waited for, with one log line, and then opened."""
     import threading
 
-    import kvstored.backends.nvmeof as nvmeof
+    import kvstored.backends.nvmeof.backend as nvmeof
 
     monkeypatch.setattr(nvmeof, "BUSY_NOTICE", 0.05)
     device = loops()
@@ -176,7 +176,7 @@ def test_earlier_format_of_the_same_file_is_never_read(tmp_path):
 
 WRITER = """
 import sys
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 backend = open_backend("nvmeof", sys.argv[1], engine=sys.argv[2], checkpoint_bytes=1 << 40)
 backend.batch_write([(f"k{i}", bytes([i]) * (3000 + i)) for i in range(40)])
 backend.batch_delete(["k7", "k8"])

@@ -8,8 +8,8 @@ import mmap
 import pytest
 
 import kvstored.native
-from kvstored.backends import open_backend
 from kvstored.native import IoError
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus
 from tests.conftest import require

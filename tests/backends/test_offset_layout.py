@@ -11,7 +11,7 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstored.backends.offset_layout import (
+from kvstored.backends.offset.layout import (
     JOURNAL_HEADER_SIZE,
     MAX_JOURNAL_ENTRY,
     SLOT_HEADER_SIZE,
@@ -24,9 +24,9 @@ from kvstored.backends.offset_layout import (
     pack_entry,
     tombstone_bytes,
 )
-from kvstored.backends.offset_recovery import _parse_entries
-from kvstored.backends.record import ALIGN, FLAG_TOMBSTONE
+from kvstored.backends.offset.recovery import _parse_entries
 from kvstored.sdk.errors import CorruptionError, InvalidRequestError
+from kvstored.sdk.record import ALIGN, FLAG_TOMBSTONE
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -17,16 +17,16 @@ import threading
 
 import pytest
 
-from kvstored.backends import open_backend
-from kvstored.backends.offset_layout import encode_checkpoint
+from kvstored.backends.offset.layout import encode_checkpoint
 from kvstored.sdk.errors import (
     BackendBusyError,
     CapacityError,
     CorruptionError,
     InvalidRequestError,
 )
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
-from kvstored.sdk.types import ProblemKind, ReadStatus, WriteOutcome
+from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 
 MiB = 1 << 20
 SMALL = 16 * MiB  # a small volume keeps these tests quick and the disk empty
@@ -152,10 +152,9 @@ def test_torn_checkpoint_falls_back_to_the_previous_one(store_dir):
     backend.checkpoint()
     second = items("q", 5)
     write_all(backend, second)
-    geometry, generation = backend._geometry, backend._generation
-    image = encode_checkpoint(geometry, generation + 1, backend._seq,
-                              [backend._index[k].packed for k in backend._order])
-    path = backend._file.path
+    geometry, generation = backend.geometry, backend.generation
+    image = encode_checkpoint(geometry, generation + 1, *backend._snapshot_locked())
+    path = backend.volume_file.path
     crash(backend)
     fd = os.open(path, os.O_WRONLY)
     try:  # the first block of the next checkpoint landed, the rest did not
@@ -165,18 +164,18 @@ def test_torn_checkpoint_falls_back_to_the_previous_one(store_dir):
     backend = open_offset(store_dir)
     assert_values(backend, first + second)
     # Recovery wrote a fresh checkpoint over the torn one (same slot, same generation).
-    assert backend._generation == generation + 1
+    assert backend.generation == generation + 1
     assert not backend.check().problems
     backend.close()
 
 
 def test_full_journal_forces_checkpoints(store_dir):
     backend = open_offset(store_dir, capacity=4 * MiB)  # a 64 KiB journal: 16 entries
-    before = backend._generation
+    before = backend.generation
     objects = [(f"j/{i}", payload(f"j/{i}", 1000)) for i in range(60)]
     for item in objects:
         write_all(backend, [item])
-    assert backend._generation >= before + 3
+    assert backend.generation >= before + 3
     crash(backend)
     backend = open_offset(store_dir, capacity=4 * MiB)
     assert_values(backend, objects)
@@ -185,9 +184,9 @@ def test_full_journal_forces_checkpoints(store_dir):
 
 def test_checkpoint_bytes_bounds_replay(store_dir):
     backend = open_offset(store_dir, checkpoint_bytes=200_000)
-    before = backend._generation
+    before = backend.generation
     write_all(backend, items("c", 20))  # about 500 KB of records
-    assert backend._generation > before
+    assert backend.generation > before
     crash(backend)
     backend = open_offset(store_dir, checkpoint_bytes=200_000)
     assert_values(backend, items("c", 20))
@@ -234,7 +233,7 @@ def test_lru_order_survives_reopen(store_dir):
 def test_index_area_full_evicts_or_fails(store_dir):
     key = "k" * 1000  # about 1 KiB of index per object
     backend = open_offset(store_dir, index_bytes=4096, auto_evict=False)
-    fits = backend._geometry.index_capacity // (38 + 1001)  # 38 bytes + the key per entry
+    fits = backend.geometry.index_capacity // (38 + 1001)  # 38 bytes + the key per entry
     results = backend.batch_write([(f"{i}{key}", b"v") for i in range(fits + 1)])
     assert [r.outcome for r in results[:fits]] == [WriteOutcome.WRITTEN] * fits
     assert isinstance(results[-1].error, CapacityError)
@@ -251,8 +250,8 @@ def test_checkpoint_damage_is_found_and_repaired(store_dir):
     backend = open_offset(store_dir)
     write_all(backend, items("r", 5))
     backend.checkpoint()
-    slot = backend._geometry.slot_offsets[backend._generation % 2]
-    flip_byte(backend._file.path, slot + 100)
+    slot = backend.geometry.slot_offsets[backend.generation % 2]
+    flip_byte(backend.volume_file.path, slot + 100)
     report = backend.check()
     assert [p.kind for p in report.problems] == [ProblemKind.INDEX_MISMATCH]
     report = backend.check(repair=True)
@@ -270,12 +269,13 @@ def test_repair_copies_the_record_out_and_it_stays_out(store_dir):
     where = backend.locate("y/2")
     flip_byte(where.path, where.offset + 7)
     [problem] = backend.check(repair=True).problems
-    assert problem.key == "y/2" and "copied to" in problem.action
+    assert problem.key == "y/2" and problem.action is RepairAction.QUARANTINED
     [copy] = list((store_dir / "quarantine").glob("*.kvr"))
+    assert problem.action_detail == str(copy)
     raw = copy.read_bytes()
     assert len(raw) == where.record_length and b"y/2" in raw[:4096]
     note = json.loads(copy.with_suffix(".json").read_text())
-    assert note["key"] == "y/2" and note["record_offset"] == where.record_offset
+    assert note["key"] == "y/2" and note["offset"] == where.record_offset
     crash(backend)  # the drop is journalled: it holds without a checkpoint
     backend = open_offset(store_dir)
     assert not backend.contains("y/2")
@@ -311,7 +311,7 @@ def test_both_checkpoints_lost_refuses_to_open(store_dir):
     backend = open_offset(store_dir)
     write_all(backend, items("z", 2))
     backend.checkpoint()
-    geometry, path = backend._geometry, backend._file.path
+    geometry, path = backend.geometry, backend.volume_file.path
     backend.close()
     for slot in geometry.slot_offsets:
         flip_byte(path, slot)
@@ -344,7 +344,7 @@ def test_too_small_a_volume_is_refused(store_dir):
 
 WRITER = """
 import sys
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 backend = open_backend("offset", sys.argv[1], capacity=16 << 20, engine=sys.argv[2],
                        checkpoint_bytes=1 << 40)
 backend.batch_write([(f"k{i}", bytes([i]) * (5000 + i)) for i in range(30)])
@@ -422,7 +422,7 @@ def test_failed_journal_write_fails_the_items_and_leaves_nothing(store_dir):
     backend = open_offset(store_dir)
     write_all(backend, [("before", b"ok")])
     used = backend._alloc.used_bytes
-    failing = JournalFails(backend._engine, backend._geometry)
+    failing = JournalFails(backend._engine, backend.geometry)
     backend._engine = backend._journal._engine = failing
     results = backend.batch_write([("x", b"1" * 5000), ("y", b"2")])
     assert all(r.outcome is WriteOutcome.FAILED for r in results)

@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvstored.backends import open_backend
-from kvstored.backends.offset_layout import journal_blocks
-from kvstored.backends.record import record_size
+from kvstored.backends.offset.layout import journal_blocks
+from kvstored.sdk.record import record_size
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.types import WriteOutcome
 from tests.backends.test_offset_recovery import crash
 

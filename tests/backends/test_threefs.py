@@ -45,9 +45,9 @@ def test_big_batches_are_pipelined_in_order(tmp_path, engine, direct):
     """Batches past two pipeline chunks (reads) or two staging pieces (writes) move
     through the I/O threads piece by piece; every value lands in its own place and every
     result is in its item's slot."""
-    from kvstored.backends import open_backend
-    from kvstored.backends.threefs_files import PIPELINE_CHUNK
-    from kvstored.backends.threefs_writer import PIECE_BYTES
+    from kvstored.backends.threefs.files import PIPELINE_CHUNK
+    from kvstored.backends.threefs.writer import PIECE_BYTES
+    from kvstored.sdk.registry import open_backend
     from kvstored.sdk.testing import payload
 
     if engine == "uring":
@@ -71,7 +71,7 @@ def test_batches_naming_keys_in_opposite_orders_do_not_deadlock(tmp_path):
     import sys
     import threading
 
-    from kvstored.backends import open_backend
+    from kvstored.sdk.registry import open_backend
     from kvstored.sdk.types import WriteOutcome
 
     previous = sys.getswitchinterval()

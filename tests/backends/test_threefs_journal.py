@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstored.backends.threefs_index import NodeIndex, check_name, shard_name, shard_number
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.index import NodeIndex
+from kvstored.backends.threefs.journal import (
     ENTRY_SIZE,
     HEADER_SIZE,
     Entry,
@@ -20,6 +20,7 @@ from kvstored.backends.threefs_journal import (
     parse,
     read_file,
 )
+from kvstored.backends.threefs.layout import check_name, shard_name, shard_number
 from kvstored.sdk.errors import InvalidRequestError
 
 keys = st.text(min_size=1, max_size=40).filter(lambda k: len(k.encode()) <= 1024)
@@ -113,13 +114,13 @@ def test_writer_appends_rewrites_and_reads_back(tmp_path):
     writer.close()
 
 
-def test_index_replay_semantics():
-    index = NodeIndex()
+def test_index_replay_semantics(tmp_path):
+    index = NodeIndex(tmp_path)
     index.apply(Entry(Kind.SHARD_OPEN, shard=1, seq=1))
     index.apply(Entry(Kind.PUT, "a", 1, 2, 0, 10, 0, 0))
     index.apply(Entry(Kind.PUT, "b", 1, 3, 8192, 20, 0, 0))
     index.apply(Entry(Kind.DELETE, "a", seq=4))
-    assert set(index.objects) == {"b"} and index.logical_bytes == 20
+    assert set(index.objects) == {"b"} and index.objects.logical_bytes == 20
     index.apply(Entry(Kind.PUT, "a", 1, 5, 16384, 30, 0, 0))  # re-put after the delete
     index.apply(Entry(Kind.DELETE, "a", seq=1))  # an older delete does not undo it
     assert index.objects["a"].size == 30
@@ -130,10 +131,11 @@ def test_index_replay_semantics():
     assert dropped == ["a", "b"] and set(index.objects) == {"c"}
     index.apply(Entry(Kind.PUT, "late", 1, 9, 0, 1, 0, 0))  # a put into a dropped shard
     assert "late" not in index.objects
-    replayed = NodeIndex()
+    replayed = NodeIndex(tmp_path)
     for entry in index.live_entries():
         replayed.apply(entry)
-    assert replayed.objects == index.objects and set(replayed.shards) == set(index.shards)
+    assert replayed.objects.items() == index.objects.items()
+    assert set(replayed.shards) == set(index.shards)
 
 
 def test_names():

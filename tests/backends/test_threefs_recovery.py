@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from kvstored.backends import open_backend
-from kvstored.backends.record import encode_header, record_size, value_checksum
-from kvstored.backends.threefs_index import shard_name
-from kvstored.backends.threefs_journal import JOURNAL_NAME, Entry, Kind
+from kvstored.backends.threefs.journal import JOURNAL_NAME, Entry, Kind
+from kvstored.backends.threefs.layout import shard_name
 from kvstored.sdk.errors import CapacityError, CorruptionError
+from kvstored.sdk.record import encode_header, record_size, value_checksum
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
-from kvstored.sdk.types import ProblemKind, ReadStatus, WriteOutcome
+from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 
 KiB = 1024
 
@@ -94,8 +94,9 @@ def test_damaged_journal_entry_is_skipped_reported_and_repaired(tmp_path):
     [problem] = report.problems
     assert problem.kind is ProblemKind.CORRUPT_RECORD and problem.path == str(journal)
     report = backend.check(repair=True)
-    assert report.ok and "copied to" in report.problems[0].action
+    assert report.ok and report.problems[0].action is RepairAction.REBUILT
     copies = list((_node(tmp_path) / "quarantine").glob(f"*{JOURNAL_NAME}"))
+    assert str(copies[0]) in (report.problems[0].action_detail or "")
     assert len(copies) == 1 and copies[0].read_bytes() == bytes(raw)
     assert not backend.check().problems
     backend.close()
@@ -158,8 +159,9 @@ def test_record_cut_short_is_reported_and_what_remains_quarantined(tmp_path):
     [problem] = backend.check().problems
     assert problem.kind is ProblemKind.TORN_WRITE and problem.key == "cut"
     [problem] = backend.check(repair=True).problems
-    assert "copied to" in problem.action
+    assert problem.action is RepairAction.QUARANTINED
     [copy] = (_node(tmp_path) / "quarantine").glob("*.kvr")
+    assert problem.action_detail == str(copy)
     assert copy.read_bytes().startswith(b"KVSR") and copy.stat().st_size == 4096 + 1000
     backend.close()
     backend = _open(tmp_path)
@@ -212,7 +214,8 @@ def test_lost_journal_keeps_the_shards_for_repair_to_adopt(tmp_path):
     [problem] = backend.check().problems
     assert problem.kind is ProblemKind.ORPHAN and problem.path.endswith(shard_name(1))
     [problem] = backend.check(repair=True).problems
-    assert "adopted 5" in problem.action
+    assert problem.action is RepairAction.ADDED_TO_INDEX
+    assert problem.action_detail and problem.action_detail.startswith("5 valid record")
     # The journal held the delete: without it the deleted record comes back (docs/3fs.md).
     for key, value in items:
         assert _read(backend, key) == value
@@ -246,7 +249,7 @@ def test_foreign_file_named_like_a_shard_is_quarantined(tmp_path):
     [problem] = backend.check().problems
     assert problem.kind is ProblemKind.ORPHAN
     [problem] = backend.check(repair=True).problems
-    assert "moved to" in problem.action and not stray.exists()
+    assert problem.action is RepairAction.QUARANTINED and not stray.exists()
     assert backend.usage().physical_bytes < with_stray
     assert backend.batch_write([("next", b"x")])[0].ok, "the next shard number collided"
     assert backend.locate("next").path.endswith(shard_name(100))
@@ -338,7 +341,7 @@ def test_full_file_system_fails_writes_cleanly(small_fs):
 
 KILLED_WRITER = """
 import sys, threading
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 backend = open_backend("3fs", sys.argv[1], node_id="n", engine="posix", shard_bytes=65536)
 lock = threading.Lock()
@@ -407,7 +410,7 @@ def test_sparse_tail_of_the_shard_in_use_is_cut(tmp_path):
 
 def test_cluster_stamp_lost_is_refused_and_rebuilt_by_repair(tmp_path):
     from kvstored.backends.stamp import STAMP_NAME
-    from kvstored.sdk import OpenMode
+    from kvstored.sdk import OpenMode, RepairAction
 
     backend = _open(tmp_path)
     backend.batch_write([("k", b"v")])
@@ -420,6 +423,25 @@ def test_cluster_stamp_lost_is_refused_and_rebuilt_by_repair(tmp_path):
     repaired = _open(tmp_path, mode=OpenMode.REPAIR)
     assert _read(repaired, "k") == b"v"
     [problem] = repaired.check().problems
-    assert problem.path == str(stamp) and "new stamp" in problem.action
+    assert problem.path == str(stamp) and problem.action is RepairAction.REBUILT
+    assert "new stamp" in (problem.action_detail or "")
     repaired.close()
     _open(tmp_path).close()
+
+
+def test_one_batch_across_several_shards_journals_each_record_in_its_own_shard(tmp_path):
+    """A batch bigger than a shard lands in several; each record's journal entry must
+    name the shard it is in, or the record is lost at the next open."""
+    backend = _open(tmp_path, shard_bytes=64 * KiB)
+    items = [(f"spread/{n}", payload(f"spread/{n}", 20 * KiB)) for n in range(8)]
+    assert all(r.ok for r in backend.batch_write(items))
+    shards = {backend.locate(key).path for key, _ in items}
+    assert len(shards) > 1, "the batch did not span shards: the test proves nothing"
+    for key, value in items:
+        assert _read(backend, key) == value
+    backend.close()
+    backend = _open(tmp_path, shard_bytes=64 * KiB)
+    for key, value in items:
+        assert _read(backend, key) == value, key
+    assert not backend.check().problems
+    backend.close()

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from kvstored.backends import open_backend
 from kvstored.backends.threefs import ThreeFsBackend
 from kvstored.sdk.errors import BackendBusyError, InvalidRequestError
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
 
@@ -166,7 +166,7 @@ def test_concurrent_writers_on_two_nodes_read_each_other(tmp_path):
 
 WRITER = """
 import sys
-from kvstored.backends import open_backend
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 backend = open_backend("3fs", sys.argv[1], node_id="writer", engine="posix")
 for n in range(int(sys.argv[2])):

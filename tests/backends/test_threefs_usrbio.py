@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends import open_backend
-from kvstored.backends.threefs_usrbio import UsrbioEngine, choose_usrbio
+from kvstored.backends.threefs.usrbio import UsrbioEngine, choose_usrbio
 from kvstored.native import IoError
 from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import BackendConformance
 
 DOUBLE = Path(__file__).parent / "usrbio_double"

@@ -183,10 +183,10 @@ NEVER_REACH_THE_CLI = {
                                               "with the reason",
     "kvstored.sdk.testing.powerloss.PowerFsError": "the kit reports the power check as "
                                                    "failed, with the message",
-    "kvstored.backends.BackendNameClashWarning": "a warning, not an error: the built-in "
-                                                 "keeps its name",
+    "kvstored.sdk.registry.BackendNameClashWarning": "a warning, not an error: the built-in "
+                                                     "keeps its name",
     "kvstored.fuse.errors.InvalidName": "the mount answers ENOENT",
-    "kvstored.backends.threefs_journal.JournalFormatError": "3fs recovery reports it as a "
+    "kvstored.backends.threefs.journal.JournalFormatError": "3fs recovery reports it as a "
                                                             "problem",
 }
 

@@ -159,3 +159,6 @@ def test_corrupt_ssd_record_is_a_miss_quarantined_and_counted(embedded, tmp_path
         wait_for(lambda: list((tmp_path / "data" / "ssd" / "quarantine").iterdir()),
                  what="the record in quarantine")
         wait_for(lambda: not c.exists("victim"), what="the master to forget the bad copy")
+        # Counted from the repair's typed action (RepairAction.QUARANTINED), once.
+        wait_for(lambda: _status(up.addr)["nodes"][0]["quarantined"] == 1,
+                 what="the quarantine count")

@@ -21,7 +21,7 @@ def test_example_backend_registers_and_passes_the_kit(tmp_path):
                    check=True, capture_output=True, cwd=tmp_path)
     env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "200"}
     listed = subprocess.run(
-        [sys.executable, "-c", "from kvstored.backends import known_backends as k; print(k())"],
+        [sys.executable, "-c", "from kvstored.sdk.registry import known_backends as k; print(k())"],
         check=True, capture_output=True, text=True, env=env).stdout
     assert "flatdir" in listed
     run = subprocess.run([sys.executable, "-m", "kvstored.sdk.testing", "flatdir",

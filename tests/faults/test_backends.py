@@ -23,11 +23,11 @@ import pytest
 
 import kvstored
 import kvstored.native
-from kvstored.backends import open_backend
 from kvstored.backends.stamp import STAMP_NAME
 from kvstored.capabilities import probe_fuse
-from kvstored.sdk import CapacityError, OpenMode
+from kvstored.sdk import CapacityError, OpenMode, RepairAction
 from kvstored.sdk.lock import LOCK_NAME
+from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from tests.conftest import require
 from tests.daemon.harness import BIN, Daemon, kvstore, kvstore_ok
@@ -218,7 +218,7 @@ def crash_a_bucket_writer(store: Path) -> None:
     once its 21st bucket's data file exists (its index comes last)."""
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         backend = open_backend("bucket", sys.argv[1], bucket_keys=4)
         n = 0
         while True:
@@ -260,7 +260,7 @@ def test_offline_recover_of_a_crashed_store_writes_nothing(tmp_path):
 
     problems = json.loads(run.stdout)["problems"]
     assert sorted(Path(p["path"]).name for p in problems) == sorted(leftovers), problems
-    assert all("next read-write open removes it" in p["action"] for p in problems)
+    assert all(p["action"] == RepairAction.LEFT_FOR_NEXT_OPEN.value for p in problems)
     assert tree(store) == before, "recover --offline (read-only) changed the directory"
     assert not (store / "quarantine").exists()
 
@@ -339,7 +339,8 @@ def test_nvmeof_device_with_a_lost_superblock_is_refused_then_rebuilt(tmp_path):
         backend = open_backend("nvmeof", tmp_path / "ssd", device=device,
                                mode=OpenMode.REPAIR)
         assert all(backend.read(k) == v for k, v in items)
-        assert any("rebuilt it from the checkpoint slots" in (p.action or "")
+        assert any(p.action is RepairAction.REBUILT
+                   and "from the checkpoint slots" in (p.action_detail or "")
                    for p in backend.check().problems)
         backend.close()
         open_backend("nvmeof", tmp_path / "ssd", device=device).close()
@@ -401,7 +402,7 @@ def test_flipped_bit_in_a_bucket_index_loses_no_object(tmp_path, fuse):
     values = values_for("b", 500, 2000)
     written = run_python("""
         import sys
-        from kvstored.backends import open_backend
+        from kvstored.sdk.registry import open_backend
         from kvstored.sdk.testing import payload
         backend = open_backend("bucket", sys.argv[1])
         items = [(f"b/{i}", payload(f"b/{i}", 2000 + i)) for i in range(500)]
@@ -442,7 +443,7 @@ def test_flipped_bit_in_a_bucket_index_loses_no_object(tmp_path, fuse):
 
     run = kvstore("recover", "--offline", str(store), "--repair")
     assert run.returncode == 0, run
-    assert "a new one was written from the records" in run.stdout.decode()
+    assert "-> rebuilt: from the records of its data file" in run.stdout.decode()
     assert list((store / "quarantine").glob(f"*-{index.name}")), "the bad index was not kept"
     with open_backend("bucket", store) as backend:
         assert all(backend.read(k) == v for k, v in values.items())
@@ -584,7 +585,7 @@ def test_reopen_200_times_in_a_row(tmp_path, backend, engine):
         store = open_backend(backend, path, **options)
         if n == 0:  # the lock is on a descriptor of its own, never the io engine's
             locks = {fd: info for fd, info in fd_locks().items() if "FLOCK" in info}
-            assert store._file.fd not in locks and locks, locks
+            assert store.volume_file.fd not in locks and locks, locks
         # A write, then the closing checkpoint's write and fsync: what held the file.
         assert store.write(f"k{n}", payload(f"k{n}", 3000)).ok
         assert store.read(f"k{max(0, n - 1)}") == payload(f"k{max(0, n - 1)}", 3000)

@@ -10,9 +10,9 @@ import os
 import pytest
 import trio
 
-from kvstored.backends import open_backend
 from kvstored.errors import StoreError
 from kvstored.sdk.errors import BackendError
+from kvstored.sdk.registry import open_backend
 from tests.conftest import require
 
 try:

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from kvstored.native import IoError, IoFile, errors
+from kvstored.native import IoError, IoFile, errors, sync_written, write_synced
 
 BLOCK = 4096
 
@@ -370,3 +370,27 @@ def test_an_unaligned_tail_write_alone_is_cut_back_to_its_end(tmp_path):
         assert outcomes[0][0] == 10 and os.fstat(fd).st_size == 4096 + 10
     finally:
         os.close(fd)
+
+
+def test_write_synced_syncs_each_written_file_once_and_reports_per_item(make_engine,
+                                                                         tmp_path):
+    """The write-then-fsync every backend uses: an item is durable, or it carries the
+    error of its write or of its file's sync; a file no write reached is not synced."""
+    engine = make_engine()
+    a = engine.open(tmp_path / "a", os.O_RDWR | os.O_CREAT)
+    b = engine.open(tmp_path / "b", os.O_RDWR | os.O_CREAT)
+    results = write_synced(engine, [(a, 0, b"one"), (b, 0, b"two"), (a, 3, b"three")])
+    assert results == [3, 3, 5]
+    assert (tmp_path / "a").read_bytes() == b"onethree"
+    closed = engine.open(tmp_path / "c", os.O_RDWR | os.O_CREAT)
+    closed.close()
+    failed = write_synced(engine, [(closed, 0, b"x"), (a, 8, b"!")])
+    assert isinstance(failed[0], IoError) and failed[0].op == "write" and failed[1] == 1
+    # A write that went through, in a file whose sync fails, is not reported durable.
+    synced = sync_written(engine, [closed, b, closed], [7, IoError(5, "b", 0, op="write"), 9])
+    assert [type(r) for r in synced] == [IoError, IoError, IoError]
+    assert synced[0].op == "fdatasync" and synced[1].op == "write" and synced[2] is synced[0]
+    with pytest.raises(ValueError):
+        sync_written(engine, [a], [])
+    a.close()
+    b.close()

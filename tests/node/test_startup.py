@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import trio
 import trio.testing
 
-from kvstored.backends import coerce_options, open_backend
 from kvstored.backends.bucket import BucketBackend
 from kvstored.node import startup
 from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.registry import open_backend, parse_options
 
 
 def test_the_bucket_backend_reports_each_bucket_its_recovery_loads(tmp_path):
@@ -36,7 +37,7 @@ def test_progress_reaches_only_backends_that_take_it(tmp_path):
 def test_a_configuration_cannot_set_the_programs_callbacks():
     for hook in ("progress", "on_evict"):
         try:
-            coerce_options(BucketBackend, {hook: "print"})
+            parse_options(BucketBackend, {hook: "print"})
         except InvalidRequestError as exc:
             assert f"unknown option {hook!r}" in str(exc)
         else:
@@ -68,3 +69,15 @@ def test_a_long_step_logs_how_far_it_got_and_when_it_finished(caplog):
 
 def test_a_quick_step_logs_nothing(caplog):
     assert _run_step(0.5, caplog) == []
+
+
+def test_a_step_that_fails_raises_its_own_error_not_a_group():
+    # The master session's log line and retry must see the refusal itself ("belongs to a
+    # live node"), not the ticker nursery's ExceptionGroup around it.
+    async def main() -> None:
+        with pytest.raises(ValueError, match="refused"):
+            async with StartupProgress().logged(StartupStep.REGISTERING,
+                                                logging.getLogger("t"), lambda: "n1"):
+                raise ValueError("refused")
+
+    trio.run(main)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstored.backends.record import record_size
 from kvstored.config import load_config
 from kvstored.replay.predict import StorePolicy, capacities, predict
+from kvstored.sdk.record import record_size
 from kvstored.tools.tiered import replay_tiers
 
 from .conftest import random_trace

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
-from kvstored.backends.file_per_key import FilePerKeyBackend, _Entry
-from kvstored.backends.record import VALUE_OFFSET, decode_header
+from kvstored.backends.file_per_key import FilePerKeyBackend
+from kvstored.backends.file_per_key.layout import OBJECTS_DIR, TMP_DIR, object_name
+from kvstored.backends.file_per_key.recovery import Entry, leftovers, read_entry, record_files
 from kvstored.backends.threefs import ThreeFsBackend
 from kvstored.sdk import (
     DEFAULT_MAX_VALUE_SIZE,
     InvalidRequestError,
+    OpenMode,
     ReadStatus,
     Usage,
+    WriteOutcome,
     encode_key,
 )
+from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.pins import ReadPins
+from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome, decode_header
 
 
 class SkipsChecksum(FilePerKeyBackend):
     """Returns whatever bytes are on disk, without verifying the CRC."""
 
-    def _corrupt(self, key, entry, part):
-        return entry.size
+    def _read_record(self, key, entry, dest):
+        with open(entry.path, "rb") as f:
+            f.seek(VALUE_OFFSET)
+            data = f.read(entry.size)
+        dest[:len(data)] = data
+        return ReadOutcome(len(data))
 
 
 class StaleCache(FilePerKeyBackend):
@@ -62,15 +73,12 @@ class IgnoresCapacity(FilePerKeyBackend):
 class LosesAcknowledgedWrites(FilePerKeyBackend):
     """Acknowledges writes but only keeps them in memory."""
 
-    def _publish(self, staged, results):
-        super()._publish(staged, results)
-        for item in staged:
-            if os.path.exists(item.entry.path):
-                os.unlink(item.entry.path)
-
-    def batch_read(self, keys, buffers):
-        results = super().batch_read(keys, buffers)
-        return [ReadStatus.MISSING if r == ReadStatus.MISSING else r for r in results]
+    def batch_write(self, items):
+        results = super().batch_write(items)
+        for result in results:
+            if result.outcome is WriteOutcome.WRITTEN:
+                os.unlink(self.index.location(result.key).path)
+        return results
 
 
 class ClaimsKeyByKey(FilePerKeyBackend):
@@ -92,7 +100,7 @@ class ClaimsKeyByKey(FilePerKeyBackend):
             for key, _value in items:
                 while True:
                     with self._lock:
-                        if key in self._index or key in mine:
+                        if key in self.index or key in mine:
                             results.append(WriteResult(key, WriteOutcome.EXISTS))
                             break
                         other = pending.get(key)
@@ -117,10 +125,10 @@ class TidiesWhenReadOnly(FilePerKeyBackend):
     """Claims read-only opens but still runs the read-write recovery: it removes the
     unfinished writes a crash left, which a read-only open must leave alone."""
 
-    def _recover(self):
-        for leftover in self._leftovers():
+    def __init__(self, path, **options):
+        for leftover in leftovers(Path(path) / TMP_DIR):
             leftover.unlink()
-        super()._recover()
+        super().__init__(path, **options)
 
 
 class TakesNoLock(FilePerKeyBackend):
@@ -142,19 +150,18 @@ class ChecksumFirstReadOnly(FilePerKeyBackend):
         super().__init__(*args, **kwargs)
         self._verified: set[str] = set()
 
-    def _read_one(self, key, entry, buf):
+    def _read_record(self, key, entry, dest):
         if key in self._verified:
-            target = memoryview(buf).cast("B")[:entry.size]
             fd = os.open(entry.path, os.O_RDONLY)
             try:
-                os.preadv(fd, [target], VALUE_OFFSET)
+                os.preadv(fd, [dest[:entry.size]], VALUE_OFFSET)
             finally:
                 os.close(fd)
-            return entry.size
-        got = super()._read_one(key, entry, buf)
-        if got >= 0:
+            return ReadOutcome(entry.size)
+        outcome = super()._read_record(key, entry, dest)
+        if outcome.ok:
             self._verified.add(key)
-        return got
+        return outcome
 
 
 class CacheKeptOnEviction(FilePerKeyBackend):
@@ -187,10 +194,11 @@ class TruncatedFileNames(FilePerKeyBackend):
     """Keys: names a key's file after its first 200 bytes (to stay under NAME_MAX), so
     two long keys sharing a prefix land in one file."""
 
-    def _publish(self, staged, results):
-        for item in staged:
-            item.key_bytes = item.key_bytes[:200]
-        super()._publish(staged, results)
+    def _stage(self, key, key_bytes, value):
+        tmp, entry = super()._stage(key, key_bytes, value)
+        shard, sub, name = object_name(key_bytes[:200])
+        entry.path = str(self.objects_dir / shard / sub / name)
+        return tmp, entry
 
 
 class LazyDeletes(FilePerKeyBackend):
@@ -225,11 +233,8 @@ class UncountedHeaders(FilePerKeyBackend):
     """Capacity: counts a value's bytes as its disk use, without the 4 KiB header block
     and the padding, so the files outgrow the capacity."""
 
-    def _footprint(self, size):
-        return size
-
-    def _write_tmp(self, key, key_bytes, value):
-        tmp, entry = super()._write_tmp(key, key_bytes, value)
+    def _stage(self, key, key_bytes, value):
+        tmp, entry = super()._stage(key, key_bytes, value)
         entry.physical = entry.size
         return tmp, entry
 
@@ -239,9 +244,9 @@ class LogicalDriftsOnEviction(FilePerKeyBackend):
     logical_bytes (deletes do it right)."""
 
     def _evict_locked(self, nbytes, on_evict):
-        logical = self._logical
+        logical = self.index.logical_bytes
         victims = super()._evict_locked(nbytes, on_evict)
-        self._logical = logical
+        self.index.logical_bytes = logical
         return victims
 
 
@@ -263,53 +268,63 @@ class AdmitsShortRecords(FilePerKeyBackend):
     """Records that check: the open trusts the header's length without comparing it with
     the file's, so a record cut short at the tail is indexed, admitted and scanned."""
 
-    def _read_entry(self, path):
-        with open(path, "rb", buffering=0) as f:
-            st = os.fstat(f.fileno())
-            header = decode_header(f.read(VALUE_OFFSET), path=str(path))
-        return header.key, _Entry(str(path), header.value_len, header.value_crc, header.seq,
-                                  header.write_ns, st.st_blocks * 512)
+    def __init__(self, path, **options):
+        super().__init__(path, **options)
+        indexed = {entry.path for _, entry in self.index.snapshot()}
+        for record in record_files(self.objects_dir):
+            if str(record) in indexed:
+                continue
+            with open(record, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                try:
+                    header = decode_header(f.read(VALUE_OFFSET), path=str(record))
+                except CorruptionError:
+                    continue
+            with self._lock:
+                self._index_locked(header.key, Entry(
+                    str(record), header.value_len, header.value_crc, header.seq,
+                    header.write_ns, st.st_blocks * 512))
 
 
 class DropsShortRecordsSilently(FilePerKeyBackend):
     """Check and repair: the open deletes the records that do not check, so check()
     afterwards finds nothing and reports the store clean."""
 
-    def _recover(self):
-        if not self.read_only:
-            for path in list(self._record_files()):
+    def __init__(self, path, **options):
+        if options.get("mode", OpenMode.READ_WRITE) is OpenMode.READ_WRITE:
+            for record in list(record_files(Path(path) / OBJECTS_DIR)):
                 try:
-                    self._read_entry(path)
-                except Exception:
-                    path.unlink()
-        super()._recover()
+                    read_entry(record)
+                except (CorruptionError, OSError):
+                    record.unlink()
+        super().__init__(path, **options)
 
 
 class RepairDeletesEvidence(FilePerKeyBackend):
     """Check and repair: repair deletes the bad record's file instead of moving it to
     the quarantine."""
 
-    def _problem(self, report, repair, kind, detail, key, path):
-        from kvstored.sdk import Problem
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.quarantine = _Shredder(self.quarantine.folder)
 
-        if repair:
-            os.unlink(path)
-        report.problems.append(Problem(kind, detail, key, str(path),
-                                       "deleted" if repair else None))
+
+class _Shredder(Quarantine):
+    """A quarantine that deletes what it is given."""
+
+    def move_aside(self, path, why):
+        os.unlink(path)
+        return f"deleted {path}"
 
 
 class StatAfterClose(FilePerKeyBackend):
     """After close: stat() and locate() forgot their closed check (they answer None)."""
 
     def stat(self, key):
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._record(key, entry)
+        return self.index.stat(key)
 
     def locate(self, key):
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._location(entry)
+        return self.index.location(key)
 
 
 class UsageStatsFiles(FilePerKeyBackend):
@@ -319,7 +334,7 @@ class UsageStatsFiles(FilePerKeyBackend):
     def usage(self):
         self._check_open()
         with self._lock:
-            entries = list(self._index.values())
+            entries = [entry for _, entry in self.index.items()]
         physical = sum(os.stat(e.path).st_blocks * 512 for e in entries)
         return Usage(sum(e.size for e in entries), physical, len(entries), self.capacity)
 
@@ -394,22 +409,22 @@ class ReadOnlyBufferUnchecked(FilePerKeyBackend):
 class LeavesCorruptBytes(FilePerKeyBackend):
     """Buffers: a read that fails its checksum leaves the bad bytes in the buffer."""
 
-    def _read_one(self, key, entry, buf):
-        got = super()._read_one(key, entry, buf)
-        if got == ReadStatus.CORRUPT:
+    def _read_record(self, key, entry, dest):
+        outcome = super()._read_record(key, entry, dest)
+        if outcome.status == ReadStatus.CORRUPT:
             fd = os.open(entry.path, os.O_RDONLY)
             try:
-                os.preadv(fd, [memoryview(buf).cast("B")[:entry.size]], VALUE_OFFSET)
+                os.preadv(fd, [dest[:entry.size]], VALUE_OFFSET)
             finally:
                 os.close(fd)
-        return got
+        return outcome
 
 
 class SeqRestartsAtOpen(FilePerKeyBackend):
     """Sequence numbers: the counter restarts at 0 at every open."""
 
-    def _recover(self):
-        super()._recover()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._seq = 0
 
 
@@ -422,11 +437,11 @@ class ScanPagesByPosition(FilePerKeyBackend):
         start = 0
         while True:
             with self._lock:
-                page = list(self._index.items())[start:start + 32]
+                page = self.index.items()[start:start + 32]
             if not page:
                 return
             for key, entry in page:
-                yield self._record(key, entry)
+                yield self.index.record(key, entry)
             start += len(page)
 
 
@@ -458,9 +473,7 @@ class IgnoresMaxValueOption(FilePerKeyBackend):
 
     @property
     def capabilities(self):
-        caps = super().capabilities
-        return type(caps)(caps.shared, caps.eviction, caps.aligned_values, caps.persistent,
-                          DEFAULT_MAX_VALUE_SIZE, caps.read_only_open)
+        return replace(super().capabilities, max_value_size=DEFAULT_MAX_VALUE_SIZE)
 
 
 class SharedLocationOffByHeader(ThreeFsBackend):

@@ -10,11 +10,13 @@ import time
 import uuid
 
 from kvstored.backends.bucket import BucketBackend
-from kvstored.backends.file_per_key import FilePerKeyBackend, _Entry, object_name
-from kvstored.backends.record import VALUE_OFFSET, encode_header, value_checksum
+from kvstored.backends.file_per_key import FilePerKeyBackend
+from kvstored.backends.file_per_key.layout import object_name
+from kvstored.backends.file_per_key.recovery import Entry
 from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, make_private_dirs, write_all
-from kvstored.sdk.types import WriteOutcome, WriteResult
+from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, write_all
+from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome, encode_header, value_checksum
+from kvstored.sdk.types import ReadStatus
 
 
 class SkipsFileFsync(FilePerKeyBackend):
@@ -25,7 +27,7 @@ class SkipsFileFsync(FilePerKeyBackend):
     #: Whether the header block and the file's size are fsync'd before the value.
     sync_header = False
 
-    def _write_tmp(self, key, key_bytes, value):
+    def _stage(self, key, key_bytes, value):
         view = memoryview(value).cast("B")
         checksum = value_checksum(view)
         with self._lock:
@@ -44,7 +46,9 @@ class SkipsFileFsync(FilePerKeyBackend):
             physical = os.fstat(fd).st_blocks * 512
         finally:
             os.close(fd)
-        return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+        shard, sub, name = object_name(key_bytes)
+        return tmp, Entry(str(self.objects_dir / shard / sub / name), view.nbytes, checksum,
+                          seq, write_ns, physical)
 
 
 class TrustsSyncedHeaders(SkipsFileFsync):
@@ -54,25 +58,17 @@ class TrustsSyncedHeaders(SkipsFileFsync):
 
     sync_header = True
 
-    def _corrupt(self, key, entry, part):
-        return entry.size
+    def _read_record(self, key, entry, dest):
+        outcome = super()._read_record(key, entry, dest)
+        return ReadOutcome(entry.size) if outcome.status == ReadStatus.CORRUPT else outcome
 
 
 class SkipsDirectoryFsync(FilePerKeyBackend):
     """fsyncs each record but never the directory it is renamed into: after a cut the
     file is gone (its name was never made durable)."""
 
-    def _publish(self, staged, results):
-        for item in staged:
-            shard, sub, name = object_name(item.key_bytes)
-            folder = self.objects_dir / shard / sub
-            make_private_dirs(folder)
-            item.entry.path = str(folder / name)
-            os.rename(item.tmp, item.entry.path)
-            with self._lock:
-                self._reserved -= item.estimate
-                self._adopt_locked(item.key, item.entry)
-            results[item.position] = WriteResult(item.key, WriteOutcome.WRITTEN)
+    def _sync_folders(self, folders):
+        pass
 
 
 class DeletesLazily(FilePerKeyBackend):

@@ -135,6 +135,7 @@ def kill_writer_midway(kit: Kit) -> int:
         [sys.executable, "-m", _writer.__name__, child_target(kit), spec_options(kit),
          str(kit.path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=child_env())
+    assert child.stdout is not None and child.stderr is not None  # both piped
     acked = -1
     try:
         deadline = time.monotonic() + 60

@@ -54,7 +54,7 @@ def flipped_value_byte(kit: Kit) -> None:
     """One flipped byte in a value is reported CORRUPT, never returned, also after reopen."""
     backend = kit.open()
     write_all(backend, [("f", payload("f", 20_000)), ("ok", payload("ok", 20_000))])
-    where = backend.locate("f")
+    where = located(backend, "f")
     flip_byte(where.path, where.offset + where.length // 2)
     assert kit.read(backend, "f") == ReadStatus.CORRUPT
     kit.assert_value(backend, "ok", payload("ok", 20_000))
@@ -68,7 +68,7 @@ def flipped_header_byte(kit: Kit) -> None:
     """One flipped byte in a record header is reported, never returned, also after reopen."""
     backend = kit.open()
     write_all(backend, [("h", payload("h", 9_000)), ("ok", payload("ok", 9_000))])
-    where = backend.locate("h")
+    where = located(backend, "h")
     assert where.record_offset is not None, "locate() must give record_offset"
     flip_byte(where.path, where.record_offset + 20)
     assert kit.read(backend, "h", 9_000) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
@@ -83,7 +83,7 @@ def scan_verify_skips_corrupt(kit: Kit) -> None:
     backend = kit.open()
     items = make_items("v", 6)
     write_all(backend, items)
-    where = backend.locate(items[2][0])
+    where = located(backend, items[2][0])
     flip_byte(where.path, where.offset + where.length // 2)
     verified = {r.key for r in backend.scan(verify=True)}
     assert verified == {k for k, _ in items} - {items[2][0]}, verified
@@ -106,7 +106,7 @@ def check_finds_and_repairs(kit: Kit) -> None:
     items = make_items("x", 8, 32 * KiB)
     write_all(backend, items)
     bad_key = items[3][0]
-    where = backend.locate(bad_key)
+    where = located(backend, bad_key)
     flip_byte(where.path, where.offset + where.length // 2)
     report = backend.check()
     assert report.problems, "check() missed a flipped value byte"

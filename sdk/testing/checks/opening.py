@@ -63,6 +63,7 @@ def second_open_is_refused(kit: Kit) -> None:
         [sys.executable, "-m", _holder.__name__, child_target(kit), spec_options(kit),
          str(kit.path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env=child_env())
+    assert holder.stdin and holder.stdout and holder.stderr  # all three piped
     try:
         line = holder.stdout.readline().strip()
         assert line == "OPEN", f"the holding process could not open the store: " \

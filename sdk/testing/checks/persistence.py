@@ -108,8 +108,10 @@ def reopen_keeps_everything(kit: Kit) -> None:
     for key, value in items:
         kit.assert_value(backend, key, value)
         record = backend.stat(key)
+        before = stats[key]
+        assert before is not None, f"stat of {key!r} gave nothing before the reopen"
         assert record is not None and (record.size, record.checksum) == (
-            stats[key].size, stats[key].checksum), f"stat of {key!r} changed across reopen"
+            before.size, before.checksum), f"stat of {key!r} changed across reopen"
     assert sum(1 for _ in backend.scan()) == len(items)
 
 

@@ -1,4 +1,4 @@
-"""One node's index in the ``3fs`` backend: its journal replayed, and the names of its files.
+"""One node's index in the ``3fs`` backend: its journal replayed, and its shard files.
 
 The owning node and every node that reads it build the same :class:`NodeIndex` by
 applying the same journal entries in file order, so what a reader believes about a node
@@ -7,54 +7,16 @@ is exactly what that node believes, as of the bytes the reader has seen.
 
 from __future__ import annotations
 
-import re
-import socket
-from dataclasses import dataclass, field
+import functools
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends.record import record_size
-from kvstored.backends.threefs_journal import Entry, Kind, entry_size
-from kvstored.sdk.errors import InvalidRequestError
-
-SHARD_PREFIX = "shard-"
-SHARD_SUFFIX = ".dat"
-#: Node and cluster names become directory names: keep them to a portable alphabet.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def check_name(kind: str, name: str) -> str:
-    """Return ``name`` if it is a usable cluster or node name, else raise a clear error."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidRequestError(
-            f"{kind} {name!r} is not a valid name: use 1 to 128 letters, digits, '.', '_' "
-            f"or '-', starting with a letter or digit (it becomes a directory name)")
-    return name
-
-
-def default_node_id() -> str:
-    """The host name, which is unique per machine in any sane cluster."""
-    name = socket.gethostname() or "localhost"
-    try:
-        return check_name("node_id", name)
-    except InvalidRequestError:
-        raise InvalidRequestError(
-            f"the host name {name!r} cannot serve as the node id; pass node_id=…") from None
-
-
-def shard_name(number: int) -> str:
-    return f"{SHARD_PREFIX}{number:08d}{SHARD_SUFFIX}"
-
-
-def shard_number(name: str) -> int | None:
-    """The number in a shard file name, or None if ``name`` is not one."""
-    if not (name.startswith(SHARD_PREFIX) and name.endswith(SHARD_SUFFIX)):
-        return None
-    digits = name[len(SHARD_PREFIX):-len(SHARD_SUFFIX)]
-    return int(digits) if digits.isdigit() else None
-
-
-def shard_path(node_dir: Path, number: int) -> Path:
-    return node_dir / shard_name(number)
+from kvstored.backends.threefs.journal import Entry, Kind, entry_size
+from kvstored.backends.threefs.layout import shard_path
+from kvstored.sdk.index import ObjectIndex
+from kvstored.sdk.record import VALUE_OFFSET, record_size
+from kvstored.sdk.types import Location
 
 
 @dataclass(slots=True)
@@ -73,22 +35,34 @@ class Slot:
         return self.offset + record_size(self.size)
 
 
-@dataclass
-class NodeIndex:
-    """A node's live objects and shards, built by :meth:`apply`-ing journal entries."""
+def slot_location(node_dir: Path, slot: Slot) -> Location:
+    """Where the record of ``slot``, of the node whose directory is ``node_dir``, is."""
+    return Location(str(shard_path(node_dir, slot.shard)), slot.offset + VALUE_OFFSET,
+                    slot.size, slot.offset, record_size(slot.size))
 
-    objects: dict[str, Slot] = field(default_factory=dict)
-    #: Announced, not dropped, shards and the live keys in each.
-    shards: dict[int, set[str]] = field(default_factory=dict)
-    dropped: set[int] = field(default_factory=set)
-    logical_bytes: int = 0
-    #: Sum of the journal entry sizes of the live objects: what their put entries take,
-    #: and what deleting them all would append.
-    key_meta: int = 0
-    max_seq: int = 0
-    max_shard: int = 0
-    #: Entries in the journal that no longer describe anything live (compaction hint).
-    dead_entries: int = 0
+
+class NodeIndex:
+    """A node's live objects and shards, built by :meth:`apply`-ing journal entries.
+
+    ``objects`` is an :class:`~kvstored.sdk.index.ObjectIndex` guarded by ``lock`` (the
+    owning backend's lock for its own node, a lock of its own for another node's view).
+    """
+
+    def __init__(self, node_dir: Path,
+                 lock: threading.Lock | threading.RLock | None = None) -> None:
+        self.node_dir = node_dir
+        self.objects: ObjectIndex[Slot] = ObjectIndex(
+            functools.partial(slot_location, node_dir), lock)
+        #: Announced, not dropped, shards and the live keys in each.
+        self.shards: dict[int, set[str]] = {}
+        self.dropped: set[int] = set()
+        #: Sum of the journal entry sizes of the live objects: what their put entries
+        #: take, and what deleting them all would append.
+        self.key_meta = 0
+        self.max_seq = 0
+        self.max_shard = 0
+        #: Entries in the journal that no longer describe anything live (compaction hint).
+        self.dead_entries = 0
 
     def apply(self, entry: Entry) -> list[str]:
         """Apply one entry; return the keys it made invisible (for SHARD_DROP)."""
@@ -105,9 +79,8 @@ class NodeIndex:
                 self.dead_entries += 1
             slot = Slot(entry.shard, entry.offset, entry.value_len, entry.value_crc,
                         entry.seq, entry.write_ns)
-            self.objects[entry.key] = slot
+            self.objects.add(entry.key, slot)
             self.shards.setdefault(entry.shard, set()).add(entry.key)
-            self.logical_bytes += slot.size
             self.key_meta += entry_size(entry.key)
             return []
         if kind is Kind.DELETE:
@@ -127,7 +100,9 @@ class NodeIndex:
         self.max_shard = max(self.max_shard, entry.shard)
         keys = sorted(self.shards.pop(entry.shard, set()))
         for key in keys:
-            self._forget(key, self.objects[key])
+            slot = self.objects.get(key)
+            if slot is not None:
+                self._forget(key, slot)
         self.dropped.add(entry.shard)
         self.dead_entries += len(keys) + 2
         return keys
@@ -140,11 +115,10 @@ class NodeIndex:
         return slot
 
     def _forget(self, key: str, slot: Slot) -> None:
-        del self.objects[key]
+        self.objects.pop(key)
         keys = self.shards.get(slot.shard)
         if keys is not None:
             keys.discard(key)
-        self.logical_bytes -= slot.size
         self.key_meta -= entry_size(key)
 
     def live_entries(self) -> list[Entry]:
@@ -154,3 +128,20 @@ class NodeIndex:
             out.append(Entry(Kind.PUT, key, slot.shard, slot.seq, slot.offset, slot.size,
                              slot.write_ns, slot.checksum))
         return out
+
+
+@dataclass(slots=True)
+class Shard:
+    """One of this node's shard files, as the writer tracks it."""
+
+    number: int
+    path: str
+    #: Bytes allocated: the next record goes here.
+    end: int
+    #: Write batches with records placed here and not yet published.
+    inflight: int = 0
+    #: Reads in progress: the file must outlive them.
+    readers: int = 0
+    #: The file was extended to ``shard_bytes`` ahead of the data (see
+    #: ``ThreeFsBackend._rotate_locked``) and still has to be cut back to ``end``.
+    sized_ahead: bool = False

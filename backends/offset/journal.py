@@ -22,8 +22,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from kvstored.backends.offset_layout import ALIGN, Geometry, encode_checkpoint, encode_journal
-from kvstored.native import IoEngine, IoError, IoFile
+from kvstored.backends.offset.layout import ALIGN, Geometry, encode_checkpoint, encode_journal
+from kvstored.native import IoEngine, IoError, IoFile, write_synced
 from kvstored.sdk.errors import BackendError, from_oserror
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,9 @@ Snapshot = Callable[[], tuple[int, list[bytes]]]
 def write_sync(engine: IoEngine, file: IoFile, items: list, action: str) -> None:
     """Write ``items`` and fdatasync ``file``, or raise the translated error (ENOSPC and
     EDQUOT become CapacityError, the rest BackendIOError)."""
-    for result in engine.write(items):
+    for result in write_synced(engine, items):
         if isinstance(result, IoError):
             raise from_oserror(result, path=file.path, action=action)
-    [synced] = engine.fsync([file])
-    if isinstance(synced, IoError):
-        raise from_oserror(synced, path=file.path, action=action)
 
 
 class JournalGate:

@@ -24,9 +24,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends.threefs_files import HandleCache, ReadRequest, read_records
-from kvstored.backends.threefs_index import NodeIndex, Slot, check_name, shard_path
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.files import HandleCache, ReadRequest, read_records
+from kvstored.backends.threefs.index import NodeIndex, Slot
+from kvstored.backends.threefs.journal import (
     HEADER_SIZE,
     JOURNAL_NAME,
     JournalFormatError,
@@ -34,6 +34,7 @@ from kvstored.backends.threefs_journal import (
     parse,
     read_file,
 )
+from kvstored.backends.threefs.layout import check_name, shard_path
 from kvstored.native import IoEngine
 from kvstored.native.errors import log_once
 from kvstored.sdk.errors import InvalidRequestError
@@ -59,7 +60,7 @@ class NodeView:
         self.node_id = node_id
         self.node_dir = node_dir
         self.journal = node_dir / JOURNAL_NAME
-        self.index = NodeIndex()
+        self.index = NodeIndex(node_dir)
         self.generation: int | None = None
         self.consumed = HEADER_SIZE
 
@@ -70,7 +71,7 @@ class NodeView:
             if header.generation != self.generation:
                 if self.consumed != HEADER_SIZE:
                     header, base, data = read_file(self.journal)
-                self.index = NodeIndex()
+                self.index = NodeIndex(self.node_dir)
                 self.generation = header.generation
         except FileNotFoundError:
             return []  # a node that has not written its journal yet
@@ -224,7 +225,7 @@ class ClusterView:
                     self.corrupt_reads += 1
                     log.warning("3fs: %r on node %s (%s) failed its check: %s; reported as "
                                 "corrupt", request.key, found[i].node_id, request.file.path,
-                                outcome.detail)
+                                outcome.reason)
                 results[i] = outcome.status
         finally:
             for file in held:

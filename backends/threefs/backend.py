@@ -1,25 +1,19 @@
 """``3fs``: a backend shared by a cluster, on a 3FS mount (or any shared file system).
 
-Layout under the directory given (a 3FS mount point, or a folder on it)::
-
-    <cluster>/KVSTORED-BACKEND.json      the stamp (backend "3fs", layout 1)
-    <cluster>/<node-id>/journal.kvj      the node's index (backends/threefs_journal.py)
-    <cluster>/<node-id>/shard-NNNNNNNN.dat   records (backends/record.py), appended
-    <cluster>/<node-id>/KVSTORED-LOCK    flock'd while a process has this node open
-    <cluster>/<node-id>/quarantine/      what check(repair=True) moved or copied aside
+The directory layout and the names are in :mod:`.layout`.
 
 Each node writes only under its own directory, so no two nodes ever write one file; any
 node reads any node's records directly (``capabilities.shared``), finding them through
 that node's journal. The SDK calls that describe "what is stored" (``scan``, ``stat``,
 ``contains``, ``usage``, ``locate``, ``evict``, ``check``, deletes) concern this node's
-objects; ``batch_read`` also finds other nodes' objects (see backends/threefs_view.py for
+objects; ``batch_read`` also finds other nodes' objects (see view.py for
 when they become visible), and :meth:`ThreeFsBackend.find`, :meth:`~ThreeFsBackend.nodes`
 and :meth:`~ThreeFsBackend.scan_cluster` expose the rest of the cluster.
 
 A batch is written as: records appended to the node's active shard (one engine
 submission), the shard fsync'd, the journal entries appended and fsync'd, and only then
 the objects are visible and acknowledged. Data I/O goes through 3FS's USRBIO where it is
-available (backends/threefs_usrbio.py), else through kvstored's io engine.
+available (usrbio.py), else through kvstored's io engine.
 
 Every open mode of the SDK is supported. Read-only, nothing under the path is created or
 changed (the journal's torn tail and the shards' sparse tails are left, the lock is taken
@@ -39,25 +33,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstored.backends import threefs_check
-from kvstored.backends.record import (
-    VALUE_OFFSET,
-    record_size,
-)
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
-from kvstored.backends.threefs_files import (
+from kvstored.backends.threefs.check import check_node
+from kvstored.backends.threefs.files import (
     HandleCache,
     ReadRequest,
     read_records,
 )
-from kvstored.backends.threefs_index import (
-    NodeIndex,
-    Slot,
-    check_name,
-    default_node_id,
-    shard_path,
-)
-from kvstored.backends.threefs_journal import (
+from kvstored.backends.threefs.index import NodeIndex, Shard, Slot, slot_location
+from kvstored.backends.threefs.journal import (
     ENTRY_SIZE,
     HEADER_SIZE,
     JOURNAL_NAME,
@@ -68,11 +52,18 @@ from kvstored.backends.threefs_journal import (
     Kind,
     entry_size,
 )
-from kvstored.backends.threefs_usrbio import choose_usrbio
-from kvstored.backends.threefs_view import ClusterView
-from kvstored.backends.threefs_writer import Placed, write_records
-from kvstored.native import IoError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.backends.threefs.layout import (
+    LAYOUT_VERSION,
+    check_name,
+    default_node_id,
+    shard_path,
+)
+from kvstored.backends.threefs.recovery import Finding, Recovered, recover
+from kvstored.backends.threefs.usrbio import choose_usrbio
+from kvstored.backends.threefs.view import ClusterView
+from kvstored.backends.threefs.writer import Placed, write_records
+from kvstored.native import IoFile, get_engine, sync_written
+from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
@@ -83,18 +74,25 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     from_oserror,
 )
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.index import IndexedBackend
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import (
+    ReadOutcome,
+    align_up,
+    record_size,
+)
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
     Capabilities,
     CheckReport,
     EvictionGranularity,
-    Location,
     ObjectRecord,
     OpenMode,
+    Problem,
     ReadStatus,
     Usage,
     WriteBatchHint,
@@ -105,29 +103,10 @@ from kvstored.sdk.types import (
 
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 1
 DEFAULT_SHARD_BYTES = 256 << 20
 MIN_SHARD_BYTES = 64 << 10
 #: Compact the journal once its dead entries outweigh its live ones by this much.
 COMPACT_MIN_DEAD_BYTES = 1 << 20
-
-
-@dataclass(slots=True)
-class _Shard:
-    """One of this node's shard files, as the writer tracks it."""
-
-    number: int
-    path: str
-    #: Bytes allocated: the next record goes here.
-    end: int
-    #: Write batches with records placed here and not yet published.
-    inflight: int = 0
-    #: Reads in progress: the file must outlive them.
-    readers: int = 0
-    last_access: float = 0.0
-    #: The file was extended to ``shard_bytes`` ahead of the data (see _rotate_locked)
-    #: and still has to be cut back to ``end``.
-    sized_ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +117,7 @@ class SharedObject:
     record: ObjectRecord
 
 
-class ThreeFsBackend(StorageBackend):
+class ThreeFsBackend(IndexedBackend):
     """Per-node append-only shards plus a journal, on a file system every node mounts.
 
     Options, besides ``capacity`` (this node's files), ``max_value_size`` and
@@ -148,9 +127,10 @@ class ThreeFsBackend(StorageBackend):
     ``node_id``       this node's directory name (default: the host name)
     ``shard_bytes``   a shard is sealed and a new one begun past this size (256 MiB; at
                       most an eighth of ``capacity``, so eviction has several to choose)
-    ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read)
+    ``policy``        ``fifo`` (oldest shard first) or ``lru`` (least recently read):
+                      an :class:`~kvstored.sdk.eviction.EvictionPolicy`
     ``auto_evict``    let a write that does not fit evict shards (default True)
-    ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see threefs_usrbio)
+    ``usrbio``        ``auto`` | ``on`` | ``off``: 3FS's native I/O (see usrbio.py)
     ``shared_reads``  let ``batch_read`` find other nodes' objects (default True)
     ``engine``, ``direct``  the io engine for POSIX I/O through the mount
     """
@@ -168,17 +148,16 @@ class ThreeFsBackend(StorageBackend):
                  mode: OpenMode = OpenMode.READ_WRITE,
                  engine: str | None = None, direct: bool | None = None,
                  cluster: str = "default", node_id: str | None = None,
-                 shard_bytes: int = DEFAULT_SHARD_BYTES, policy: str = "fifo",
+                 shard_bytes: int = DEFAULT_SHARD_BYTES,
+                 policy: EvictionPolicy = EvictionPolicy.FIFO,
                  auto_evict: bool = True, usrbio: str = "auto",
                  shared_reads: bool = True) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
-        if policy not in ("fifo", "lru"):
-            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if shard_bytes < MIN_SHARD_BYTES:
             raise InvalidRequestError(f"shard_bytes must be at least {MIN_SHARD_BYTES}, "
                                       f"not {shard_bytes}")
-        self.policy = policy
+        self.policy = EvictionPolicy.parse(policy)
         self.auto_evict = auto_evict
         self.cluster = check_name("cluster", cluster)
         self.node_id = check_name("node_id", node_id) if node_id else default_node_id()
@@ -189,8 +168,6 @@ class ThreeFsBackend(StorageBackend):
         self.node_dir = self.cluster_dir / self.node_id
         self.quarantine_dir = self.node_dir / "quarantine"
         self.quarantine = Quarantine(self.quarantine_dir)
-        #: Reads of this node's records that failed their checks (a metric).
-        self.corrupt_reads = 0
 
         choice = choose_usrbio(self.path, usrbio)
         #: Why data I/O goes the way it goes (USRBIO or POSIX through the mount).
@@ -206,9 +183,12 @@ class ThreeFsBackend(StorageBackend):
 
         self._lock = threading.Lock()
         self._published = threading.Condition(self._lock)
-        self._index = NodeIndex()
-        self._shards: dict[int, _Shard] = {}
-        self._active: _Shard | None = None
+        self._index = NodeIndex(self.node_dir, self._lock)
+        self.index = self._index.objects
+        self._shards: dict[int, Shard] = {}
+        #: This node's shards, first to be evicted first (empty ones go before all).
+        self._shard_order: EvictionOrder[int, None] = EvictionOrder(self.policy)
+        self._active: Shard | None = None
         self._claims = WriteClaims(self._lock)
         self._seq = 0
         self._next_shard = 1
@@ -217,19 +197,32 @@ class ThreeFsBackend(StorageBackend):
         self._unpublished = 0
         self._node_lock: StoreLock | None = None
         self._stuck: JournalStuckError | None = None
-        self.journal: JournalWriter | None = None
-        #: Problems recovery found at open, for check() to report and repair.
-        self.open_problems: list = []
         #: What this open already did about damage (repair mode), for check() to report.
-        self.open_reports: list = []
-        self.journal_damage: list[tuple[int, int]] = []
+        self.open_reports: list[Problem] = []
+        found: Recovered | None = None
         try:
             self._claim()
-            threefs_check.recover(self)
+            found = recover(self.node_dir, self.quarantine, mode=self.mode,
+                            node_id=self.node_id, root=self.root, lock=self._lock)
+            self.journal: JournalWriter = found.journal
+            self._index = found.index
+            self.index = found.index.objects
+            self._shards = found.shards
+            for number in sorted(found.shards):
+                self._shard_order.add(number, None)
+            self._data_bytes = found.data_bytes
+            self._seq = found.seq
+            self._next_shard = found.next_shard
+            self.open_reports.extend(found.reports)
+            #: What recovery could not reconcile, for check() to report and repair.
+            self._findings = found.findings
+            self._journal_damage = found.damage
+            if not self.read_only:
+                self._maybe_compact_locked()
         except BaseException as exc:
             self._io_threads.shutdown()
-            if self.journal is not None:
-                self.journal.close()
+            if found is not None:
+                found.journal.close()
             self._release_node_lock()
             if isinstance(exc, OSError) and not isinstance(exc, BackendError):
                 raise from_oserror(exc, path=self.node_dir,
@@ -286,8 +279,7 @@ class ThreeFsBackend(StorageBackend):
                 self._trim_locked(shard)
         self._io_threads.shutdown()
         self.files.close_all()
-        if self.journal is not None:
-            self.journal.close()
+        self.journal.close()
         self._release_node_lock()
 
     # -- capabilities -----------------------------------------------------------------
@@ -301,7 +293,7 @@ class ThreeFsBackend(StorageBackend):
     def write_batch_hint(self) -> WriteBatchHint:
         # Each batch costs two fsyncs (shard, journal), in series by design; on a shared
         # file system they are network round trips. Big batches amortise them; staging
-        # memory stays bounded (threefs_writer), and the age bound keeps trickles moving.
+        # memory stays bounded (writer.py), and the age bound keeps trickles moving.
         return WriteBatchHint(max_bytes=min(256 << 20, self.shard_bytes), max_keys=2048,
                               max_age=0.5)
 
@@ -317,7 +309,7 @@ class ThreeFsBackend(StorageBackend):
                          for i in positions], results)
 
         for i in self._claims.write_batch([key for key, _ in items],
-                                          stored=self._index.objects.__contains__,
+                                          stored=self.index.__contains__,
                                           write=write):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
@@ -387,18 +379,14 @@ class ThreeFsBackend(StorageBackend):
         records = [Placed(key_bytes, view, files[shard.number], offset, seq)
                    for _i, _key, key_bytes, view, shard, offset, seq, _meta in placed]
         try:
-            errors = write_records(self.io, records, self._io_threads)
-            numbers = list(files)
-            synced = dict(zip(numbers, self.io.fsync([files[n] for n in numbers],
-                                                     datasync=False)))
+            errors = sync_written(self.io, [r.file for r in records],
+                                          write_records(self.io, records, self._io_threads),
+                                          datasync=False)
         finally:
             for file in files.values():
                 self.files.release(file)
         good = []
-        for (i, key, *_, shard, _offset, _seq, _meta), record, error in zip(placed, records,
-                                                                           errors):
-            if error is None and isinstance(synced[shard.number], IoError):
-                error = synced[shard.number]
+        for (i, key, _kb, _view, shard, *_), record, error in zip(placed, records, errors):
             if error is not None:
                 results[i] = WriteResult(key, WriteOutcome.FAILED, from_oserror(
                     error, key=key, action="writing the record"))
@@ -424,7 +412,7 @@ class ThreeFsBackend(StorageBackend):
             self._stuck = exc
             raise
 
-    def _place_locked(self, size: int) -> _Shard:
+    def _place_locked(self, size: int) -> Shard:
         shard = self._active
         if shard is None or (shard.end and shard.end + size > self.shard_bytes):
             shard = self._rotate_locked()
@@ -433,7 +421,7 @@ class ThreeFsBackend(StorageBackend):
         self._data_bytes += size
         return shard
 
-    def _rotate_locked(self) -> _Shard:
+    def _rotate_locked(self) -> Shard:
         """Seal the active shard and start the next: journal it first, then create it."""
         number = self._next_shard
         self._seq += 1
@@ -453,14 +441,14 @@ class ThreeFsBackend(StorageBackend):
             self.files.release(file)
         fsync_dir(self.node_dir)
         previous = self._active
-        shard = self._shards[number] = _Shard(number, path, 0, last_access=time.monotonic(),
-                                              sized_ahead=True)
+        shard = self._shards[number] = Shard(number, path, 0, sized_ahead=True)
+        self._shard_order.add(number, None)
         self._active = shard
         if previous is not None:
             self._trim_locked(previous)
         return shard
 
-    def _trim_locked(self, shard: _Shard) -> None:
+    def _trim_locked(self, shard: Shard) -> None:
         """Cut a sealed shard's sparse tail once no write is in flight in it."""
         if not shard.sized_ahead or shard.inflight or shard is self._active:
             return
@@ -527,7 +515,7 @@ class ThreeFsBackend(StorageBackend):
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
         """Read this node's objects, and with ``shared_reads`` other nodes' objects too
-        (a miss refreshes the view of the other nodes first; see threefs_view)."""
+        (a miss refreshes the view of the other nodes first; see view.py)."""
         self._check_open()
         self._check_read_buffers(keys, buffers)
         asked_at = time.monotonic()
@@ -536,7 +524,12 @@ class ThreeFsBackend(StorageBackend):
             view = memoryview(buffer)
             views.append(view if view.format == "B" and view.ndim == 1 else view.cast("B"))
         results = [int(ReadStatus.MISSING)] * len(keys)
-        own = self._read_own_keys(keys, views, results)
+        own = self._read_own(keys, views)
+        for i, outcome in own.items():
+            results[i] = outcome.status
+            if outcome.status in (ReadStatus.CORRUPT, ReadStatus.IO_ERROR):
+                self._note_failed_read(keys[i], _shard_file(self.node_dir, self.index.get(
+                    keys[i])), outcome)
         if self.view is not None and len(own) < len(keys):
             others = [i for i in range(len(keys)) if i not in own]
             got = self.view.read([keys[i] for i in others], [views[i] for i in others],
@@ -545,25 +538,24 @@ class ThreeFsBackend(StorageBackend):
                 results[i] = status
         return results
 
-    def _read_own_keys(self, keys: Sequence[str], views: list[memoryview], results: list[int],
-                       *, details: dict[int, str] | None = None) -> set[int]:
-        """Read the keys this node holds into ``views`` (one engine submission), setting
-        their ``results``; return their positions. Keys are pinned, and their shards
-        marked as being read, for the duration."""
-        now = time.monotonic()
-        wanted, pinned, shards, own = [], [], [], set()
+    def _read_own(self, keys: Sequence[str], views: Sequence[memoryview]
+                  ) -> dict[int, ReadOutcome]:
+        """Read the keys this node holds into ``views`` (one engine submission), verified:
+        the outcome of each, by its position. Keys are pinned, and their shards marked as
+        being read, for the duration."""
+        outcomes: dict[int, ReadOutcome] = {}
+        wanted, pinned, shards = [], [], []
         with self._lock:
             for i, key in enumerate(keys):
-                slot = self._index.objects.get(key)
+                slot = self.index.get(key)
                 if slot is None:
                     continue
-                own.add(i)
                 if len(views[i]) < slot.size:
-                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    outcomes[i] = ReadOutcome(ReadStatus.BUFFER_TOO_SMALL)
                     continue
                 shard = self._shards[slot.shard]
                 shard.readers += 1
-                shard.last_access = now
+                self._shard_order.touch(shard.number)
                 shards.append(shard)
                 pinned.append(key)
                 wanted.append((i, key, slot, shard))
@@ -574,26 +566,14 @@ class ThreeFsBackend(StorageBackend):
                 try:
                     file = self.files.acquire(shard.path)
                 except OSError as exc:
-                    log.warning("3fs: cannot open %s for %r: %s", shard.path, key, exc)
-                    results[i] = ReadStatus.IO_ERROR
+                    outcomes[i] = ReadOutcome(ReadStatus.IO_ERROR,
+                                              f"cannot open {shard.path}: {exc}")
                     continue
                 held.append(file)
                 requests.append(ReadRequest(key, slot, file, views[i]))
                 where.append(i)
-            outcomes = read_records(self.io, requests, self._io_threads)
-            for i, request, outcome in zip(where, requests, outcomes):
-                results[i] = outcome.status
-                if outcome.status >= 0:
-                    continue
-                if details is not None:
-                    details[i] = outcome.detail
-                elif outcome.status == ReadStatus.CORRUPT:
-                    self.corrupt_reads += 1
-                    log.warning("3fs: %r in %s failed its check: %s; reported as corrupt "
-                                "(run check(repair=True) to quarantine it)", request.key,
-                                request.file.path, outcome.detail)
-                else:
-                    log.warning("3fs: reading %r failed: %s", request.key, outcome.detail)
+            for i, outcome in zip(where, read_records(self.io, requests, self._io_threads)):
+                outcomes[i] = outcome
         finally:
             for file in held:
                 self.files.release(file)
@@ -601,49 +581,14 @@ class ThreeFsBackend(StorageBackend):
                 for shard in shards:
                     shard.readers -= 1
             self._pins.release(pinned)
-        return own
-
-    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
-        with self._lock:
-            return [key in self._index.objects for key in keys]
-
-    def stat(self, key: str) -> ObjectRecord | None:
-        self._check_open()
-        with self._lock:
-            slot = self._index.objects.get(key)
-        return None if slot is None else self._record(key, slot, self.node_dir)
-
-    def locate(self, key: str) -> Location | None:
-        self._check_open()
-        with self._lock:
-            slot = self._index.objects.get(key)
-        return None if slot is None else _location(self.node_dir, slot)
-
-    def _record(self, key: str, slot: Slot, node_dir: Path) -> ObjectRecord:
-        return ObjectRecord(key, slot.size, slot.checksum, _location(node_dir, slot),
-                            slot.write_ns / 1e9, slot.seq)
-
-    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
-        """This node's objects (see :meth:`scan_cluster` for every node's)."""
-        self._check_open()
-        with self._lock:
-            snapshot = sorted(self._index.objects.items(), key=lambda item: item[1].seq)
-        for start in range(0, len(snapshot), 64):
-            chunk = snapshot[start:start + 64]
-            if verify:
-                buffers = [memoryview(bytearray(slot.size)) for _, slot in chunk]
-                statuses = self.batch_read([k for k, _ in chunk], buffers)
-                chunk = [item for item, got in zip(chunk, statuses) if got == item[1].size]
-            for key, slot in chunk:
-                yield self._record(key, slot, self.node_dir)
+        return outcomes
 
     def usage(self) -> Usage:
         """This node's objects and files (other nodes' are theirs to count)."""
         self._check_open()
         with self._lock:
-            return Usage(self._index.logical_bytes, self._data_bytes + self.journal.size,
-                         len(self._index.objects), self.capacity)
+            return Usage(self.index.logical_bytes, self._data_bytes + self.journal.size,
+                         len(self.index), self.capacity)
 
     # -- the rest of the cluster --------------------------------------------------------
 
@@ -659,8 +604,7 @@ class ThreeFsBackend(StorageBackend):
         found = self.view.find_fresh(key, time.monotonic())
         if found is None:
             return None
-        return SharedObject(found.node_id, self._record(key, found.slot,
-                                                        Path(found.path).parent))
+        return SharedObject(found.node_id, _record(key, found.slot, Path(found.path).parent))
 
     def read(self, key: str) -> bytes | None:
         """The value of ``key`` from any node (this one first), or None; raises
@@ -704,8 +648,8 @@ class ThreeFsBackend(StorageBackend):
             return
         self.view.refresh()
         for found in self.view.objects():
-            yield SharedObject(found.node_id, self._record(found.key, found.slot,
-                                                           Path(found.path).parent))
+            yield SharedObject(found.node_id, _record(found.key, found.slot,
+                                                      Path(found.path).parent))
 
     # -- deletes and eviction -----------------------------------------------------------
 
@@ -718,7 +662,7 @@ class ThreeFsBackend(StorageBackend):
         seen = set()
         with self._lock:
             for key in keys:
-                hit = key in self._index.objects and key not in seen
+                hit = key in self.index and key not in seen
                 seen.add(key)
                 answers.append(hit)
                 if hit:
@@ -731,7 +675,8 @@ class ThreeFsBackend(StorageBackend):
             except OSError as exc:
                 raise from_oserror(exc, path=self.journal.path,
                                    action="journaling the deletes") from exc
-            touched = {self._index.objects[e.key].shard for e in entries}
+            touched = {slot.shard for slot in map(self.index.get, (e.key for e in entries))
+                       if slot is not None}
             for entry in entries:
                 self._index.apply(entry)
             emptied = [self._shards[n] for n in sorted(touched)
@@ -754,7 +699,7 @@ class ThreeFsBackend(StorageBackend):
                 raise from_oserror(exc, path=self.journal.path, action="evicting") from exc
             return victims
 
-    def _droppable(self, shard: _Shard, *, empty_only: bool = False) -> bool:
+    def _droppable(self, shard: Shard, *, empty_only: bool = False) -> bool:
         if shard.inflight or shard.readers:
             return False
         keys = self._index.shards.get(shard.number, set())
@@ -763,13 +708,10 @@ class ThreeFsBackend(StorageBackend):
         return not any(self._pins.is_pinned(k) for k in keys)
 
     def _evict_locked(self, nbytes: int, on_evict: EvictionCallback | None) -> list[str]:
-        def order(shard: _Shard):
-            empty = not self._index.shards.get(shard.number)
-            age = shard.number if self.policy == "fifo" else shard.last_access
-            return (not empty, age)
-
+        # Shards left empty first (they cost nothing to drop), then in policy order.
+        order = sorted(self._shard_order, key=lambda n: bool(self._index.shards.get(n)))
         chosen, freed = [], 0
-        for shard in sorted(self._shards.values(), key=order):
+        for shard in (self._shards[number] for number in order):
             if freed >= nbytes:
                 break
             if not self._droppable(shard):
@@ -779,7 +721,7 @@ class ThreeFsBackend(StorageBackend):
                                      self._index.shards.get(shard.number, ()))
         return self._drop_locked(chosen, on_evict)
 
-    def _drop_locked(self, shards: list[_Shard], on_evict: EvictionCallback | None) -> list[str]:
+    def _drop_locked(self, shards: list[Shard], on_evict: EvictionCallback | None) -> list[str]:
         """Drop whole shards: journal it, tell ``on_evict``, then delete the files."""
         if not shards:
             return []
@@ -794,6 +736,7 @@ class ThreeFsBackend(StorageBackend):
             if shard is self._active:
                 self._active = None
             del self._shards[shard.number]
+            self._shard_order.discard(shard.number)
             self._data_bytes -= shard.end
         if victims and on_evict is not None:
             on_evict(list(victims))  # before the files go: their bytes are still there
@@ -812,12 +755,94 @@ class ThreeFsBackend(StorageBackend):
             self._check_writable()
         else:
             self._check_open()
-        return threefs_check.check(self, repair)
+        return check_node(self, repair)
+
+    # What check.py needs of the node (its CheckedNode), and nothing else: these are not
+    # part of the SDK contract.
+
+    def findings(self) -> tuple[list[Finding], list[tuple[int, int]]]:
+        with self._lock:
+            return list(self._findings), list(self._journal_damage)
+
+    def resolved(self, findings: Sequence[Finding]) -> None:
+        with self._lock:
+            self._findings = [f for f in self._findings if f not in findings]
+
+    def indexed(self) -> list[tuple[str, Slot]]:
+        return self.index.snapshot()
+
+    def read_back(self, records: Sequence[tuple[str, Slot]]) -> list[ReadOutcome | None]:
+        outcomes = self._read_own([key for key, _ in records],
+                                  [memoryview(bytearray(slot.size)) for _, slot in records])
+        return [outcomes.get(n) for n in range(len(records))]
+
+    def set_aside(self, key: str, entry: Slot, reason: str) -> str | None:
+        where = self.quarantine.copy_range(
+            _shard_file(self.node_dir, entry), entry.offset, record_size(entry.size),
+            reason=reason, key=key, seq=entry.seq, value_length=entry.size,
+            value_crc32c=entry.checksum)
+        self.forget(key, entry)
+        return where
+
+    def record_path(self, entry: Slot) -> str:
+        return _shard_file(self.node_dir, entry)
+
+    def rewrite_journal(self) -> None:
+        with self._lock:
+            self._compact_locked()
+            self._journal_damage = []
+
+    def forget(self, key: str, slot: Slot | None = None) -> bool:
+        with self._lock:
+            if slot is not None and self.index.get(key) is not slot:
+                return False
+            self._seq += 1
+            entry = Entry(Kind.DELETE, key, seq=self._seq)
+            self._journal_append([entry])
+            self._index.apply(entry)
+            return True
+
+    def drop_shard(self, number: int) -> None:
+        with self._lock:
+            self._seq += 1
+            self._journal_append([Entry(Kind.SHARD_DROP, shard=number, seq=self._seq)])
+
+    def adopt_shard(self, number: int, path: str, records: Sequence[tuple[str, Slot]]) -> int:
+        with self._lock:
+            fresh = [(key, slot) for key, slot in records if key not in self.index]
+            if not fresh:
+                return 0
+            self._seq += 1
+            entries = [Entry(Kind.SHARD_OPEN, shard=number, seq=self._seq)]
+            for key, slot in fresh:
+                entries.append(Entry(Kind.PUT, key, number, slot.seq, slot.offset,
+                                     slot.size, slot.write_ns, slot.checksum))
+            self._journal_append(entries)
+            for entry in entries:
+                self._index.apply(entry)
+            size = os.stat(path).st_size
+            self._shards[number] = Shard(number, path, align_up(size))
+            self._shard_order.add(number, None)
+            self._next_shard = max(self._next_shard, number + 1)
+            return len(fresh)
+
+    def discard_shard_file(self, path: str, why: str) -> str:
+        with self._lock:
+            size = os.stat(path).st_size
+            target = self.quarantine.move_aside(path, why)
+            self._data_bytes -= align_up(size)
+            return target
 
 
-def _location(node_dir: Path, slot: Slot) -> Location:
-    return Location(str(shard_path(node_dir, slot.shard)), slot.offset + VALUE_OFFSET,
-                    slot.size, slot.offset, record_size(slot.size))
+def _record(key: str, slot: Slot, node_dir: Path) -> ObjectRecord:
+    """The record of an object of the node whose directory is ``node_dir``."""
+    return ObjectRecord(key, slot.size, slot.checksum, slot_location(node_dir, slot),
+                        slot.write_ns / 1e9, slot.seq)
+
+
+def _shard_file(node_dir: Path, slot: Slot | None) -> str:
+    """The shard file of ``slot`` (for messages, which must not fail on a gone slot)."""
+    return str(shard_path(node_dir, slot.shard)) if slot is not None else str(node_dir)
 
 
 def _cluster_markers(cluster_dir: Path) -> tuple[str, ...]:
@@ -857,5 +882,3 @@ def _claim_shared(cluster_dir: Path, backend: str, layout: int, mode: OpenMode,
                 raise
         time.sleep(0.02)  # polled with a deadline: the other node is mid-rename
 
-
-__all__ = ["JOURNAL_NAME", "SharedObject", "ThreeFsBackend"]

@@ -34,17 +34,17 @@ scans the data area record by record, without any index, for every record that c
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from kvstored.backends.offset_layout import (
+from kvstored.backends.offset.layout import (
     CKPT_ENTRY,
     JOURNAL_MAGIC,
     SLOT_HEADER_SIZE,
-    AlignedScratch,
     Geometry,
     JournalEntry,
     decode_journal_entry,
@@ -53,15 +53,16 @@ from kvstored.backends.offset_layout import (
     pack_entry,
     peek_slot,
 )
-from kvstored.backends.record import (
+from kvstored.native import IoEngine, IoFile, ScratchMemory
+from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestError
+from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
+    RecordHeader,
     align_up,
     decode_header,
     scan_records,
 )
-from kvstored.native import IoEngine, IoFile
-from kvstored.sdk.errors import BackendIOError, CorruptionError, InvalidRequestError
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ log = logging.getLogger(__name__)
 HEADER_BATCH = 1024
 VALUE_BATCH_BYTES = 64 << 20
 
-_scratch = AlignedScratch()
+_scratch = ScratchMemory()
 
 
 class Entry:
@@ -80,24 +81,25 @@ class Entry:
     large index is one ``b"".join``.
     """
 
-    __slots__ = ("crc", "footprint", "offset", "packed", "seq", "size", "write_ns")
+    __slots__ = ("checksum", "footprint", "offset", "packed", "seq", "size", "write_ns")
 
-    def __init__(self, offset: int, size: int, seq: int, write_ns: int, crc: int,
+    def __init__(self, offset: int, size: int, seq: int, write_ns: int, checksum: int,
                  packed: bytes) -> None:
         self.offset = offset
         self.size = size
         self.seq = seq
         self.write_ns = write_ns
-        self.crc = crc
+        #: CRC-32C of the value.
+        self.checksum = checksum
         self.packed = packed
         #: Bytes of the data area the record occupies (header block + padded value).
         self.footprint = VALUE_OFFSET + (size + ALIGN - 1) // ALIGN * ALIGN
 
     @classmethod
     def build(cls, key_bytes: bytes, offset: int, size: int, seq: int, write_ns: int,
-              crc: int) -> Entry:
-        return cls(offset, size, seq, write_ns, crc,
-                   pack_entry(offset, size, seq, write_ns, crc, key_bytes))
+              checksum: int) -> Entry:
+        return cls(offset, size, seq, write_ns, checksum,
+                   pack_entry(offset, size, seq, write_ns, checksum, key_bytes))
 
 
 @dataclass
@@ -124,7 +126,7 @@ def read_exact(engine: IoEngine, file: IoFile, offset: int, length: int) -> byte
     [got] = engine.read([(file, offset, view)])
     if isinstance(got, BaseException):
         raise BackendIOError(f"reading {length} bytes at offset {offset} failed",
-                             errno=got.errno, path=file.path)
+                             errno=got.errno or errno.EIO, path=file.path)
     if got != length:
         raise CorruptionError(f"the volume ends at {offset + got}, inside metadata that "
                               f"should span {offset}..{offset + length}", path=file.path)
@@ -178,8 +180,8 @@ def _load_checkpoint(engine: IoEngine, file: IoFile, geometry: Geometry,
     candidates = []
     for i, (offset, got) in enumerate(zip(slots, results)):
         if isinstance(got, BaseException):
-            raise BackendIOError("reading a checkpoint slot failed", errno=got.errno,
-                                 path=file.path)
+            raise BackendIOError("reading a checkpoint slot failed",
+                                 errno=got.errno or errno.EIO, path=file.path)
         header = decode_slot_header(heads[i * ALIGN:(i + 1) * ALIGN], geometry)
         if header is not None:
             candidates.append((header.generation, offset, header))
@@ -387,15 +389,15 @@ class Salvaged:
     """What a scan of the data area found: the newest record of each key."""
 
     #: key -> (record offset, header), newest seq of each key.
-    records: dict[str, tuple[int, object]] = field(default_factory=dict)
+    records: dict[str, tuple[int, RecordHeader]] = field(default_factory=dict)
     #: Records that lie inside ``below`` (the metadata of the geometry being rebuilt).
-    shadowed: list[tuple[int, object]] = field(default_factory=list)
+    shadowed: list[tuple[int, RecordHeader]] = field(default_factory=list)
     scanned_bytes: int = 0
 
 
 def salvage_records(path: str, start: int, end: int, *, below: int = 0) -> Salvaged:
     """Scan ``path`` (a volume file or device) from ``start`` to ``end`` for every record
-    that checks (:func:`kvstored.backends.record.scan_records`); keep the newest of each
+    that checks (:func:`kvstored.sdk.record.scan_records`); keep the newest of each
     key. Records starting before ``below`` are returned apart (the new metadata will
     overwrite them: the caller copies them out first)."""
     found = Salvaged(scanned_bytes=max(0, end - start))

@@ -11,8 +11,8 @@ Layout under the backend directory::
 a temporary name before it is linked into place, so a full file system is found at open
 (a CapacityError naming the sizes) rather than in the middle of a write, and a volume
 file that exists has always been formatted: one that does not read is refused, never
-formatted again. The volume's layout is in :mod:`.offset_layout` and docs/format.md, and
-the backend itself in :mod:`.offset_core` (which ``nvmeof`` shares).
+formatted again. The volume's layout is in :mod:`.layout` and docs/format.md, and
+the rest of the backend in :mod:`.volume` (which ``nvmeof`` shares).
 
 The volume's size is the ``capacity`` option, fixed when the volume is created (1 GiB
 when none is given); reopening with another capacity is refused, not silently resized.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvstored.backends.offset_core import OffsetLayoutBackend, Volume
-from kvstored.backends.offset_layout import LAYOUT_VERSION
+from kvstored.backends.offset.layout import LAYOUT_VERSION
+from kvstored.backends.offset.volume import OffsetLayoutBackend, Volume
 from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.errors import BackendError, MissingStoreError, from_oserror
 
@@ -33,7 +33,7 @@ VOLUME_NAME = "volume.kvo"
 
 class OffsetBackend(OffsetLayoutBackend):
     """One preallocated volume file under a stamped directory (see the module doc and
-    :class:`~kvstored.backends.offset_core.OffsetLayoutBackend` for the options)."""
+    :class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` for the options)."""
 
     name = "offset"
     sdk_version = "1.0"

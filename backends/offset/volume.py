@@ -3,8 +3,8 @@
 A subclass says where the volume is (:meth:`OffsetLayoutBackend._attach`); this class
 does the rest: formatting, the index, placement with
 :class:`~kvstored.allocator.OffsetAllocator`, reads, deletes and eviction. Recovery is in
-:mod:`.offset_recovery`, the journal gate and checkpoints in :mod:`.offset_journal`,
-``check`` in :mod:`.offset_check`, the byte layout in :mod:`.offset_layout` and
+:mod:`.recovery`, the journal gate and checkpoints in :mod:`.journal`,
+``check`` in :mod:`.check`, the byte layout in :mod:`.layout` and
 docs/format.md.
 
 Write path, per batch
@@ -55,21 +55,20 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from crc32c import crc32c
 
 from kvstored.allocator import OffsetAllocator
-from kvstored.backends.offset_journal import JournalGate, write_sync
-from kvstored.backends.offset_layout import (
+from kvstored.backends.offset.check import IndexAudit, check_volume
+from kvstored.backends.offset.journal import JournalGate, write_sync
+from kvstored.backends.offset.layout import (
     ALIGN,
     JOURNAL_PUT,
     MAX_ENTRY_PAYLOAD,
     SUPER_MAGIC,
-    AlignedScratch,
     Geometry,
     GiB,
     MiB,
@@ -81,7 +80,7 @@ from kvstored.backends.offset_layout import (
     peek_slot,
     tombstone_bytes,
 )
-from kvstored.backends.offset_recovery import (
+from kvstored.backends.offset.recovery import (
     Entry,
     Recovered,
     find_geometry,
@@ -89,15 +88,15 @@ from kvstored.backends.offset_recovery import (
     recover,
     salvage_records,
 )
-from kvstored.backends.record import (
-    HEADER_SIZE,
-    VALUE_OFFSET,
-    decode_header,
-    encode_header,
-    record_size,
+from kvstored.native import (
+    EngineUnavailableError,
+    IoEngine,
+    IoError,
+    IoFile,
+    ScratchMemory,
+    get_engine,
 )
-from kvstored.native import EngineUnavailableError, IoEngine, IoError, IoFile, get_engine
-from kvstored.sdk.backend import EvictionCallback, StorageBackend
+from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
     BackendError,
@@ -107,8 +106,18 @@ from kvstored.sdk.errors import (
     MissingStoreError,
     from_oserror,
 )
+from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir
+from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.record import (
+    HEADER_SIZE,
+    VALUE_OFFSET,
+    ReadOutcome,
+    encode_header,
+    record_size,
+    verified_read,
+)
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -116,18 +125,18 @@ from kvstored.sdk.types import (
     CheckReport,
     EvictionGranularity,
     Location,
-    ObjectRecord,
     OpenMode,
     Problem,
     ProblemKind,
     ReadStatus,
+    RepairAction,
     Usage,
     WriteBatchHint,
     WriteOutcome,
     WriteResult,
     encode_key,
 )
-from kvstored.units import format_size
+from kvstored.sdk.units import format_size
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +144,6 @@ log = logging.getLogger(__name__)
 WRITE_CHUNK = MAX_ENTRY_PAYLOAD // JOURNAL_PUT.size
 #: Tombstones journalled per operation (a 1 KiB key takes about 1 KiB of journal).
 TOMBSTONE_CHUNK = 512
-#: Keys read per engine submission by scan(verify=True) and check().
-VERIFY_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +158,7 @@ class Volume:
     device: bool
 
 
-class OffsetLayoutBackend(StorageBackend):
+class OffsetLayoutBackend(IndexedBackend):
     """Objects as records at allocator-chosen offsets of one volume; see the module doc.
 
     Options beyond the common ones: ``policy`` (``fifo`` or ``lru``), ``auto_evict``
@@ -169,16 +176,14 @@ class OffsetLayoutBackend(StorageBackend):
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
                  on_evict: EvictionCallback | None = None,
                  mode: OpenMode = OpenMode.READ_WRITE,
-                 policy: str = "fifo", auto_evict: bool = True,
+                 policy: EvictionPolicy = EvictionPolicy.FIFO, auto_evict: bool = True,
                  engine: str | None = None, direct: bool | None = None,
                  checkpoint_bytes: int = 1 * GiB, index_bytes: int | None = None) -> None:
         super().__init__(path, capacity=capacity, max_value_size=max_value_size,
                          on_evict=on_evict, mode=mode)
-        if policy not in ("fifo", "lru"):
-            raise InvalidRequestError(f"policy must be 'fifo' or 'lru', not {policy!r}")
         if checkpoint_bytes <= 0:
             raise InvalidRequestError(f"checkpoint_bytes must be positive, not {checkpoint_bytes}")
-        self.policy = policy
+        self.policy = EvictionPolicy.parse(policy)
         self.auto_evict = auto_evict
         self.checkpoint_bytes = checkpoint_bytes
         self.index_bytes = index_bytes
@@ -186,15 +191,12 @@ class OffsetLayoutBackend(StorageBackend):
             self._engine: IoEngine = get_engine(engine, direct=direct)
         except (ValueError, EngineUnavailableError) as exc:
             raise InvalidRequestError(str(exc), path=path) from None
-        #: Reads that failed their checksum since open (a metric).
-        self.corrupt_reads = 0
-
         self._lock = threading.Lock()
-        self._index: dict[str, Entry] = {}
-        self._order: OrderedDict[str, None] = OrderedDict()
+        self.index: ObjectIndex[Entry] = ObjectIndex(self._location, self._lock)
+        #: The visible objects, first to be evicted first (the values are their entries).
+        self._order: EvictionOrder[str, Entry] = EvictionOrder(self.policy)
         self._claims = WriteClaims(self._lock)
-        self._scratch = AlignedScratch()
-        self._logical = 0
+        self._scratch = ScratchMemory()
         self._records_bytes = 0      # footprints of visible objects
         self._index_used = 0         # checkpoint bytes of visible + placed objects
         #: Locks and claims the subclass took in _attach, released at close.
@@ -396,8 +398,8 @@ class OffsetLayoutBackend(StorageBackend):
         write_sync(self._engine, self._file, [(self._file, 0, geometry.encode())],
                    "rewriting the superblock")
         self._note(ProblemKind.CORRUPT_RECORD, f"the superblock did not check ({why})",
-                   f"rebuilt it from the checkpoint slots of volume {geometry.uuid.hex()}; "
-                   "the first MiB was copied to the quarantine first")
+                   f"the superblock, from the checkpoint slots of volume "
+                   f"{geometry.uuid.hex()}; the first MiB was copied to the quarantine first")
         return geometry
 
     def _rebuild_from_records(self, geometry: Geometry, why: str) -> Geometry:
@@ -406,7 +408,7 @@ class OffsetLayoutBackend(StorageBackend):
         found = salvage_records(self._file.path, ALIGN, geometry.volume_size,
                                 below=geometry.data_offset)
         for offset, header in found.shadowed:  # the new metadata goes over them: copy out
-            self._copy_out(offset, record_size(header.value_len), f"{offset:012x}",
+            self._copy_out(offset, record_size(header.value_len), f"{offset:x}",
                            f"{why}; the record of {header.key!r} lies where the rebuilt "
                            "metadata goes")
         ordered = sorted(found.records.items(), key=lambda item: item[1][1].seq)
@@ -425,7 +427,7 @@ class OffsetLayoutBackend(StorageBackend):
         self._write_format(self._file, geometry, seq, entries)
         lost = len(ordered) - kept
         self._note(ProblemKind.INDEX_MISMATCH, why,
-                   f"rebuilt the index from {kept} record(s) found by scanning "
+                   f"the index, from {kept} record(s) found by scanning "
                    f"{format_size(found.scanned_bytes)} of the volume"
                    + (f" ({lost} older one(s) did not fit the index)" if lost else "")
                    + "; objects deleted before the damage may reappear")
@@ -443,36 +445,24 @@ class OffsetLayoutBackend(StorageBackend):
             self._rebuild_from_records(self._geometry, exc.message)
             return recover(self._engine, self._file, self._geometry, valid_end=volume.size)
 
-    def _copy_out(self, offset: int, length: int, stem: str, why: str) -> str:
+    def _copy_out(self, offset: int, length: int, stem: str, why: str) -> str | None:
         """Copy ``length`` bytes of the volume at ``offset`` to the quarantine."""
-        def chunks():
-            done = 0
-            while done < length:
-                piece = min(16 * MiB, length - done)
-                buf = bytearray(piece)
-                [got] = self._engine.read([(self._file, offset + done, buf)])
-                if isinstance(got, IoError):
-                    raise from_oserror(got, path=self._file.path, action="copying out")
-                yield memoryview(buf)[:got]
-                if got < piece:
-                    return
-                done += piece
+        return self.quarantine.copy_range(self._file.path, offset, length, reason=why,
+                                          stem=f"{Path(self._file.path).name}-{stem}",
+                                          volume=self._file.path)
 
-        return self.quarantine.copy_out(
-            f"{Path(self._file.path).name}-{stem}", chunks(),
-            {"volume": self._file.path, "offset": offset, "length": length, "reason": why})
-
-    def _note(self, kind: ProblemKind, detail: str, action: str) -> None:
-        log.warning("%s: %s: %s", self._file.path, detail, action)
-        self.open_problems.append(Problem(kind, detail, None, self._file.path, action))
+    def _note(self, kind: ProblemKind, detail: str, rebuilt: str) -> None:
+        log.warning("%s: %s: %s", self._file.path, detail, rebuilt)
+        self.open_problems.append(Problem(kind, detail, path=self._file.path,
+                                          action=RepairAction.REBUILT, action_detail=rebuilt))
 
     def _load(self, found: Recovered) -> None:
         data_offset = self._geometry.data_offset
         self._alloc.reserve_many((offset - data_offset, footprint)
                                  for offset, footprint in found.extents)
-        self._index = found.entries  # already in eviction order
-        self._order = OrderedDict.fromkeys(found.entries)
-        self._logical = sum(entry.size for entry in found.entries.values())
+        for key, entry in found.entries.items():  # already in eviction order
+            self.index.add(key, entry)
+            self._order.add(key, entry)
         self._records_bytes = sum(offset[1] for offset in found.extents)
         self._index_used = sum(len(entry.packed) for entry in found.entries.values())
         #: What the last open found, for logs, metrics and benchmarks.
@@ -483,7 +473,7 @@ class OffsetLayoutBackend(StorageBackend):
         # check(): an open that loses an acknowledged record must never look clean.
         self.open_problems.extend(
             Problem(ProblemKind.INDEX_MISMATCH, note, None, self._file.path,
-                    "dropped from the index at open") for note in found.notes)
+                    RepairAction.DROPPED_FROM_INDEX, "at open") for note in found.notes)
         self._journal = JournalGate(self._engine, self._file, self._geometry, self._lock,
                                     self._snapshot_locked, generation=found.generation,
                                     checkpoint_bytes=self.checkpoint_bytes)
@@ -491,7 +481,7 @@ class OffsetLayoutBackend(StorageBackend):
             # Restart the journal on a checkpoint of the recovered state, so that new
             # entries never overwrite live ones.
             log.info("%s: replayed %d journal entries; %d objects", self._file.path,
-                     found.replayed, len(self._index))
+                     found.replayed, len(self.index))
             self._journal.checkpoint()
 
     # -- lifecycle, capabilities ------------------------------------------------------
@@ -506,7 +496,7 @@ class OffsetLayoutBackend(StorageBackend):
             self._file.close()
             self._release_holds()
             with self._lock:
-                self._index.clear()
+                self.index.clear()
                 self._order.clear()
 
     @property
@@ -523,7 +513,7 @@ class OffsetLayoutBackend(StorageBackend):
     # -- the journal gate -----------------------------------------------------------
 
     @property
-    def _generation(self) -> int:
+    def generation(self) -> int:
         """The generation of the newest durable checkpoint."""
         return self._journal.generation
 
@@ -533,7 +523,7 @@ class OffsetLayoutBackend(StorageBackend):
         return first
 
     def _snapshot_locked(self) -> tuple[int, list[bytes]]:
-        return self._seq, [self._index[key].packed for key in self._order]
+        return self._seq, [entry.packed for entry in self._order.values()]
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (normally they happen on their own)."""
@@ -554,7 +544,7 @@ class OffsetLayoutBackend(StorageBackend):
                 self._write_chunk(claimed[start:start + WRITE_CHUNK], results)
 
         for i in self._claims.write_batch([key for key, _ in items],
-                                          stored=self._index.__contains__, write=write):
+                                          stored=self.index.__contains__, write=write):
             results[i] = WriteResult(items[i][0], WriteOutcome.EXISTS)
         return results  # type: ignore[return-value]
 
@@ -649,9 +639,8 @@ class OffsetLayoutBackend(StorageBackend):
     def _publish(self, good, results: list) -> None:
         with self._lock:
             for i, key, entry, _ in good:
-                self._index[key] = entry
-                self._order[key] = None
-                self._logical += entry.size
+                self.index.add(key, entry)
+                self._order.add(key, entry)
                 self._records_bytes += entry.footprint
                 results[i] = WriteResult(key, WriteOutcome.WRITTEN)
 
@@ -710,12 +699,11 @@ class OffsetLayoutBackend(StorageBackend):
         ``nbytes`` of data and ``index_cost`` of index beyond what is free."""
         need_index = self._index_used + index_cost - self._geometry.index_capacity
         victims, freed, freed_index = [], 0, 0
-        for key in self._order:
+        for key, entry in self._order.items():
             if freed >= nbytes and freed_index >= need_index:
                 break
             if self._pins.is_pinned(key):
                 continue
-            entry = self._index[key]
             victims.append((key, entry))
             freed += entry.footprint
             freed_index += len(entry.packed)
@@ -724,9 +712,8 @@ class OffsetLayoutBackend(StorageBackend):
         return victims
 
     def _detach_locked(self, key: str, entry: Entry) -> None:
-        del self._index[key]
-        del self._order[key]
-        self._logical -= entry.size
+        self.index.pop(key)
+        self._order.discard(key)
         self._records_bytes -= entry.footprint
 
     def _retire(self, victims: list[tuple[str, Entry]], callback: EvictionCallback | None,
@@ -748,11 +735,10 @@ class OffsetLayoutBackend(StorageBackend):
             if not evicting:
                 with self._lock:  # the delete did not happen: put the keys back
                     for key, entry in victims:
-                        if key in self._index or self._claims.claimed(key):
+                        if key in self.index or self._claims.claimed(key):
                             continue  # written again meanwhile: keep the new one
-                        self._index[key] = entry
-                        self._order[key] = None
-                        self._logical += entry.size
+                        self.index.add(key, entry)
+                        self._order.add(key, entry)
                         self._records_bytes += entry.footprint
                 raise
             log.error("%s: evicting %d objects could not be made durable (%s); their "
@@ -792,7 +778,7 @@ class OffsetLayoutBackend(StorageBackend):
         found = []
         with self._lock:
             for key in keys:
-                entry = self._index.get(key)
+                entry = self.index.get(key)
                 found.append(entry is not None)
                 if entry is not None:
                     self._detach_locked(key, entry)
@@ -810,89 +796,51 @@ class OffsetLayoutBackend(StorageBackend):
         plan: list[tuple[int, str, Entry, memoryview]] = []
         with self._lock:
             for i, (key, buf) in enumerate(zip(keys, buffers)):
-                entry = self._index.get(key)
+                entry = self.index.get(key)
                 if entry is None:
                     continue
                 target = memoryview(buf).cast("B")
                 if target.nbytes < entry.size:
                     results[i] = ReadStatus.BUFFER_TOO_SMALL
                     continue
-                if self.policy == "lru":
-                    self._order.move_to_end(key)
-                plan.append((i, key, entry, target[:entry.size]))
+                self._order.touch(key)
+                plan.append((i, key, entry, target))
             pinned = self._pins.acquire([key for _, key, _, _ in plan])
         try:
-            heads = self._scratch.take(len(plan) * ALIGN)
-            # One vectored request per record: its header block into scratch, its value
-            # straight into the caller's buffer.
-            items = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN], target])
-                     for n, (_, _, entry, target) in enumerate(plan)]
-            outcomes = self._engine.read(items) if items else []
-            for n, (i, key, entry, target) in enumerate(plan):
-                got = outcomes[n]
-                got_head, got_value = got, got
-                if not isinstance(got, IoError):
-                    got_head, got_value = min(got, ALIGN), max(got - ALIGN, 0)
-                results[i] = self._verify(key, entry, heads[n * ALIGN:(n + 1) * ALIGN],
-                                          target, got_head, got_value)
+            outcomes = self._read_entries([(key, entry, target)
+                                           for _, key, entry, target in plan])
         finally:
             self._pins.release(pinned)
+        for (i, key, entry, _), outcome in zip(plan, outcomes):
+            results[i] = outcome.status
+            if not outcome.ok:
+                self._note_failed_read(key, f"{self._file.path} at {entry.offset}", outcome)
         return results
 
-    def _verify(self, key: str, entry: Entry, head, value, got_head, got_value) -> int:
-        view = memoryview(value).cast("B")
-        if isinstance(got_head, IoError) or isinstance(got_value, IoError):
-            log.warning("%s: reading %r failed: %s", self.path, key,
-                        got_head if isinstance(got_head, IoError) else got_value)
-            view[:] = bytes(view.nbytes)  # nothing of a failed read stays in the buffer
-            return ReadStatus.IO_ERROR
-        problem = record_problem(key, entry, head, value, got_head, got_value)
-        if problem is None:
-            return entry.size
-        view[:] = bytes(view.nbytes)  # never leave bytes that failed in the caller's buffer
-        self.corrupt_reads += 1
-        log.warning("%s: %s of key %r at offset %d; reported as a miss (run "
-                    "check(repair=True) to quarantine it)", self.path, problem, key,
-                    entry.offset)
-        return ReadStatus.CORRUPT
+    def _read_entries(self, plan: Sequence[tuple[str, Entry, memoryview]]
+                      ) -> list[ReadOutcome]:
+        """Read each ``(key, entry, destination)`` in one engine submission, verified.
 
-    def batch_contains(self, keys: Sequence[str]) -> list[bool]:
-        self._check_open()
-        with self._lock:
-            return [key in self._index for key in keys]
-
-    def stat(self, key: str) -> ObjectRecord | None:
-        self._check_open()
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._record(key, entry)
-
-    def _record(self, key: str, entry: Entry) -> ObjectRecord:
-        return ObjectRecord(key, entry.size, entry.crc, self._location(entry),
-                            entry.write_ns / 1e9, entry.seq)
+        One vectored request per record: its header block into scratch, its value
+        straight into the destination (so a value is never copied on its way).
+        """
+        heads = self._scratch.take(len(plan) * ALIGN)
+        items = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN],
+                                             target[:entry.size]])
+                 for n, (_, entry, target) in enumerate(plan)]
+        results = self._engine.read(items) if items else []
+        outcomes = []
+        for n, ((key, entry, target), got) in enumerate(zip(plan, results)):
+            error = got if isinstance(got, IoError) else None
+            outcomes.append(verified_read(
+                target, heads[n * ALIGN:(n + 1) * ALIGN], None, key=key, size=entry.size,
+                seq=entry.seq, checksum=entry.checksum, error=error,
+                complete=error is None and got == ALIGN + entry.size))
+        return outcomes
 
     def _location(self, entry: Entry) -> Location:
         return Location(self._file.path, entry.offset + VALUE_OFFSET, entry.size,
                         entry.offset, entry.footprint, device=self.device)
-
-    def locate(self, key: str) -> Location | None:
-        self._check_open()
-        with self._lock:
-            entry = self._index.get(key)
-        return None if entry is None else self._location(entry)
-
-    def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:
-        self._check_open()
-        with self._lock:
-            snapshot = list(self._index.items())
-        for start in range(0, len(snapshot), VERIFY_CHUNK):
-            chunk = snapshot[start:start + VERIFY_CHUNK]
-            if verify:
-                buffers = [memoryview(bytearray(entry.size)) for _, entry in chunk]
-                got = self.batch_read([key for key, _ in chunk], buffers)
-                chunk = [c for c, n in zip(chunk, got) if n == c[1].size]
-            for key, entry in chunk:
-                yield self._record(key, entry)
 
     def usage(self) -> Usage:
         """Physical bytes are the volume's fixed metadata plus the records of visible
@@ -900,37 +848,76 @@ class OffsetLayoutBackend(StorageBackend):
         counted: they are transient, and the preallocated volume bounds everything."""
         self._check_open()
         with self._lock:
-            return Usage(self._logical, self._geometry.data_offset + self._records_bytes,
-                         len(self._index), self._geometry.volume_size)
+            return Usage(self.index.logical_bytes,
+                         self._geometry.data_offset + self._records_bytes, len(self.index),
+                         self._geometry.volume_size)
 
     # -- check and repair ---------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        from kvstored.backends.offset_check import check_volume
-
         if repair:
             self._check_writable()
         else:
             self._check_open()
         return check_volume(self, repair)
 
+    # What check.py needs of the volume (its CheckedVolume), and nothing else: these are
+    # not part of the SDK contract.
 
-def record_problem(key: str, entry: Entry, head, value, got_head: int,
-                   got_value: int) -> str | None:
-    """What is wrong with a record read back for ``entry``, or None if it checks."""
-    if got_head != ALIGN or got_value != entry.size:
-        return "the record is cut short"
-    try:
-        header = decode_header(head)
-    except CorruptionError as exc:
-        return exc.message
-    if (header.key != key or header.value_len != entry.size or header.seq != entry.seq
-            or header.value_crc != entry.crc or header.tombstone):
-        return "the record header does not match the index"
-    if crc32c(value) != entry.crc:
-        return "the value fails its checksum"
-    return None
+    @property
+    def engine(self) -> IoEngine:
+        """The io engine every I/O of this volume goes through."""
+        return self._engine
 
+    @property
+    def volume_file(self) -> IoFile:
+        """The volume, open through the engine."""
+        return self._file
+
+    @property
+    def geometry(self) -> Geometry:
+        return self._geometry
+
+    def indexed(self) -> list[tuple[str, Entry]]:
+        return self.index.snapshot()
+
+    def read_back(self, records: Sequence[tuple[str, Entry]]) -> list[ReadOutcome | None]:
+        with self.pin([key for key, _ in records]):
+            outcomes: list[ReadOutcome | None] = list(self._read_entries(
+                [(key, entry, memoryview(bytearray(entry.size))) for key, entry in records]))
+        for n, (key, entry) in enumerate(records):
+            if not self.index.is_current(key, entry):
+                outcomes[n] = None  # deleted or evicted since the snapshot
+        return outcomes
+
+    def set_aside(self, key: str, entry: Entry, reason: str) -> str | None:
+        where = self.quarantine.copy_range(
+            self._file.path, entry.offset, entry.footprint, reason=reason, key=key,
+            volume=self._file.path, value_length=entry.size, seq=entry.seq,
+            value_crc32c=entry.checksum)
+        self.drop(key, entry)
+        return where
+
+    def record_path(self, entry: Entry) -> str:
+        return self._file.path
+
+    def drop(self, key: str, entry: Entry) -> None:
+        with self._lock:
+            if self.index.get(key) is not entry:
+                return  # deleted, or deleted and written again, meanwhile
+            self._detach_locked(key, entry)
+        self._retire([(key, entry)], None, evicting=False)
+
+    def audit(self) -> IndexAudit:
+        data_offset = self._geometry.data_offset
+        with self._lock:
+            entries = sorted(self.index.items(), key=lambda item: item[1].offset)
+            unallocated = [key for key, entry in entries
+                           if (entry.offset - data_offset) not in self._alloc
+                           or self._alloc.allocation_size(entry.offset - data_offset)
+                           != entry.footprint]
+            return IndexAudit(entries, self.index.logical_bytes, self._records_bytes,
+                              unallocated)
 
 
 def _allocate(fd: int, size: int, path) -> None:

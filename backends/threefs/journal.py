@@ -3,7 +3,7 @@
 Each node appends to ``<cluster>/<node>/journal.kvj`` and nothing else does; every other
 node reads it to find that node's objects. It is an index, kept as a log so that a
 reader on another machine can follow it by reading only the bytes appended since its last
-look. The records themselves (backends/record.py) stay in the shard files.
+look. The records themselves (sdk/record.py) stay in the shard files.
 
 Layout (all integers little-endian)::
 
@@ -54,7 +54,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from kvstored.sdk.files import fsync_dir, write_atomically
+from kvstored.sdk.files import fsync_dir, write_all, write_atomically
 
 JOURNAL_NAME = "journal.kvj"
 JOURNAL_VERSION = 1
@@ -228,13 +228,14 @@ class JournalWriter:
     """
 
     def __init__(self, path: Path, header: Header, size: int, *,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, fd: int | None = None) -> None:
         self.path = path
         self.header = header
         self.read_only = read_only
         self._lock = threading.Lock()
         self._size = size
-        self._fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
+        self._fd = fd if fd is not None else os.open(
+            path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
 
     @classmethod
     def create(cls, path: Path, header: Header) -> JournalWriter:
@@ -245,10 +246,7 @@ class JournalWriter:
     def empty(cls, path: Path, header: Header) -> JournalWriter:
         """A read-only stand-in for a journal that does not exist (a node that never
         wrote): it holds nothing, takes no space and refuses to be written."""
-        journal = cls.__new__(cls)
-        journal.path, journal.header, journal.read_only = path, header, True
-        journal._lock, journal._size, journal._fd = threading.Lock(), 0, -1
-        return journal
+        return cls(path, header, 0, read_only=True, fd=-1)
 
     def _check_writable(self) -> None:
         if self.read_only:
@@ -268,11 +266,7 @@ class JournalWriter:
         with self._lock:
             start = self._size
             try:
-                view = memoryview(data)
-                pos = start
-                while view:
-                    written = os.pwrite(self._fd, view, pos)
-                    view, pos = view[written:], pos + written
+                write_all(self._fd, data, start)
                 os.fsync(self._fd)
             except OSError:
                 try:

@@ -7,7 +7,7 @@ A *volume* is one preallocated file (the ``offset`` backend) or a block device (
     slot_a           checkpoint slot A  (slot_size bytes)
     slot_b           checkpoint slot B  (slot_size bytes)
     journal_offset   allocation journal (journal_size bytes)
-    data_offset      data area: records (backends/record.py), 4 KiB aligned, up to
+    data_offset      data area: records (sdk/record.py), 4 KiB aligned, up to
                      volume_size
 
 - The **superblock** is written once, when the volume is formatted, and last: a volume
@@ -20,23 +20,22 @@ A *volume* is one preallocated file (the ``offset`` backend) or a block device (
   delete. An entry is live when its uuid matches and its ``seq`` exceeds the
   checkpoint's; it restarts at its first block after every checkpoint.
 
-This module only encodes and decodes; :mod:`kvstored.backends.offset_core` does the I/O.
+This module only encodes and decodes; :mod:`kvstored.backends.offset.volume` does the I/O.
 Every structure carries the volume uuid, so stale structures of an earlier format of the
 same device are never taken for current ones.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
-import threading
 import time
 from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from kvstored.backends.record import (
+from kvstored.sdk.errors import CorruptionError, InvalidRequestError
+from kvstored.sdk.record import (
     ALIGN,
     FLAG_TOMBSTONE,
     HEADER_CORE,
@@ -46,7 +45,6 @@ from kvstored.backends.record import (
     decode_header,
     encode_header,
 )
-from kvstored.sdk.errors import CorruptionError, InvalidRequestError
 
 LAYOUT_VERSION = 1
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -361,25 +359,3 @@ def decode_journal_entry(buf: bytes, pos: int, geometry: Geometry) -> JournalEnt
         tombstones.append(header)
         cursor += HEADER_SIZE + len(header.key.encode("utf-8"))
     return JournalEntry(seq, nblocks, puts, tombstones)
-
-
-# -- page-aligned scratch memory -----------------------------------------------------------
-
-
-class AlignedScratch(threading.local):
-    """Per-thread page-aligned memory, reused between calls (fresh pages are slow to
-    touch, and O_DIRECT wants aligned buffers to skip the engine's bounce copy)."""
-
-    KEEP = 64 * MiB
-
-    def __init__(self) -> None:
-        self.memory: mmap.mmap | None = None
-
-    def take(self, size: int) -> memoryview:
-        """``size`` bytes of scratch, valid until this thread's next ``take``."""
-        if self.memory is not None and len(self.memory) >= size:
-            return memoryview(self.memory)[:size]
-        fresh = mmap.mmap(-1, max(1 << max(size - 1, 0).bit_length(), 1 * MiB))
-        if len(fresh) <= self.KEEP:
-            self.memory = fresh
-        return memoryview(fresh)[:size]

@@ -1,4 +1,7 @@
-"""Parsing and printing of sizes and flags as operators write them."""
+"""Parsing and printing of sizes and flags as operators write them (`4GiB`, `on`).
+
+In the SDK because the backend registry parses `--option` values with it; the daemon
+and the CLI use the same functions."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Meant for an NVMe-oF namespace attached with ``nvme connect`` (docs/nvmeof.md), it works
 on any block device (a local NVMe namespace, a loop device) and on a regular file. The
-bytes on the device are exactly an ``offset`` volume (:mod:`.offset_layout`): a
+bytes on the device are exactly an ``offset`` volume (:mod:`kvstored.backends.offset.layout`): a
 superblock at offset 0 (magic, version, size, checkpoint and journal locations, uuid,
 CRC), two checkpoint slots, the journal, then records.
 
@@ -41,20 +41,26 @@ Safety
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
 import stat
-import struct
 import time
 from pathlib import Path
 from typing import Any
 
-from kvstored.backends.offset_core import OffsetLayoutBackend, Volume
-from kvstored.backends.offset_layout import LAYOUT_VERSION, Geometry, MiB, peek_slot
-from kvstored.backends.offset_recovery import read_exact
-from kvstored.backends.record import ALIGN
+from kvstored.backends.nvmeof.device import (
+    DeviceClaim,
+    check_sector_size,
+    device_size,
+    is_block_device,
+)
+
+# nvmeof is the offset layout on a device: the on-disk format, the volume logic, its
+# recovery and check are all offset's; this package adds only how a device is attached.
+from kvstored.backends.offset.layout import LAYOUT_VERSION, Geometry, MiB, peek_slot
+from kvstored.backends.offset.recovery import read_exact
+from kvstored.backends.offset.volume import OffsetLayoutBackend, Volume
 from kvstored.backends.stamp import claim_directory
 from kvstored.sdk.errors import (
     BackendBusyError,
@@ -66,13 +72,11 @@ from kvstored.sdk.errors import (
 )
 from kvstored.sdk.files import write_atomically
 from kvstored.sdk.lock import StoreLock, openers_of
+from kvstored.sdk.record import ALIGN
 from kvstored.sdk.types import OpenMode
 
 log = logging.getLogger(__name__)
 
-#: ioctl numbers from <linux/fs.h>: the device size in bytes, its logical sector size.
-BLKGETSIZE64 = 0x80081272
-BLKSSZGET = 0x1268
 #: Where a bare block device's quarantine goes when no quarantine_dir is given.
 DEVICE_QUARANTINE_ROOT = Path("/var/lib/kvstored/quarantine")
 #: How long to retry a device that is busy because its previous user is still exiting.
@@ -175,7 +179,7 @@ class NvmeofBackend(OffsetLayoutBackend):
             raise
         return Volume(file, size, device=block)
 
-    def _claim_device(self, target: str) -> _DeviceClaim:
+    def _claim_device(self, target: str) -> DeviceClaim:
         """Claim the device with ``O_EXCL`` on a descriptor of its own: no mounted or
         otherwise claimed device is ever written, nor read while a node writes it.
         Read-only, the claim is only probed and let go at once, so that several readers
@@ -187,7 +191,7 @@ class NvmeofBackend(OffsetLayoutBackend):
         flags = (os.O_RDONLY if self.read_only else os.O_RDWR) | os.O_EXCL | os.O_CLOEXEC
         while True:
             try:
-                claim = _DeviceClaim(os.open(target, flags))
+                claim = DeviceClaim(os.open(target, flags))
                 if self.read_only:
                     claim.release()
                 return claim
@@ -268,48 +272,3 @@ def _bound_device(directory: Path) -> str | None:
         return None
     device = known.get("device") if isinstance(known, dict) else None
     return device if isinstance(device, str) and device else None
-
-
-class _DeviceClaim:
-    """An ``O_EXCL`` descriptor of a block device: the kernel's claim on it, held until
-    :meth:`release`. Never given to the io engine."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-
-def is_block_device(path: str) -> bool:
-    try:
-        return stat.S_ISBLK(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def device_size(fd: int) -> int:
-    """The size of the block device open as ``fd``, in bytes."""
-    buf = bytearray(8)
-    try:
-        fcntl.ioctl(fd, BLKGETSIZE64, buf, True)
-    except OSError:
-        return os.lseek(fd, 0, os.SEEK_END)  # the same answer, where the ioctl is missing
-    return struct.unpack("<Q", buf)[0]
-
-
-def check_sector_size(fd: int, path: str) -> None:
-    """Refuse devices whose logical sectors exceed the layout's 4 KiB alignment: O_DIRECT
-    writes of 4 KiB blocks would fail on them."""
-    buf = bytearray(4)
-    try:
-        fcntl.ioctl(fd, BLKSSZGET, buf, True)
-    except OSError:
-        return
-    sector = struct.unpack("<i", buf)[0]
-    if sector > ALIGN:
-        raise InvalidRequestError(
-            f"the device has {sector}-byte logical sectors; the offset layout needs "
-            f"{ALIGN} or less", path=path)

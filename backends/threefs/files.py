@@ -2,26 +2,22 @@
 
 Both the owning node and nodes reading its shards read records the same way: one engine
 submission for the whole batch, then every record checked against what the journal said
-(key, length, sequence number, value CRC-32C) before its value is handed out.
+(key, length, sequence number, value CRC-32C) by the SDK's one verification
+(:func:`kvstored.sdk.record.verified_read`) before its value is handed out.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
-from kvstored.backends.record import VALUE_OFFSET, decode_header, record_size
-from kvstored.backends.threefs_index import Slot
-from kvstored.native import IoEngine, IoError, IoFile
-from kvstored.sdk.errors import CorruptionError
+from kvstored.backends.threefs.index import Slot
+from kvstored.native import IoEngine, IoError, IoFile, ScratchMemory
 from kvstored.sdk.files import PRIVATE_FILE
-from kvstored.sdk.types import ReadStatus
+from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome, record_size, verified_read
 
 #: Values up to this size are read together with their header in one request, into
 #: scratch memory, and copied out: one I/O instead of two costs less than the copy.
@@ -31,7 +27,6 @@ COMBINED_READ_MAX = 128 * 1024
 PIPELINE_CHUNK = 2 << 20
 #: Chunks of a read kept in flight ahead of the one being checked.
 READ_AHEAD = 2
-_KEEP_ARENA_BYTES = 64 << 20
 
 
 class HandleCache:
@@ -125,29 +120,8 @@ class HandleCache:
         return idle
 
 
-class _Arena(threading.local):
-    """Per-thread page-aligned scratch memory, reused (fresh pages are slow to touch)."""
-
-    def __init__(self) -> None:
-        self.memory: mmap.mmap | None = None
-
-    def take(self, size: int) -> memoryview:
-        size = max(size, 1)
-        if self.memory is None or len(self.memory) < size:
-            fresh = mmap.mmap(-1, max(1 << (size - 1).bit_length(), 1 << 20))
-            if len(fresh) > _KEEP_ARENA_BYTES:
-                return memoryview(fresh)[:size]
-            self.memory = fresh
-        return memoryview(self.memory)[:size]
-
-
-_arena = _Arena()
-
-
-def scratch(size: int) -> memoryview:
-    """This thread's page-aligned scratch memory of ``size`` bytes (valid until the
-    thread's next call)."""
-    return _arena.take(size)
+#: The scratch memory of reads: headers, and small values read with them.
+_scratch = ScratchMemory()
 
 
 @dataclass(slots=True)
@@ -157,15 +131,6 @@ class ReadRequest:
     file: IoFile
     #: The caller's buffer, at least ``slot.size`` bytes; the value lands in its start.
     dest: memoryview
-
-
-@dataclass(slots=True)
-class ReadOutcome:
-    #: The value's length, or ReadStatus.CORRUPT / ReadStatus.IO_ERROR.
-    status: int
-    #: Why the record was refused, for logs and check reports.
-    detail: str = ""
-    errno: int = 0
 
 
 def read_records(engine: IoEngine, requests: list[ReadRequest],
@@ -180,7 +145,7 @@ def read_records(engine: IoEngine, requests: list[ReadRequest],
     if not requests:
         return []
     total = sum(_arena_bytes(r.slot.size) for r in requests)
-    arena = scratch(total)
+    arena = _scratch.take(total)
     plans = []  # per request: (first item, header block, value in the arena or None)
     chunks: list[tuple[int, int, list]] = []  # (first request, end request, items)
     items: list = []
@@ -233,37 +198,15 @@ def _check(requests: list[ReadRequest], plans: list, results: list) -> list[Read
         at -= base
         got_head = results[at]
         got_value = results[at + 1] if value is None else None
-        failure = next((g for g in (got_head, got_value) if isinstance(g, IoError)), None)
-        if failure is not None:
-            outcomes.append(ReadOutcome(ReadStatus.IO_ERROR, str(failure), failure.errno))
-            continue
-        if value is not None:
+        error = next((g for g in (got_head, got_value) if isinstance(g, IoError)), None)
+        if error is not None:
+            complete = False
+        elif value is not None:
             complete = got_head >= VALUE_OFFSET + r.slot.size
-            data = value
         else:
             complete = got_head == VALUE_OFFSET and got_value == r.slot.size
-            data = r.dest[:r.slot.size]
-        outcomes.append(_verify(r, block, data, complete))
-        if value is not None and outcomes[-1].status >= 0:
-            r.dest[:r.slot.size] = value
+        slot = r.slot
+        outcomes.append(verified_read(r.dest, block[:VALUE_OFFSET], value, key=r.key,
+                                      size=slot.size, seq=slot.seq, checksum=slot.checksum,
+                                      complete=complete, error=error))
     return outcomes
-
-
-def _verify(r: ReadRequest, block: memoryview, value: memoryview,
-            complete: bool) -> ReadOutcome:
-    if not complete:
-        return ReadOutcome(ReadStatus.CORRUPT, "the record is cut short (the shard file "
-                                               "ends inside it)")
-    try:
-        header = decode_header(block[:VALUE_OFFSET], path=r.file.path, offset=r.slot.offset)
-    except CorruptionError as exc:
-        return ReadOutcome(ReadStatus.CORRUPT, exc.message)
-    slot = r.slot
-    if (header.key != r.key or header.value_len != slot.size or header.seq != slot.seq
-            or header.value_crc != slot.checksum or header.tombstone):
-        return ReadOutcome(ReadStatus.CORRUPT, f"the record at offset {slot.offset} is not "
-                                               f"the one the journal names (key, length, "
-                                               f"sequence number or CRC differ)")
-    if crc32c(value) != slot.checksum:
-        return ReadOutcome(ReadStatus.CORRUPT, "the value fails its CRC-32C")
-    return ReadOutcome(slot.size)

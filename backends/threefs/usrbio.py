@@ -31,6 +31,7 @@ import importlib
 import logging
 import os
 import threading
+import typing
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def choose_usrbio(path: str, mode: str = "auto", *,
         return UsrbioChoice(None, "usrbio=off: POSIX I/O through the mount")
     api, mount, reason = _probe(os.path.abspath(path), importer)
     engine = None
-    if api is not None:
+    if api is not None and mount is not None:  # _probe finds both or neither
         try:
             engine = engine_for(api, mount, staging_bytes=staging_bytes)
             engine.probe()
@@ -157,7 +158,9 @@ class _Lane:
             self.iov = api.make_iovec(self.shm, mount)
         finally:
             self.shm.unlink()  # 3FS holds its own mapping; the name is not needed
-        self.buf = self.shm.buf
+        buf = self.shm.buf
+        assert buf is not None  # a SharedMemory just created is mapped
+        self.buf: memoryview = buf
         self.rings = {True: api.make_ioring(mount, entries, True, 0),
                       False: api.make_ioring(mount, entries, False, 0)}
 
@@ -262,10 +265,11 @@ class UsrbioEngine(IoEngine):
                 if result < 0:
                     outcomes[i] = (result, done[i])
                     continue
+                target = typing.cast(memoryview, ops[i][2])
                 if reading and result:
-                    ops[i][2][done[i]:done[i] + result] = lane.buf[pos:pos + result]
+                    target[done[i]:done[i] + result] = lane.buf[pos:pos + result]
                 done[i] += result
-                if done[i] == ops[i][2].nbytes:
+                if done[i] == target.nbytes:
                     outcomes[i] = (done[i], done[i])
                 elif reading and result < length:
                     outcomes[i] = (done[i], done[i])  # end of file
@@ -298,5 +302,5 @@ def _sync(code: int, fd: int) -> Outcome:
     try:
         (os.fdatasync if code == FDATASYNC else os.fsync)(fd)
     except OSError as exc:
-        return -exc.errno, 0
+        return -(exc.errno or errno.EIO), 0
     return 0, 0

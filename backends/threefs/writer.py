@@ -22,15 +22,16 @@ from dataclasses import dataclass
 
 import cffi
 
-from kvstored.backends.record import VALUE_OFFSET, encode_header, record_size, value_checksum
-from kvstored.backends.threefs_files import scratch
-from kvstored.native import IoEngine, IoError, IoFile
+from kvstored.native import IoEngine, IoError, IoFile, ScratchMemory
+from kvstored.sdk.record import VALUE_OFFSET, encode_header, record_size, value_checksum
 
 #: Records are gathered into writes of at most this many bytes.
 PIECE_BYTES = 4 << 20
 #: Staging slots: pieces in flight on the I/O threads, plus the one being filled.
 SLOTS = 6
 _ZEROS = mmap.mmap(-1, VALUE_OFFSET)
+#: Staging memory of the writes: pieces of records, big records' headers and tails.
+_scratch = ScratchMemory()
 _ffi = cffi.FFI()
 
 
@@ -60,7 +61,7 @@ def write_records(engine: IoEngine, records: list[Placed],
     big = [r for r, size in zip(records, sizes) if size > PIECE_BYTES]
     pipelined = executor is not None and sum(sizes) > 2 * PIECE_BYTES
     staging = SLOTS * PIECE_BYTES if pipelined else sum(s for s in sizes if s <= PIECE_BYTES)
-    arena = scratch(staging + sum(_big_scratch(r) for r in big))
+    arena = _scratch.take(staging + sum(_big_scratch(r) for r in big))
     spare = arena[staging:]
     submissions: list[tuple[list, list]] = []  # (items, [(record, start or None, length)])
     futures: list[Future] = []
@@ -71,7 +72,7 @@ def write_records(engine: IoEngine, records: list[Placed],
     def submit(items: list, carried: list, slot: int = -1) -> None:
         submissions.append((items, carried))
         slot_of.append(slot)
-        if pipelined:
+        if pipelined and executor is not None:  # pipelined implies an executor
             futures.append(executor.submit(engine.write, items))
 
     def close_piece() -> None:

@@ -1,4 +1,5 @@
-"""The self-describing record that every built-in backend writes.
+"""The self-describing record that every built-in backend writes, and the one way a
+record read back is verified before its value is handed out.
 
 On-disk layout of one record (all integers little-endian)::
 
@@ -26,6 +27,18 @@ what lets O_DIRECT read them without a bounce buffer.
 
 A reader that meets a version it does not know refuses the record (CorruptionError
 names the version); a format change bumps RECORD_VERSION. docs/format.md repeats this.
+
+Reading a record back
+    A backend's index says what each record must hold: its key, value length, sequence
+    number and value CRC-32C. :func:`verified_read` is the single check every read path
+    ends in (a read, a scan with ``verify``, ``check``): the record was read whole, its
+    header decodes and passes its own CRC, it is not a tombstone, it names the key,
+    length, sequence number and value CRC the *index* holds (a record that is valid in
+    itself but is not the one indexed, such as a stale record at a reused offset, fails),
+    and the value's CRC-32C is the index's checksum. A failed read never leaves bytes of
+    the record in the caller's buffer: it is zeroed.
+
+This module is part of the SDK: a third-party backend may write these records too.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ from typing import NamedTuple
 from crc32c import crc32c
 
 from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.types import MAX_KEY_BYTES
+from kvstored.sdk.types import MAX_KEY_BYTES, Buffer, ReadStatus
 
 MAGIC = b"KVSR"
 RECORD_VERSION = 1
@@ -130,6 +143,70 @@ def decode_header(block, *, path: str | None = None, offset: int = 0) -> RecordH
     except UnicodeDecodeError:
         raise CorruptionError(f"{where} has a key that is not UTF-8", path=path) from None
     return RecordHeader(key, value_len, seq, write_ns, value_crc, flags)
+
+
+class ReadOutcome(NamedTuple):
+    """How one record read back ended: the value's length (``status >= 0``), or a negative
+    :class:`~kvstored.sdk.ReadStatus` and why (for logs and check reports)."""
+
+    status: int
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status >= 0
+
+
+def verify_record(head: Buffer, value: Buffer, *, key: str, size: int, seq: int,
+                  checksum: int, complete: bool = True) -> str | None:
+    """Why the record read back as ``head`` (its first VALUE_OFFSET bytes) and ``value``
+    is not the one the index describes (``key``, ``size``, ``seq``, ``checksum``), or None
+    when it is. ``complete`` says whether the read got the whole record."""
+    if not complete:
+        return "the record is cut short (its file or volume ends inside it)"
+    try:
+        header = decode_header(head)
+    except CorruptionError as exc:
+        return exc.message
+    if header.tombstone:
+        return "a delete marker stands where the index expects the record"
+    if (header.key, header.value_len, header.seq, header.value_crc) != (key, size, seq,
+                                                                          checksum):
+        return (f"the record is not the one indexed (it holds key {header.key!r}, seq "
+                f"{header.seq}, {header.value_len} bytes)")
+    if crc32c(value) != checksum:
+        return "the value fails its checksum (CRC-32C)"
+    return None
+
+
+def verified_read(dest: memoryview, head: Buffer, value: Buffer | None, *, key: str,
+                  size: int, seq: int, checksum: int, complete: bool = True,
+                  error: OSError | None = None) -> ReadOutcome:
+    """Finish one read of a record into the caller's ``dest``: verify it, then hand the
+    value over, or make sure nothing of it stays in ``dest``.
+
+    ``head`` is the record's header block as read. ``value`` is its value as read into
+    scratch memory, or None when it was read straight into ``dest[:size]``. ``error`` is
+    the read's I/O error, if it had one; ``complete`` whether it got the whole record.
+
+    On success the value is in ``dest[:size]`` and the outcome's status is ``size``. On any
+    failure ``dest[:size]`` is zeroed, whatever the read put there, and the status is
+    ``IO_ERROR`` or ``CORRUPT`` (with the reason from :func:`verify_record`).
+    """
+    if error is not None:
+        outcome = ReadOutcome(ReadStatus.IO_ERROR, str(error))
+    else:
+        got = dest[:size] if value is None else value
+        problem = verify_record(head, got, key=key, size=size, seq=seq, checksum=checksum,
+                                complete=complete)
+        if problem is None:
+            if value is not None:
+                dest[:size] = value
+            return ReadOutcome(size)
+        outcome = ReadOutcome(ReadStatus.CORRUPT, problem)
+    if size:
+        dest[:size] = bytes(size)  # never leave bytes that failed in the caller's buffer
+    return outcome
 
 
 #: Bytes read at a time by :func:`scan_records`.
