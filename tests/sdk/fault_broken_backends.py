@@ -10,10 +10,12 @@ import time
 import uuid
 
 from kvstored.backends.bucket import BucketBackend
-from kvstored.backends.file_per_key import FilePerKeyBackend, _Entry, object_name
-from kvstored.backends.record import VALUE_OFFSET, encode_header, value_checksum
+from kvstored.backends.file_per_key import FilePerKeyBackend
+from kvstored.backends.file_per_key.layout import object_name
+from kvstored.backends.file_per_key.recovery import Entry
 from kvstored.sdk.errors import BackendIOError, CapacityError, from_oserror
 from kvstored.sdk.files import PRIVATE_FILE, make_private_dirs, write_all
+from kvstored.sdk.record import VALUE_OFFSET, encode_header, value_checksum
 from kvstored.sdk.types import WriteOutcome
 
 
@@ -28,7 +30,7 @@ class _WritesRecords(FilePerKeyBackend):
     def _discard(self, tmp: str, key_bytes: bytes) -> None:
         os.unlink(tmp)
 
-    def _write_tmp(self, key, key_bytes, value):
+    def _stage(self, key, key_bytes, value):
         view = memoryview(value).cast("B")
         checksum = value_checksum(view)
         with self._lock:
@@ -51,7 +53,9 @@ class _WritesRecords(FilePerKeyBackend):
             self._discard(tmp, key_bytes)
             raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
         os.close(fd)
-        return tmp, _Entry("", view.nbytes, checksum, seq, write_ns, physical)
+        shard, sub, name = object_name(key_bytes)
+        return tmp, Entry(str(self.objects_dir / shard / sub / name), view.nbytes, checksum,
+                          seq, write_ns, physical)
 
 
 class IgnoresFsyncErrors(_WritesRecords):
@@ -82,9 +86,9 @@ class ENOSPCAsIOError(FilePerKeyBackend):
     file system looks like a broken disk (the node then fails the device instead of
     evicting)."""
 
-    def _write_tmp(self, key, key_bytes, value):
+    def _stage(self, key, key_bytes, value):
         try:
-            return super()._write_tmp(key, key_bytes, value)
+            return super()._stage(key, key_bytes, value)
         except CapacityError as exc:
             raise BackendIOError("writing the object", errno=errno.ENOSPC, key=key,
                                  path=exc.path) from exc
@@ -95,9 +99,9 @@ class EvictsSilentlyWhenFull(FilePerKeyBackend):
     calling on_evict: objects acknowledged before the fault are gone and nobody was
     told."""
 
-    def _write_tmp(self, key, key_bytes, value):
+    def _stage(self, key, key_bytes, value):
         try:
-            return super()._write_tmp(key, key_bytes, value)
+            return super()._stage(key, key_bytes, value)
         except CapacityError:
             with self._lock:
                 self._evict_locked(self._physical, None)
