@@ -32,6 +32,10 @@ engines: setup
 demo: setup
 	$(BIN)/python -m kvstored.demo
 
+# Three workers on CI's two vCPUs: most of the suite waits on fsync, child processes and
+# daemons, so a third worker fills the idle CPU. Tests of one module or class share a
+# worker (--dist loadscope), so module fixtures are built once. PYTEST_ARGS= runs serially.
+PYTEST_ARGS ?= -n 3 --dist loadscope
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
 test: setup engines
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
