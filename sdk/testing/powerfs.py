@@ -37,9 +37,12 @@ It prints ``{"ready": MOUNTPOINT}`` once mounted, then obeys one command per lin
 stdin, answering each with one line of JSON: ``cut SURVIVAL SEED`` (power off: the state
 becomes what the disk holds and every operation fails with EIO), ``arm N SURVIVAL SEED``
 (the same cut, in place of the N-th operation from now that would change something),
-``on`` (power back), ``stats`` (the counters; ``cuts`` tells whether an armed cut
-happened). End of input unmounts and exits. This module is the file system only; it knows nothing of
-backends.
+``on`` (power back), ``fail OPS ERRNO COUNT`` (fault injection: the next ``COUNT``
+operations named in the comma-separated ``OPS``, or every one with ``COUNT`` 0, fail with
+the error number ``ERRNO`` and change nothing; see :data:`FAULTABLE`), ``heal`` (they stop
+failing), ``stats`` (the counters; ``cuts`` tells whether an armed cut happened,
+``faults`` how many operations an injected fault failed). End of input unmounts and
+exits. This module is the file system only; it knows nothing of backends.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ ROOT_INODE = 1  # pyfuse3.ROOT_INODE, without importing pyfuse3 for the model al
 #: One shared all-zero page: glibc's posix_fallocate emulation writes a zero byte into
 #: every block of a preallocated volume, and those pages need no memory of their own.
 ZERO_PAGE = bytes(PAGE)
+#: The operations a fault can be injected into, by their FUSE names: ``write``, ``fsync``
+#: (a file's fsync and fdatasync alike), ``fdatasync`` (that alone), ``fsyncdir``, and the
+#: namespace changes that allocate (``create`` also stands for ``mknod``: both make a file).
+FAULTABLE = frozenset({"write", "fsync", "fdatasync", "fsyncdir", "create", "mkdir",
+                       "rename", "setattr"})
 
 
 @dataclass
@@ -72,6 +80,8 @@ class Counters:
     direct_opens: int = 0
     sync_opens: int = 0
     cuts: int = 0
+    #: Operations an injected fault failed (``fail``), all kinds together.
+    faults: int = 0
     lost_pages: int = 0
     lost_sizes: int = 0
     lost_entries: int = 0
@@ -276,14 +286,38 @@ class Model:
         return self.counters
 
 
+@dataclass
+class Fault:
+    """An injected fault: ``operations`` (names of :data:`FAULTABLE`) fail with ``code``,
+    the next ``left`` of them, or every one until healed when ``left`` is None."""
+
+    operations: frozenset[str]
+    code: int
+    left: int | None = None
+
+    @classmethod
+    def parse(cls, words: list[str]) -> Fault:
+        """``OPS ERRNO COUNT`` as the ``fail`` command takes them; ValueError if wrong."""
+        if len(words) != 3:
+            raise ValueError("fail takes OPS ERRNO COUNT")
+        operations = frozenset(words[0].split(","))
+        unknown = operations - FAULTABLE
+        if unknown:
+            raise ValueError(f"cannot inject a fault into {sorted(unknown)}; "
+                             f"one of {sorted(FAULTABLE)}")
+        count = int(words[2])
+        return cls(operations, int(words[1]), count if count > 0 else None)
+
+
 def _serve(mountpoint: str) -> None:
     """Mount the power-loss file system on ``mountpoint`` and obey stdin until EOF."""
     import pyfuse3
     import trio
 
     model = Model()
-    #: ``armed``: (mutations left, survival, seed) of a cut set to happen by itself.
-    state: dict = {"powered": True, "armed": None}
+    #: ``armed``: (mutations left, survival, seed) of a cut set to happen by itself;
+    #: ``fault``: the injected fault, or None.
+    state: dict = {"powered": True, "armed": None, "fault": None}
 
     def fail(code: int):
         return pyfuse3.FUSEError(code)
@@ -328,13 +362,24 @@ def _serve(mountpoint: str) -> None:
 
     def powered(function):
         """Every operation fails with EIO while the power is off, and an OSError from
-        the model becomes the FUSE error of its errno. An armed cut happens instead of
+        the model becomes the FUSE error of its errno. An injected fault fails the
+        operations it names before they change anything. An armed cut happens instead of
         the operation that changes something once its count runs out."""
         mutates = function.__name__ in changing
+        kind = "create" if function.__name__ == "mknod" else function.__name__
 
         async def wrapper(self, *args, **kwargs):
             if not state["powered"]:
                 raise fail(errno.EIO)
+            fault: Fault | None = state["fault"]
+            if fault is not None and (kind in fault.operations or (
+                    kind == "fsync" and args[1] and "fdatasync" in fault.operations)):
+                model.counters.faults += 1
+                if fault.left is not None:
+                    fault.left -= 1
+                    if fault.left <= 0:
+                        state["fault"] = None
+                raise fail(fault.code)
             if mutates:
                 model.counters.mutations += 1
                 if state["armed"] is not None:
@@ -589,6 +634,16 @@ def _serve(mountpoint: str) -> None:
                     answer(asdict(model.counters))
                 elif words[0] == "arm":
                     state["armed"] = (int(words[1]), float(words[2]), int(words[3]))
+                    answer(asdict(model.counters))
+                elif words[0] == "fail":
+                    try:
+                        state["fault"] = Fault.parse(words[1:])
+                    except ValueError as exc:
+                        answer({"error": str(exc)})
+                        continue
+                    answer(asdict(model.counters))
+                elif words[0] == "heal":
+                    state["fault"] = None
                     answer(asdict(model.counters))
                 elif words[0] == "on":
                     state["powered"] = True

@@ -1,5 +1,5 @@
 """The kit's side of power-loss testing: mount :mod:`~kvstored.sdk.testing.powerfs`, cut
-the power, bring it back.
+the power, bring it back; or make chosen operations fail with EIO or ENOSPC a while.
 
 :class:`PowerLossMount` runs the file system in a process of its own (so that the kit,
 and a backend it opens in-process, never wait on a FUSE server that needs their GIL) and
@@ -20,6 +20,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvstored.sdk.testing import powerfs
@@ -103,6 +104,16 @@ class PowerLossMount:
         """Make the same cut happen by itself, in place of the ``mutations``-th
         operation from now that would change something (a write, a sync, a create, …)."""
         return self._command(f"arm {mutations} {survival} {seed}")
+
+    def fail(self, operations: Iterable[str], code: int, count: int = 0) -> dict[str, int]:
+        """Inject a fault: the next ``count`` operations named in ``operations`` (FUSE
+        names, :data:`~kvstored.sdk.testing.powerfs.FAULTABLE`), or every one until
+        :meth:`heal` when ``count`` is 0, fail with errno ``code`` and change nothing."""
+        return self._command(f"fail {','.join(sorted(operations))} {code} {count}")
+
+    def heal(self) -> dict[str, int]:
+        """Stop failing what :meth:`fail` made fail."""
+        return self._command("heal")
 
     def power_on(self) -> dict[str, int]:
         return self._command("on")

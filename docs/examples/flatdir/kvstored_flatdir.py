@@ -46,6 +46,7 @@ from kvstored.sdk import (
     WriteOutcome,
     WriteResult,
 )
+from kvstored.sdk.errors import from_oserror
 from kvstored.sdk.files import PRIVATE_FILE, make_private_dirs
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 
@@ -139,10 +140,25 @@ class FlatDirBackend(StorageBackend):
         return results
 
     def _write_one(self, key, key_bytes, value):
-        head = bytearray(HEADER.pack(MAGIC, len(key_bytes), crc32c(value), 0))
-        struct.pack_into("<I", head, 12, crc32c(key_bytes, crc32c(head[:12])))
+        """Write one object; an I/O error (EIO, ENOSPC) fails this item alone, as the
+        error the contract names for it, and leaves no file behind."""
         final = self.root / (hashlib.sha256(key_bytes).hexdigest() + ".obj")
         tmp = self.root / f"{uuid.uuid4().hex}.tmp"
+        try:
+            self._write_file(key, key_bytes, value, tmp, final)
+        except OSError as exc:
+            for leftover in (tmp, final):  # not acknowledged: nothing of it may stay
+                try:
+                    os.unlink(leftover)
+                except OSError:
+                    pass
+            return WriteResult(key, WriteOutcome.FAILED,
+                               from_oserror(exc, key=key, action="writing the object"))
+        return WriteResult(key, WriteOutcome.WRITTEN)
+
+    def _write_file(self, key, key_bytes, value, tmp, final):
+        head = bytearray(HEADER.pack(MAGIC, len(key_bytes), crc32c(value), 0))
+        struct.pack_into("<I", head, 12, crc32c(key_bytes, crc32c(head[:12])))
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE),
                        "wb") as f:
             f.write(head)
@@ -157,7 +173,6 @@ class FlatDirBackend(StorageBackend):
         os.rename(tmp, final)
         self._fsync_dir()
         self._index[key] = (final, value.nbytes, crc32c(value), disk, self._seq)
-        return WriteResult(key, WriteOutcome.WRITTEN)
 
     def _fsync_dir(self):
         fd = os.open(self.root, os.O_RDONLY)

@@ -9,6 +9,7 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
     capacity,
     concurrency,
     corruption,
+    faults,
     inspection,
     opening,
     persistence,
@@ -19,7 +20,7 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
 from kvstored.sdk.testing.checks._common import REGISTERED
 
 MODULES = ("roundtrip", "requests", "persistence", "corruption", "inspection", "capacity",
-           "opening", "concurrency", "power")
+           "opening", "concurrency", "power", "faults")
 CHECKS = [c for module in MODULES for c in REGISTERED[module]]
 
 __all__ = ["CHECKS", "MODULES"]
