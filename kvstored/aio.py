@@ -23,55 +23,33 @@ import trio
 
 from kvstored.client.core import (
     Call,
-    ClientCore,
     Effect,
     Greet,
     ObjectInfo,
     Pause,
     Step,
 )
-from kvstored.client.read import MISSING, ReadStats
-from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError, ConfigError, StoreError, UnauthorizedError
+from kvstored.client.read import MISSING
+from kvstored.client.shell import CoreShell
+from kvstored.errors import StoreError, UnauthorizedError
 from kvstored.protocol import HelloReply, Tier
-from kvstored.protocol.master_api import NodeContact
 from kvstored.rpc import RpcClient
-from kvstored.security import find_client_token
 
 __all__ = ["MISSING", "AsyncClient", "ObjectInfo", "connect"]
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(CoreShell):
     """A trio client; use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
                  token_file: str | None = None, timeout: float = 30.0,
                  connect_timeout: float | None = None) -> None:
-        try:
-            found = find_client_token(token, token_file)
-        except ConfigError as exc:
-            raise BadRequestError(str(exc)) from None
-        self.core = ClientCore(master, transport=transport, token=found,
-                               clock=trio.current_time)
+        self._start_core(master, transport, token, token_file, clock=trio.current_time)
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._peers: dict[str | None, RpcClient] = {}
-
-    @property
-    def segments(self) -> Segments:
-        return self.core.segments
-
-    @property
-    def stats(self) -> ReadStats:
-        """What reads ran into: checksum failures, nodes that could not serve."""
-        return self.core.stats
-
-    @property
-    def nodes(self) -> dict[str, NodeContact]:
-        """The nodes this client has heard of, and how it reaches each."""
-        return dict(self.core.nodes)
 
     # -- the shell ---------------------------------------------------------------------
 

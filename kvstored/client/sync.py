@@ -15,28 +15,21 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from kvstored.client.connection import Connection
-from kvstored.client.core import Call, ClientCore, Effect, Greet, ObjectInfo, Pause, Step, drive
-from kvstored.client.read import ReadStats
-from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError, ConfigError
+from kvstored.client.core import Call, Effect, Greet, ObjectInfo, Pause, Step, drive
+from kvstored.client.shell import CoreShell
+from kvstored.errors import BadRequestError
 from kvstored.protocol import Tier
-from kvstored.protocol.master_api import NodeContact
-from kvstored.security import find_client_token
 
 T = TypeVar("T")
 
 
-class Client:
+class Client(CoreShell):
     """A connection to a kvstored cluster. Use :func:`connect`."""
 
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
                  token_file: str | None = None, timeout: float = 30.0,
                  connect_timeout: float | None = None) -> None:
-        try:
-            found = find_client_token(token, token_file)
-        except ConfigError as exc:
-            raise BadRequestError(str(exc)) from None
-        self.core = ClientCore(master, transport=transport, token=found)
+        self._start_core(master, transport, token, token_file)
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else connect_timeout
         self._local = threading.local()
@@ -44,20 +37,6 @@ class Client:
         self._all_lock = threading.Lock()
         self._closed = False
         self._connection(None)  # fail now, not on first use, if the master is unreachable
-
-    @property
-    def segments(self) -> Segments:
-        return self.core.segments
-
-    @property
-    def stats(self) -> ReadStats:
-        """What reads ran into: checksum failures, nodes that could not serve."""
-        return self.core.stats
-
-    @property
-    def nodes(self) -> dict[str, NodeContact]:
-        """The nodes this client has heard of, and how it reaches each."""
-        return dict(self.core.nodes)
 
     # -- the shell ---------------------------------------------------------------------
 
