@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "fuse": "kvstored.bench.fuse:fuse_command",
     "mixed": "kvstored.bench.mixed:mixed_command",
     "scale": "kvstored.bench.scale:scale_command",
+    "engines": "kvstored.bench.engines:engines_command",
 }
 
 

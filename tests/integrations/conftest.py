@@ -9,8 +9,6 @@ engines installed (``.ci/engines``) the tests skip, unless ``KVSTORED_REQUIRE`` 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,12 +16,6 @@ import pytest
 from kvstored.capabilities import probe_engine
 from tests.conftest import require
 from tests.daemon.harness import Daemon
-
-STANDINS = Path(__file__).parent / "standins"
-
-# PyPI's torchvision does not import beside the CPU torch; see standins/torchvision.
-if importlib.util.find_spec("torchvision") is None:
-    sys.path.insert(0, str(STANDINS))
 
 
 def engine(name: str, module: str):

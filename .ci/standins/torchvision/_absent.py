@@ -6,9 +6,9 @@ the CPU torch 2.13.0 these machines install (``operator torchvision::nms does no
 SGLang and vLLM import torchvision at module level only for their multimodal image
 processors (``InterpolationMode``, ``transforms.functional``), on import paths that also
 lead to the KV-cache host pools and offloading code the integration tests drive. Nothing
-the tests run touches an image, so a name that imports and raises when called is enough.
-``tests/integrations/conftest.py`` puts this folder on ``sys.path`` only when no real
-torchvision is installed.
+the tests and ``kvstore bench engines`` run touches an image, so a name that imports and
+raises when called is enough. ``.ci/engines`` copies this package into the venv only when
+no real torchvision imports there (a GPU machine's own torchvision is left alone).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Absent:
         return Absent(f"{self._name}.{attr}")
 
     def __call__(self, *args, **kwargs):
-        raise RuntimeError(f"{self._name} is not available: this is the kvstored test "
-                           "suite's torchvision stand-in (tests/integrations/standins)")
+        raise RuntimeError(f"{self._name} is not available: this is kvstored's CPU-only "
+                           "torchvision stand-in (.ci/standins, installed by .ci/engines)")
 
     def __repr__(self) -> str:
         return f"<absent {self._name}>"
