@@ -12,6 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import random
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +35,26 @@ def require(capability: str, available: bool, reason: str) -> None:
         pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}",
                     pytrace=False)
     pytest.skip(f"{capability} unavailable: {reason}", allow_module_level=True)
+
+
+@contextmanager
+def scratch_fs(where: Path, size: str | None = None, kind: str = "tmpfs") -> Iterator[Path]:
+    """A real file system mounted at ``where`` for the ``with`` block: a tmpfs of ``size``
+    (``"2m"``) is a disk that fills up on demand, a ramfs one that refuses O_DIRECT.
+    Skips where the machine does not let the tests mount (not root, a container): a
+    machine limit, not a failure."""
+    where.mkdir(parents=True, exist_ok=True)
+    options = ["-o", f"size={size}"] if size else []
+    mounted = subprocess.run(["mount", "-t", kind, *options, f"kvstored-test-{kind}", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine does not let the tests mount a {kind} "
+                    f"({mounted.stderr.strip() or mounted.returncode}): a machine limit")
+    try:
+        yield where
+    finally:
+        # Lazy: a daemon or an engine may still hold files there until its fixture ends.
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from kvstored.sdk.record import encode_header, record_size, value_checksum
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
+from tests.conftest import scratch_fs
 
 KiB = 1024
 
@@ -300,17 +301,8 @@ def test_capacity_evicts_whole_shards_by_policy(tmp_path, policy):
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 3 MiB file system, to run out of space."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "kvstored-3fs-test",
-                              str(where)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not let the tests mount a tmpfs "
-                    f"({mounted.stderr.strip() or mounted.returncode}): a machine limit")
-    try:
+    with scratch_fs(tmp_path / "tmpfs", "3m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_full_file_system_fails_writes_cleanly(small_fs):

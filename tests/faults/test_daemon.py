@@ -17,13 +17,13 @@ import trio
 import kvstored
 import kvstored.aio
 from kvstored.errors import NoSpaceError
+from tests.conftest import scratch_fs
 from tests.daemon.conftest import embedded, spawn  # noqa: F401  (fixtures)
 from tests.daemon.harness import (
     flip_ssd_byte,
     free_port,
     kvstore,
     kvstore_ok,
-    small_tmpfs,
     wait_for,
 )
 from tests.faults import faulty_backend
@@ -243,7 +243,7 @@ def test_a_forged_dram_copy_falls_back_to_the_ssd_copy(embedded):  # noqa: F811
 
 @pytest.fixture
 def small_disk(tmp_path):
-    with small_tmpfs(tmp_path / "small", "24m") as mount:
+    with scratch_fs(tmp_path / "small", "24m") as mount:
         yield mount
 
 
