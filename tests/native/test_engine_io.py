@@ -32,6 +32,16 @@ def fill(path, data: bytes) -> None:
         f.write(data)
 
 
+def open_and_closed(engine, path, data: bytes) -> tuple[IoFile, IoFile]:
+    """``path`` filled with ``data``, opened twice by ``engine``: the first file is open,
+    the second closed already (its descriptor is invalid)."""
+    fill(path, data)
+    good = engine.open(path, os.O_RDWR)
+    closed = engine.open(path, os.O_RDWR)
+    closed.close()
+    return good, closed
+
+
 def test_aligned_round_trip(engine, tmp_path, direct):
     path = tmp_path / "data"
     chunks = [os.urandom(64 << 10) for _ in range(6)]
@@ -163,10 +173,7 @@ def test_batch_larger_than_the_ring(make_engine, tmp_path, direct):
 
 def test_a_bad_descriptor_fails_its_item_only(engine, tmp_path):
     path = tmp_path / "data"
-    fill(path, b"0123456789")
-    good = engine.open(path, os.O_RDWR)
-    closed = engine.open(path, os.O_RDWR)
-    closed.close()
+    good, closed = open_and_closed(engine, path, b"0123456789")
     never_opened = IoFile(987_654, "/nonexistent/never-opened")
     first, second = bytearray(4), bytearray(4)
     results = engine.read([(good, 0, first), (closed, 0, bytearray(4)),
