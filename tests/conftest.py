@@ -13,7 +13,8 @@ import logging
 import os
 import random
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,6 +56,36 @@ def scratch_fs(where: Path, size: str | None = None, kind: str = "tmpfs") -> Ite
     finally:
         # Lazy: a daemon or an engine may still hold files there until its fixture ends.
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def run_threads(calls: Iterable[Callable[[], object]], *,
+                beside: Iterable[Callable[[], object]] = (),
+                stop: threading.Event | None = None) -> list[Exception]:
+    """Run each of ``calls`` in a thread of its own, all at once; return when all have
+    finished, with the exceptions they raised (a thread's failed assertion is otherwise
+    printed and lost, and the test passes). ``beside`` run in threads of their own until
+    ``calls`` are done; then ``stop`` is set, and they are waited for as well."""
+    raised: list[Exception] = []
+
+    def guarded(call: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                call()
+            except Exception as exc:  # returned to the test, which reports them all
+                raised.append(exc)
+        return run
+
+    workers = [threading.Thread(target=guarded(call)) for call in calls]
+    others = [threading.Thread(target=guarded(call)) for call in beside]
+    for thread in workers + others:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    if stop is not None:
+        stop.set()
+    for thread in others:
+        thread.join()
+    return raised
 
 
 @pytest.fixture

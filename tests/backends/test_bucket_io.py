@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import kvstored.native
 from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
@@ -19,17 +18,10 @@ from kvstored.sdk.record import record_size
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
-from tests.conftest import require, scratch_fs
+from tests.conftest import scratch_fs
 
 KiB = 1024
 SIZES = [0, 1, 4095, 4096, 4097, SMALL_VALUE_MAX, SMALL_VALUE_MAX + 1, 3 * SMALL_VALUE_MAX + 4096]
-
-
-@pytest.fixture(params=["posix", "uring"])
-def engine(request) -> str:
-    if request.param == "uring":
-        require("uring", *kvstored.native.uring_status())
-    return request.param
 
 
 class _CountingEngine:
