@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,11 +61,15 @@ def scratch_fs(where: Path, size: str | None = None, kind: str = "tmpfs") -> Ite
 
 def run_threads(calls: Iterable[Callable[[], object]], *,
                 beside: Iterable[Callable[[], object]] = (),
-                stop: threading.Event | None = None) -> list[Exception]:
+                stop: threading.Event | None = None,
+                timeout: float | None = None) -> list[Exception]:
     """Run each of ``calls`` in a thread of its own, all at once; return when all have
     finished, with the exceptions they raised (a thread's failed assertion is otherwise
     printed and lost, and the test passes). ``beside`` run in threads of their own until
-    ``calls`` are done; then ``stop`` is set, and they are waited for as well."""
+    ``calls`` are done; then ``stop`` is set, and they are waited for as well.
+
+    With ``timeout``, a thread still running that many seconds after the start fails the
+    test (a deadlock or a hang), instead of hanging the run."""
     raised: list[Exception] = []
 
     def guarded(call: Callable[[], object]) -> Callable[[], None]:
@@ -75,16 +80,24 @@ def run_threads(calls: Iterable[Callable[[], object]], *,
                 raised.append(exc)
         return run
 
-    workers = [threading.Thread(target=guarded(call)) for call in calls]
-    others = [threading.Thread(target=guarded(call)) for call in beside]
+    workers = [threading.Thread(target=guarded(call), daemon=True) for call in calls]
+    others = [threading.Thread(target=guarded(call), daemon=True) for call in beside]
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def join(threads: list[threading.Thread]) -> None:
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        stuck = sum(thread.is_alive() for thread in threads)
+        if stuck:
+            raise AssertionError(f"{stuck} of {len(threads)} threads still running after "
+                                 f"{timeout} s: a deadlock or a hang")
+
     for thread in workers + others:
         thread.start()
-    for thread in workers:
-        thread.join()
+    join(workers)
     if stop is not None:
         stop.set()
-    for thread in others:
-        thread.join()
+    join(others)
     return raised
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+from functools import partial
 
 import pytest
 
@@ -25,6 +25,7 @@ from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
 from tests.backends.conftest import kill_9_after_ack
+from tests.conftest import run_threads
 
 MiB = 1 << 20
 SMALL = 16 * MiB  # a small volume keeps these tests quick and the disk empty
@@ -203,12 +204,8 @@ def test_writers_racing_checkpoints_lose_nothing(store_dir):
                 errors.append(str(result))
         backend.batch_delete([f"w{w}/0", f"w{w}/1"])
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    raised = run_threads(partial(writer, w) for w in range(4))
+    assert not errors and not raised, (errors, raised)
     crash(backend)
     backend = open_offset(store_dir, capacity=8 * MiB)
     for w in range(4):

@@ -7,12 +7,13 @@ import logging
 import mmap
 import os
 import random
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
 
 from kvstored.native import IoError, IoFile, errors, sync_written, write_synced
+from tests.conftest import run_threads
 
 BLOCK = 4096
 
@@ -224,29 +225,23 @@ def test_many_threads_at_once(engine, tmp_path, direct):
     path = tmp_path / "data"
     threads, rounds, size = 8, 25, 2 * BLOCK
     fill(path, bytes(threads * size))
-    errors: list[BaseException] = []
     f = engine.open(path, os.O_RDWR, direct=direct)
 
     def worker(index: int) -> None:
-        try:
-            rng = random.Random(index)
-            source, target = aligned(size), aligned(size)
-            for round_number in range(rounds):
-                source[:] = rng.randbytes(size)
-                offset = index * size
-                assert engine.write([(f, offset, source)]) == [size]
-                assert engine.read([(f, offset, target)]) == [size], round_number
-                assert bytes(target) == bytes(source)
-        except BaseException as exc:
-            errors.append(exc)
+        rng = random.Random(index)
+        source, target = aligned(size), aligned(size)
+        for round_number in range(rounds):
+            source[:] = rng.randbytes(size)
+            offset = index * size
+            assert engine.write([(f, offset, source)]) == [size]
+            assert engine.read([(f, offset, target)]) == [size], round_number
+            assert bytes(target) == bytes(source)
 
-    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(60)
-    f.close()
-    assert not errors, errors[0]
+    try:
+        raised = run_threads((partial(worker, i) for i in range(threads)), timeout=60)
+    finally:
+        f.close()
+    assert not raised, raised[0]
 
 
 def test_numpy_buffers_and_offsets(engine, tmp_path):
