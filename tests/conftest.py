@@ -12,6 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import random
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +37,68 @@ def require(capability: str, available: bool, reason: str) -> None:
         pytest.fail(f"{capability} is required (KVSTORED_REQUIRE) but unavailable: {reason}",
                     pytrace=False)
     pytest.skip(f"{capability} unavailable: {reason}", allow_module_level=True)
+
+
+@contextmanager
+def scratch_fs(where: Path, size: str | None = None, kind: str = "tmpfs") -> Iterator[Path]:
+    """A real file system mounted at ``where`` for the ``with`` block: a tmpfs of ``size``
+    (``"2m"``) is a disk that fills up on demand, a ramfs one that refuses O_DIRECT.
+    Skips where the machine does not let the tests mount (not root, a container): a
+    machine limit, not a failure."""
+    where.mkdir(parents=True, exist_ok=True)
+    options = ["-o", f"size={size}"] if size else []
+    mounted = subprocess.run(["mount", "-t", kind, *options, f"kvstored-test-{kind}", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"this machine does not let the tests mount a {kind} "
+                    f"({mounted.stderr.strip() or mounted.returncode}): a machine limit")
+    try:
+        yield where
+    finally:
+        # Lazy: a daemon or an engine may still hold files there until its fixture ends.
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def run_threads(calls: Iterable[Callable[[], object]], *,
+                beside: Iterable[Callable[[], object]] = (),
+                stop: threading.Event | None = None,
+                timeout: float | None = None) -> list[Exception]:
+    """Run each of ``calls`` in a thread of its own, all at once; return when all have
+    finished, with the exceptions they raised (a thread's failed assertion is otherwise
+    printed and lost, and the test passes). ``beside`` run in threads of their own until
+    ``calls`` are done; then ``stop`` is set, and they are waited for as well.
+
+    With ``timeout``, a thread still running that many seconds after the start fails the
+    test (a deadlock or a hang), instead of hanging the run."""
+    raised: list[Exception] = []
+
+    def guarded(call: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                call()
+            except Exception as exc:  # returned to the test, which reports them all
+                raised.append(exc)
+        return run
+
+    workers = [threading.Thread(target=guarded(call), daemon=True) for call in calls]
+    others = [threading.Thread(target=guarded(call), daemon=True) for call in beside]
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def join(threads: list[threading.Thread]) -> None:
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        stuck = sum(thread.is_alive() for thread in threads)
+        if stuck:
+            raise AssertionError(f"{stuck} of {len(threads)} threads still running after "
+                                 f"{timeout} s: a deadlock or a hang")
+
+    for thread in workers + others:
+        thread.start()
+    join(workers)
+    if stop is not None:
+        stop.set()
+    join(others)
+    return raised
 
 
 @pytest.fixture

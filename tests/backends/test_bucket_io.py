@@ -7,12 +7,10 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-import kvstored.native
 from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
@@ -20,17 +18,10 @@ from kvstored.sdk.record import record_size
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
-from tests.conftest import require
+from tests.conftest import scratch_fs
 
 KiB = 1024
 SIZES = [0, 1, 4095, 4096, 4097, SMALL_VALUE_MAX, SMALL_VALUE_MAX + 1, 3 * SMALL_VALUE_MAX + 4096]
-
-
-@pytest.fixture(params=["posix", "uring"])
-def engine(request) -> str:
-    if request.param == "uring":
-        require("uring", *kvstored.native.uring_status())
-    return request.param
 
 
 class _CountingEngine:
@@ -132,16 +123,8 @@ def test_io_errors_are_reported_per_item(tmp_path):
 @pytest.fixture
 def small_fs(tmp_path):
     """A 2 MiB tmpfs, to run out of space for real."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "kvstored-bucket-test",
-                              str(where)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a machine limit")
-    try:
+    with scratch_fs(tmp_path / "tmpfs", "2m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_full_file_system_fails_the_bucket_with_capacity_error(small_fs: Path):

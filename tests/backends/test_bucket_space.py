@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from kvstored.sdk.record import record_size
 from kvstored.sdk.registry import open_backend, parse_options
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus, WriteBatchHint, WriteOutcome
+from tests.conftest import run_threads
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -215,13 +217,10 @@ def test_batches_naming_the_same_keys_in_opposite_orders_do_not_deadlock(tmp_pat
         with lock:
             written.extend(r.key for r in results if r.outcome is WriteOutcome.WRITTEN)
 
-    threads = [threading.Thread(target=writer, args=(keys if n % 2 else keys[::-1],))
-               for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(t.is_alive() for t in threads), "batch writers deadlocked"
+    # A deadlock fails run_threads after 30 s.
+    raised = run_threads((partial(writer, keys if n % 2 else keys[::-1]) for n in range(4)),
+                         timeout=30)
+    assert not raised, raised
     assert sorted(written) == sorted(keys), "a key was written twice or never"
     for key in keys:
         assert backend.read(key) == payload(key, 3000)

@@ -4,9 +4,6 @@ O_EXCL, what may be formatted, the directory-to-volume binding, crashes."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +12,7 @@ from kvstored.sdk.errors import BackendBusyError, CorruptionError, InvalidReques
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import WriteOutcome
+from tests.backends.conftest import kill_9_after_ack
 from tests.backends.test_nvmeof_conformance import LOOP_IMAGE_SIZE, attach_loop, detach_loop
 
 MiB = 1 << 20
@@ -185,21 +183,9 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.parametrize("engine", ["posix", "uring"])
 def test_kill_9_on_a_device(loops, engine):
-    if engine == "uring":
-        import kvstored.native
-        from tests.conftest import require
-
-        require("uring", *kvstored.native.uring_status())
     device = loops()
-    child = subprocess.Popen([sys.executable, "-c", WRITER, device, engine],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ACK"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_9_after_ack(WRITER, device, engine)
     backend = open_backend("nvmeof", device, engine=engine)
     try:
         for i in range(40):

@@ -7,22 +7,13 @@ import mmap
 
 import pytest
 
-import kvstored.native
 from kvstored.native import IoError
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ReadStatus
-from tests.conftest import require
 
 KiB = 1 << 10
 SIZES = [0, 5000, 128 * KiB, 1024 * KiB + 100]
-
-
-@pytest.fixture(params=["posix", "uring"])
-def engine(request) -> str:
-    if request.param == "uring":
-        require("uring", *kvstored.native.uring_status())
-    return request.param
 
 
 class _Recording:

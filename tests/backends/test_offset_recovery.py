@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
+from functools import partial
 
 import pytest
 
@@ -27,6 +24,8 @@ from kvstored.sdk.errors import (
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
+from tests.backends.conftest import kill_9_after_ack
+from tests.conftest import run_threads
 
 MiB = 1 << 20
 SMALL = 16 * MiB  # a small volume keeps these tests quick and the disk empty
@@ -74,13 +73,28 @@ def test_journal_replay_after_crash(store_dir):
     backend.close()
 
 
-def test_delete_after_checkpoint_stays_deleted(store_dir):
-    backend = open_offset(store_dir)
-    objects = items("d", 12)
-    write_all(backend, objects)
-    backend.checkpoint()  # the deleted keys are in the checkpoint...
+def _delete_every_third(backend, objects) -> list[str]:
     gone = [k for k, _ in objects[::3]]
-    backend.batch_delete(gone)  # ...and only the journal's tombstones remove them
+    backend.batch_delete(gone)
+    return gone
+
+
+def _evict_some(backend, objects) -> list[str]:
+    victims = backend.evict(60_000)
+    assert victims
+    return victims
+
+
+@pytest.mark.parametrize("prefix,count,remove", [("d", 12, _delete_every_third),
+                                                 ("v", 10, _evict_some)],
+                         ids=["delete", "evict"])
+def test_what_is_removed_after_a_checkpoint_stays_removed_after_a_crash(store_dir, prefix,
+                                                                          count, remove):
+    backend = open_offset(store_dir)
+    objects = items(prefix, count)
+    write_all(backend, objects)
+    backend.checkpoint()  # the removed keys are in the checkpoint...
+    gone = remove(backend, objects)  # ...and only the journal's tombstones remove them
     crash(backend)
     backend = open_offset(store_dir)
     assert not any(backend.batch_contains(gone))
@@ -111,20 +125,6 @@ def test_reused_space_never_resurrects_the_old_record(store_dir):
     assert not backend.contains("old")
     assert backend.read("new") == payload("new", 50_000)
     assert not backend.check().problems
-    backend.close()
-
-
-def test_eviction_survives_a_crash(store_dir):
-    backend = open_offset(store_dir)
-    objects = items("v", 10)
-    write_all(backend, objects)
-    backend.checkpoint()
-    victims = backend.evict(60_000)
-    assert victims
-    crash(backend)
-    backend = open_offset(store_dir)
-    assert not any(backend.batch_contains(victims))
-    assert_values(backend, [kv for kv in objects if kv[0] not in victims])
     backend.close()
 
 
@@ -204,12 +204,8 @@ def test_writers_racing_checkpoints_lose_nothing(store_dir):
                 errors.append(str(result))
         backend.batch_delete([f"w{w}/0", f"w{w}/1"])
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    raised = run_threads(partial(writer, w) for w in range(4))
+    assert not errors and not raised, (errors, raised)
     crash(backend)
     backend = open_offset(store_dir, capacity=8 * MiB)
     for w in range(4):
@@ -356,20 +352,8 @@ sys.stdin.read()
 """
 
 
-@pytest.mark.parametrize("engine", ["posix", "uring"])
 def test_kill_9_keeps_acknowledged_writes_and_deletes(store_dir, engine):
-    if engine == "uring":
-        import kvstored.native
-        from tests.conftest import require
-
-        require("uring", *kvstored.native.uring_status())
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(store_dir), engine],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "ACK"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_9_after_ack(WRITER, str(store_dir), engine)
     backend = open_offset(store_dir, engine=engine)
     for i in range(30):
         expected = None if i % 3 == 0 else bytes([i]) * (5000 + i)

@@ -20,6 +20,7 @@ from kvstored.sdk.record import encode_header, record_size, value_checksum
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
 from kvstored.sdk.types import ProblemKind, ReadStatus, RepairAction, WriteOutcome
+from tests.conftest import scratch_fs
 
 KiB = 1024
 
@@ -45,15 +46,17 @@ def _read(backend, key):
     return bytes(buf[:got]) if got >= 0 else ReadStatus(got)
 
 
-def _write_one_by_one(backend, items):
+def _opened_with(path, items, **options):
+    """A node on ``path`` that has written ``items``, each in a batch of its own."""
+    backend = _open(path, **options)
     for item in items:
         assert backend.batch_write([item])[0].outcome is WriteOutcome.WRITTEN
+    return backend
 
 
 def test_torn_journal_tail_is_cut_and_nothing_acknowledged_is_lost(tmp_path):
-    backend = _open(tmp_path)
     items = _items("k", 10, 3000)
-    _write_one_by_one(backend, items)
+    backend = _opened_with(tmp_path, items)
     backend.close()
     journal = _node(tmp_path) / JOURNAL_NAME
     size = journal.stat().st_size
@@ -75,9 +78,8 @@ def test_torn_journal_tail_is_cut_and_nothing_acknowledged_is_lost(tmp_path):
 
 
 def test_damaged_journal_entry_is_skipped_reported_and_repaired(tmp_path):
-    backend = _open(tmp_path)
     items = _items("key-", 8, 2000)
-    _write_one_by_one(backend, items)
+    backend = _opened_with(tmp_path, items)
     backend.close()
     journal = _node(tmp_path) / JOURNAL_NAME
     raw = bytearray(journal.read_bytes())
@@ -126,9 +128,8 @@ def test_unjournaled_record_is_dead_space_not_an_object(tmp_path):
 
 
 def test_missing_shard_file_is_reported_and_repaired(tmp_path):
-    backend = _open(tmp_path, shard_bytes=64 * KiB)
     items = _items("m", 8, 30 * KiB)
-    _write_one_by_one(backend, items)
+    backend = _opened_with(tmp_path, items, shard_bytes=64 * KiB)
     first_shard = backend.locate("m0").path
     lost = {r.key for r in backend.scan() if r.location.path == first_shard}
     backend.close()
@@ -149,8 +150,7 @@ def test_missing_shard_file_is_reported_and_repaired(tmp_path):
 
 
 def test_record_cut_short_is_reported_and_what_remains_quarantined(tmp_path):
-    backend = _open(tmp_path)
-    _write_one_by_one(backend, [("whole", b"w" * 9000), ("cut", b"c" * 50_000)])
+    backend = _opened_with(tmp_path, [("whole", b"w" * 9000), ("cut", b"c" * 50_000)])
     where = backend.locate("cut")
     backend.close()
     os.truncate(where.path, where.offset + 1000)
@@ -170,9 +170,8 @@ def test_record_cut_short_is_reported_and_what_remains_quarantined(tmp_path):
 
 
 def test_interrupted_eviction_is_finished_at_open(tmp_path):
-    backend = _open(tmp_path, shard_bytes=64 * KiB)
     items = _items("e", 6, 40 * KiB)
-    _write_one_by_one(backend, items)
+    backend = _opened_with(tmp_path, items, shard_bytes=64 * KiB)
     oldest = backend.locate("e0").path
     with open(oldest, "rb") as f:
         saved = f.read()
@@ -203,9 +202,8 @@ def test_interrupted_compaction_leaves_the_old_journal(tmp_path):
 
 
 def test_lost_journal_keeps_the_shards_for_repair_to_adopt(tmp_path):
-    backend = _open(tmp_path)
     items = _items("j", 5, 5000)
-    _write_one_by_one(backend, items)
+    backend = _opened_with(tmp_path, items)
     backend.batch_delete(["j1"])
     backend.close()
     os.unlink(_node(tmp_path) / JOURNAL_NAME)
@@ -300,17 +298,8 @@ def test_capacity_evicts_whole_shards_by_policy(tmp_path, policy):
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 3 MiB file system, to run out of space."""
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "kvstored-3fs-test",
-                              str(where)], capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not let the tests mount a tmpfs "
-                    f"({mounted.stderr.strip() or mounted.returncode}): a machine limit")
-    try:
+    with scratch_fs(tmp_path / "tmpfs", "3m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_full_file_system_fails_writes_cleanly(small_fs):

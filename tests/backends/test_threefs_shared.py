@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import threading
+from functools import partial
 
 import pytest
 
@@ -16,6 +17,7 @@ from kvstored.sdk.errors import BackendBusyError, InvalidRequestError
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
+from tests.conftest import run_threads
 
 KiB = 1024
 
@@ -143,17 +145,11 @@ def test_concurrent_writers_on_two_nodes_read_each_other(tmp_path):
                 if got != len(expected) or bytes(buf[:got]) != expected:
                     errors.append(f"read {key} on the other node: {got}")
 
-    writers = [threading.Thread(target=writer, args=(node, backend, w))
-               for node, backend in (("a", a), ("b", b)) for w in range(2)]
-    readers = [threading.Thread(target=reader, args=args) for args in ((a, "b"), (b, "a"))]
     try:
-        for t in writers + readers:
-            t.start()
-        for t in writers:
-            t.join()
-        stop.set()
-        for t in readers:
-            t.join()
+        errors += run_threads(
+            [partial(writer, node, backend, w) for node, backend in (("a", a), ("b", b))
+             for w in range(2)],
+            beside=[partial(reader, a, "b"), partial(reader, b, "a")], stop=stop)
         assert not errors, errors[:5]
         assert {r.key for r in a.scan()} == set(acked["a"])
         assert {r.key for r in b.scan()} == set(acked["b"])
@@ -234,19 +230,12 @@ def test_one_writer_per_node_id(tmp_path):
 
 
 def test_nodes_starting_together_share_the_stamp(tmp_path):
-    opened, errors = [], []
+    opened = []
 
     def start(n):
-        try:
-            opened.append(_open(tmp_path, f"n{n}"))
-        except Exception as exc:  # reported below
-            errors.append(exc)
+        opened.append(_open(tmp_path, f"n{n}"))
 
-    threads = [threading.Thread(target=start, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_threads(partial(start, n) for n in range(8))
     for backend in opened:
         backend.close()
     assert not errors, errors

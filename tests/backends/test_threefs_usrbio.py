@@ -13,8 +13,8 @@ import errno
 import importlib
 import os
 import sys
-import threading
 import types
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from kvstored.native import IoError
 from kvstored.sdk.errors import InvalidRequestError
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import BackendConformance
+from tests.conftest import run_threads
 
 DOUBLE = Path(__file__).parent / "usrbio_double"
 
@@ -173,26 +174,18 @@ def test_engine_fd_registration_and_errors(double, tmp_path):
 
 def test_engine_rings_are_per_thread(double, tmp_path):
     engine = _engine(double, tmp_path, queue_depth=4, staging_bytes=64 << 10)
-    errors = []
     with engine.open(tmp_path / "f", os.O_RDWR | os.O_CREAT) as f:
         engine.write([(f, 0, bytes(8 * 4096))])
 
         def work(n: int) -> None:
-            try:
-                for _ in range(20):
-                    data = bytes([n]) * 4096
-                    assert engine.write([(f, n * 4096, data)]) == [4096]
-                    buf = bytearray(4096)
-                    assert engine.read([(f, n * 4096, buf)]) == [4096]
-                    assert buf == data
-            except Exception as exc:  # reported below
-                errors.append(exc)
+            for _ in range(20):
+                data = bytes([n]) * 4096
+                assert engine.write([(f, n * 4096, data)]) == [4096]
+                buf = bytearray(4096)
+                assert engine.read([(f, n * 4096, buf)]) == [4096]
+                assert buf == data
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = run_threads(partial(work, n) for n in range(8))
     assert not errors, errors[:3]
 
 

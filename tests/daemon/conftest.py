@@ -28,8 +28,9 @@ def spawn(tmp_path):
 def embedded(spawn, tmp_path):
     """`kvstored up` with a small DRAM tier on the file-per-key backend."""
 
-    def start(*extra: str, data=None, dram: str = "64MiB", backend: str = "file-per-key"):
+    def start(*extra: str, data=None, dram: str = "64MiB", backend: str = "file-per-key",
+              env: dict[str, str] | None = None):
         return spawn("up", "--listen", "127.0.0.1:0", "--data", str(data or tmp_path / "data"),
-                     "--dram", dram, "--ssd", "1GiB", "--backend", backend, *extra)
+                     "--dram", dram, "--ssd", "1GiB", "--backend", backend, *extra, env=env)
 
     return start

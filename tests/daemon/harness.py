@@ -9,11 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
 
 BIN = Path(sys.executable).parent
 ADDRESS = re.compile(
@@ -128,19 +124,3 @@ def flip_ssd_byte(client, key: str, at: int = 1234) -> None:
         byte = f.read(1)
         f.seek(ssd["offset"] + at)
         f.write(bytes([byte[0] ^ 0xFF]))
-
-
-@contextmanager
-def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (``"12m"``) mounted at ``path``: a disk that fills up on
-    demand. Skips where mounting is refused (not root)."""
-    path.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        # Lazy: a daemon may still have files open there until its fixture stops it.
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)

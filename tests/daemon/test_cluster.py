@@ -11,7 +11,8 @@ import pytest
 
 import kvstored
 from kvstored.errors import NoSpaceError
-from tests.daemon.harness import flip_ssd_byte, kvstore, kvstore_ok, small_tmpfs, wait_for
+from tests.conftest import scratch_fs
+from tests.daemon.harness import flip_ssd_byte, kvstore, kvstore_ok, wait_for
 
 MiB = 1 << 20
 
@@ -117,7 +118,7 @@ def test_dead_node_is_dropped_after_its_ttl_and_clients_miss_cleanly(spawn, tmp_
 
 
 def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
-    with small_tmpfs(tmp_path / "small", "12m") as mount:
+    with scratch_fs(tmp_path / "small", "12m") as mount:
         master = spawn("master", "--listen", "127.0.0.1:0")
         _start_node(spawn, tmp_path, master.addr, "n1", dram="48MiB", data=mount / "n1")
         wait_for(lambda: _live_nodes(master.addr) == 1, what="the node")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import urllib.request
+from functools import partial
 
 import pytest
 
 import kvstored
 from kvstored.errors import BadRequestError, UnauthorizedError
+from tests.conftest import run_threads
 from tests.daemon.harness import free_port, kvstore, kvstore_ok, wait_for
 
 MiB = 1 << 20
@@ -206,12 +207,8 @@ def test_eight_threads_twenty_thousand_mixed_operations(embedded, tmp_path):
                 except Exception as exc:  # collected, so one failure shows them all
                     errors.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[:10]
+    raised = run_threads(partial(worker, w) for w in range(8))
+    assert not errors and not raised, (errors + raised)[:10]
 
 
 def test_a_key_removed_and_written_again_serves_only_the_new_value(embedded):

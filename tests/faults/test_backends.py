@@ -29,7 +29,7 @@ from kvstored.sdk import CapacityError, OpenMode, RepairAction
 from kvstored.sdk.lock import LOCK_NAME
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import payload
-from tests.conftest import require
+from tests.conftest import require, scratch_fs
 from tests.daemon.harness import BIN, Daemon, kvstore, kvstore_ok
 
 MiB = 1 << 20
@@ -533,16 +533,8 @@ def test_quarantined_records_are_private(shared_tmp):
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """An 8 MiB tmpfs: a disk too small for a 64 MiB volume."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    where = tmp_path / "small"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield where
-    subprocess.run(["umount", str(where)], check=False)
+    with scratch_fs(tmp_path / "small", "8m") as where:
+        yield where
 
 
 def test_offset_volume_larger_than_the_disk_is_a_clean_capacity_error(small_tmpfs):

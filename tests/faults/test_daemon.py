@@ -17,13 +17,12 @@ import trio
 import kvstored
 import kvstored.aio
 from kvstored.errors import NoSpaceError
-from tests.daemon.conftest import embedded, spawn  # noqa: F401  (fixtures)
+from tests.conftest import scratch_fs
 from tests.daemon.harness import (
     flip_ssd_byte,
     free_port,
     kvstore,
     kvstore_ok,
-    small_tmpfs,
     wait_for,
 )
 from tests.faults import faulty_backend
@@ -51,7 +50,7 @@ def _config(tmp_path: Path, text: str) -> str:
     return str(path)
 
 
-def _node(spawn, tmp_path, master, name, *extra, dram="32MiB", backend="file-per-key",  # noqa: F811
+def _node(spawn, tmp_path, master, name, *extra, dram="32MiB", backend="file-per-key",
           data=None):
     return spawn("node", "--master", master, "--listen", "127.0.0.1:0", "--name", name,
                  "--data", str(data or tmp_path / name), "--dram", dram, "--ssd", "1GiB",
@@ -61,7 +60,7 @@ def _node(spawn, tmp_path, master, name, *extra, dram="32MiB", backend="file-per
 # -- 1. objects the cluster can never place ------------------------------------------------
 
 def test_an_object_larger_than_the_backend_takes_is_refused_and_the_daemon_lives(
-        embedded, tmp_path):  # noqa: F811
+        embedded, tmp_path):
     config = _config(tmp_path, '[node.backend_options]\nmax_value_size = "4MiB"\n')
     up = embedded("--config", config, dram="64MiB", backend="bucket")
     with kvstored.connect(up.addr) as c:
@@ -84,7 +83,7 @@ def test_an_object_larger_than_the_backend_takes_is_refused_and_the_daemon_lives
 
 # -- 1. every background task survives a failure --------------------------------------------
 
-def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):  # noqa: F811
+def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):
     faults = tmp_path / "faults.json"
     # The first registration (its inventory scan) and a heartbeat's usage figures fail.
     faulty_backend.arm(faults, scan=1, usage=1)
@@ -159,7 +158,7 @@ def test_every_background_task_survives_a_backend_failure(spawn, tmp_path):  # n
 
 # -- 23. a node killed under a batch read ----------------------------------------------------
 
-def _two_nodes(spawn, tmp_path):  # noqa: F811
+def _two_nodes(spawn, tmp_path):
     master = spawn("master", "--listen", "127.0.0.1:0")
     nodes = {name: _node(spawn, tmp_path, master.addr, name) for name in ("n1", "n2")}
     # A node is listed (alive) as soon as it says hello; it takes puts once registered.
@@ -176,7 +175,7 @@ def _two_nodes(spawn, tmp_path):  # noqa: F811
 
 
 def test_a_killed_node_makes_its_keys_miss_and_the_rest_of_the_batch_succeed(
-        spawn, tmp_path):  # noqa: F811
+        spawn, tmp_path):
     master, nodes, values, holder = _two_nodes(spawn, tmp_path)
     keys = list(values)
     with kvstored.connect(master.addr, transport="tcp") as c:
@@ -212,7 +211,7 @@ def _forge(c, key: str) -> None:
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_bytes_forged_after_the_seal_are_a_miss_counted_on_both_sides(embedded, transport):  # noqa: F811
+def test_bytes_forged_after_the_seal_are_a_miss_counted_on_both_sides(embedded, transport):
     metrics_port = free_port()
     up = embedded("--offload", "watermark", "--metrics", f"127.0.0.1:{metrics_port}")
     value = os.urandom(200_000)
@@ -227,7 +226,7 @@ def test_bytes_forged_after_the_seal_are_a_miss_counted_on_both_sides(embedded, 
     wait_for(lambda: _status(up.addr)["objects"] == 0, what="the bad copy to be dropped")
 
 
-def test_a_forged_dram_copy_falls_back_to_the_ssd_copy(embedded):  # noqa: F811
+def test_a_forged_dram_copy_falls_back_to_the_ssd_copy(embedded):
     up = embedded()
     value = os.urandom(300_000)
     with kvstored.connect(up.addr, transport="auto") as c:  # shm, with TCP to fall back on
@@ -243,12 +242,12 @@ def test_a_forged_dram_copy_falls_back_to_the_ssd_copy(embedded):  # noqa: F811
 
 @pytest.fixture
 def small_disk(tmp_path):
-    with small_tmpfs(tmp_path / "small", "24m") as mount:
+    with scratch_fs(tmp_path / "small", "24m") as mount:
         yield mount
 
 
 def test_a_full_disk_offloads_what_fits_names_the_ssd_and_recovers_when_freed(
-        spawn, tmp_path, small_disk):  # noqa: F811
+        spawn, tmp_path, small_disk):
     filler = small_disk / "filler"
     filler.write_bytes(b"\0" * 19 * MiB)  # leaves about 5 MiB for the node
     metrics_port = free_port()

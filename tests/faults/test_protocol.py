@@ -41,26 +41,13 @@ def _tokens() -> dict[str, str | None]:
 
 
 @pytest.fixture
-def daemon(tmp_path):
-    started = []
+def up(embedded, tmp_path) -> Daemon:
+    """`kvstored up` with a client token of its own and a short hello timeout."""
     token_file = tmp_path / "client-token"
     token_file.write_text(CLIENT_TOKEN + "\n")
     token_file.chmod(0o600)
-
-    def start(*extra: str, env: dict[str, str] | None = None) -> Daemon:
-        up = Daemon(["up", "--listen", "127.0.0.1:0", "--data", str(tmp_path / "data"),
-                     "--dram", "64MiB", "--ssd", "1GiB", "--backend", "file-per-key",
-                     "--token-file", str(token_file), *extra],
-                    cwd=tmp_path, env={"KVSTORED_SECURITY_HELLO_TIMEOUT": HELLO_TIMEOUT,
-                                       **(env or {})})
-        started.append(up)
-        up.wait_ready()
-        return up
-
-    yield start
-    for up in started:
-        if up.proc.poll() is None:
-            up.stop()
+    return embedded("--token-file", str(token_file),
+                    env={"KVSTORED_SECURITY_HELLO_TIMEOUT": HELLO_TIMEOUT})
 
 
 def _ports(up: Daemon) -> dict[str, tuple[str, int]]:
@@ -68,6 +55,15 @@ def _ports(up: Daemon) -> dict[str, tuple[str, int]]:
         c.put("fuzz/survivor", b"still here")
         node = next(iter(c.nodes.values())).endpoint
     return {"master": up.address, "node": (node.host, node.port)}
+
+
+@pytest.fixture
+def peer(up):
+    """A fuzzing peer of ``up``'s master and node ports (it connects per case), closed
+    after the test whatever happens."""
+    peer = wirefuzz.Peer(_ports(up), _tokens())
+    yield peer
+    peer.close()
 
 
 def _still_serving(up: Daemon) -> None:
@@ -91,12 +87,8 @@ def _run(up: Daemon, peer: wirefuzz.Peer, cases) -> dict[str, int]:
     return outcomes
 
 
-def test_a_bad_hello_closes_only_its_connection(daemon):
+def test_a_bad_hello_closes_only_its_connection(up, peer):
     """The hello that killed the whole daemon: a token that is not ASCII, on both ports."""
-    up = daemon()
-    ports = _ports(up)
-    tokens = _tokens()
-    peer = wirefuzz.Peer(ports, tokens)
     for port in ("master", "node"):
         for token in ("é", "\u2603" * 40, "tok\x00en"):
             case = wirefuzz.Case(f"hello with token {token!r}", port, None,
@@ -107,29 +99,20 @@ def test_a_bad_hello_closes_only_its_connection(daemon):
     _still_serving(up)
 
 
-def test_fuzzing_every_field_of_every_op_leaves_the_daemon_serving(daemon):
+def test_fuzzing_every_field_of_every_op_leaves_the_daemon_serving(up, peer):
     seed = wirefuzz.seed_from_env()
     print(f"fuzz seed {seed} (KVSTORED_FUZZ_SEED)")
-    up = daemon()
-    ports = _ports(up)
-    tokens = _tokens()
-    peer = wirefuzz.Peer(ports, tokens)
-    try:
-        outcomes = _run(up, peer, wirefuzz.cases(tokens, "fuzz-node", seed))
-        for what, n in _run(up, peer, wirefuzz.frame_edge_cases(tokens)).items():
-            outcomes[what] = outcomes.get(what, 0) + n
-    finally:
-        peer.close()
+    outcomes = _run(up, peer, wirefuzz.cases(peer.tokens, "fuzz-node", seed))
+    for what, n in _run(up, peer, wirefuzz.frame_edge_cases(peer.tokens)).items():
+        outcomes[what] = outcomes.get(what, 0) + n
+    peer.close()
     print("outcomes:", outcomes)
     assert outcomes.get("error bad_request", 0) > 1000  # the checks did the refusing
     _still_serving(up)
 
 
-def test_a_put_of_a_key_no_backend_accepts_is_refused_at_the_door(daemon):
+def test_a_put_of_a_key_no_backend_accepts_is_refused_at_the_door(up, peer):
     """An empty key was stored in DRAM, then its offload raised and took the daemon down."""
-    up = daemon()
-    ports = _ports(up)
-    peer = wirefuzz.Peer(ports, _tokens())
     for key in ("", "k" * 1025, "é" * 513):
         case = wirefuzz.Case(f"put of key {key[:8]!r}…", "node", "client", wirefuzz.pack(
             {"op": "put", "keys": [key], "sizes": [3], "checksums": [crc32c(b"abc")]}, 3),
@@ -200,16 +183,13 @@ def _wait_fds(pid: int, most: int, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_descriptors_return_to_the_baseline_after_fuzzing_and_slow_clients(daemon):
-    up = daemon()
-    ports = _ports(up)
-    tokens = _tokens()
+def test_descriptors_return_to_the_baseline_after_fuzzing_and_slow_clients(up, peer):
+    ports, tokens = peer.ports, peer.tokens
     with kvstored.connect(up.addr, token=CLIENT_TOKEN) as c:
         assert c.put("fuzz/big", os.urandom(4 << 20))
     pid = up.proc.pid
     baseline = _fds(pid)
     preauth, postauth = _slow_clients(ports, tokens)
-    peer = wirefuzz.Peer(ports, tokens)
     try:
         cases = list(wirefuzz.cases(tokens, "fuzz-node", wirefuzz.seed_from_env(), 50))
         _run(up, peer, cases[::7])
@@ -236,16 +216,10 @@ def test_descriptors_return_to_the_baseline_after_fuzzing_and_slow_clients(daemo
 
 @pytest.mark.soak
 @pytest.mark.skipif(os.environ.get("KVSTORED_SOAK") != "1", reason="soak: KVSTORED_SOAK=1")
-def test_soak_random_fuzzing(daemon):
+def test_soak_random_fuzzing(up, peer):
     seed = wirefuzz.seed_from_env()
     print(f"fuzz seed {seed}")
-    up = daemon()
-    ports = _ports(up)
-    tokens = _tokens()
-    peer = wirefuzz.Peer(ports, tokens)
-    try:
-        cases = wirefuzz.cases(tokens, "fuzz-node", seed, random_cases=20000)
-        _run(up, peer, (c for c in cases if c.what.startswith("random")))
-    finally:
-        peer.close()
+    cases = wirefuzz.cases(peer.tokens, "fuzz-node", seed, random_cases=20000)
+    _run(up, peer, (c for c in cases if c.what.startswith("random")))
+    peer.close()
     _still_serving(up)

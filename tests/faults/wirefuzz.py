@@ -344,8 +344,8 @@ class Peer:
             entry[0].close()
 
     def close(self) -> None:
-        for key in list(self._open):
-            self._drop(key)
+        while self._open:
+            self._open.popitem()[1][0].close()
 
 
 def seed_from_env() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,14 +19,18 @@ from tests.conftest import require
 from tests.daemon.harness import Daemon
 
 
-def engine(name: str, module: str):
-    """Import ``module`` of engine ``name``, or skip (fail under KVSTORED_REQUIRE)."""
+def engine(name: str, *modules: str) -> tuple[ModuleType, ...]:
+    """Import ``modules`` of engine ``name``, in order, or skip the test module (fail
+    under KVSTORED_REQUIRE) when the engine is missing or one of them does not import."""
     available, reason = probe_engine(name)
     require("engines", available, reason)
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        require("engines", False, f"{module} does not import: {exc}")
+    imported = []
+    for module in modules:
+        try:
+            imported.append(importlib.import_module(module))
+        except ImportError as exc:
+            require("engines", False, f"{module} does not import: {exc}")
+    return tuple(imported)
 
 
 def start_store(directory: Path, *extra: str, dram: str = "256MiB") -> Daemon:

@@ -11,14 +11,10 @@ import pytest
 from tests.daemon.harness import kvstore_ok, wait_for
 from tests.integrations.conftest import engine
 
-torch = engine("lmcache", "torch")
-lm_utils = engine("lmcache", "lmcache.utils")
-lm_config = engine("lmcache", "lmcache.v1.config")
-lm_metadata = engine("lmcache", "lmcache.v1.metadata")
-lm_events = engine("lmcache", "lmcache.v1.event_manager")
-lm_memory = engine("lmcache", "lmcache.v1.memory_management")
-lm_storage = engine("lmcache", "lmcache.v1.storage_backend.storage_manager")
-lm_connector = engine("lmcache", "lmcache.v1.storage_backend.connector")
+torch, lm_utils, lm_config, lm_metadata, lm_events, lm_memory, lm_storage, lm_connector = engine(
+    "lmcache", "torch", "lmcache.utils", "lmcache.v1.config", "lmcache.v1.metadata",
+    "lmcache.v1.event_manager", "lmcache.v1.memory_management",
+    "lmcache.v1.storage_backend.storage_manager", "lmcache.v1.storage_backend.connector")
 
 from kvstored.integrations.lmcache import KvstoredConnector  # noqa: E402
 

@@ -8,13 +8,11 @@ import pytest
 
 from tests.integrations.conftest import engine
 
-torch = engine("sglang", "torch")
-hicache_storage = engine("sglang", "sglang.srt.mem_cache.hicache_storage")
-backend_factory = engine("sglang", "sglang.srt.mem_cache.storage.backend_factory")
-memory_pool = engine("sglang", "sglang.srt.mem_cache.memory_pool")
-pool_host_mha = engine("sglang", "sglang.srt.mem_cache.pool_host.mha")
-pool_host_mla = engine("sglang", "sglang.srt.mem_cache.pool_host.mla")
-mem_utils = engine("sglang", "sglang.srt.mem_cache.utils")
+torch, hicache_storage, backend_factory, memory_pool, pool_host_mha, pool_host_mla, mem_utils = (
+    engine("sglang", "torch", "sglang.srt.mem_cache.hicache_storage",
+           "sglang.srt.mem_cache.storage.backend_factory", "sglang.srt.mem_cache.memory_pool",
+           "sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla",
+           "sglang.srt.mem_cache.utils"))
 
 from kvstored.client import connect  # noqa: E402
 from kvstored.integrations.sglang import KvstoredStorage  # noqa: E402
@@ -252,8 +250,8 @@ def controller(store):
     import threading
 
     dist = torch.distributed
-    allocator_mod = engine("sglang", "sglang.srt.mem_cache.allocator.paged")
-    cc = engine("sglang", "sglang.srt.managers.cache_controller")
+    allocator_mod, cc = engine("sglang", "sglang.srt.mem_cache.allocator.paged",
+                               "sglang.srt.managers.cache_controller")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

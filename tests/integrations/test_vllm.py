@@ -13,12 +13,10 @@ import pytest
 from tests.daemon.harness import kvstore_ok, wait_for
 from tests.integrations.conftest import engine
 
-np = engine("vllm", "numpy")
-kv_base = engine("vllm", "vllm.v1.kv_offload.base")
-kv_config = engine("vllm", "vllm.v1.kv_offload.config")
-tiering = engine("vllm", "vllm.v1.kv_offload.tiering.manager")
-tier_factory = engine("vllm", "vllm.v1.kv_offload.tiering.factory")
-region_mod = engine("vllm", "vllm.v1.kv_offload.cpu.shared_offload_region")
+np, kv_base, kv_config, tiering, tier_factory, region_mod = engine(
+    "vllm", "numpy", "vllm.v1.kv_offload.base", "vllm.v1.kv_offload.config",
+    "vllm.v1.kv_offload.tiering.manager", "vllm.v1.kv_offload.tiering.factory",
+    "vllm.v1.kv_offload.cpu.shared_offload_region")
 
 from kvstored.integrations.vllm import KvstoredTier  # noqa: E402
 

@@ -6,14 +6,11 @@ fails instead when KVSTORED_REQUIRE names uring (CI).
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from kvstored.native import probe_uring
 from kvstored.native.posix import PosixEngine
-from tests.conftest import require
+from tests.conftest import require, scratch_fs
 
 ENGINE_NAMES = ("posix", "uring")
 
@@ -50,26 +47,15 @@ def direct(request) -> bool:
     return request.param
 
 
-def _mount(kind: str, where: Path, options: list[str]):
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", kind, *options, f"kvstored-test-{kind}", str(where)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"this machine does not let the tests mount a {kind} "
-                    f"({mounted.stderr.strip() or mounted.returncode}): a machine limit")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 1 MiB tmpfs, to run out of space for real."""
-    yield from _mount("tmpfs", tmp_path / "tmpfs", ["-o", "size=1m"])
+    with scratch_fs(tmp_path / "tmpfs", "1m") as where:
+        yield where
 
 
 @pytest.fixture
 def ramfs(tmp_path):
     """A ramfs: a real file system that refuses O_DIRECT."""
-    yield from _mount("ramfs", tmp_path / "ramfs", [])
+    with scratch_fs(tmp_path / "ramfs", kind="ramfs") as where:
+        yield where

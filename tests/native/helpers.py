@@ -1,19 +1,25 @@
-"""Helpers that run engine code in a child process: under seccomp, as another user, or
-where a hang must become a failure instead of a stuck test run."""
+"""Helpers that run engine code in a child process (under seccomp, as another user, or
+where a hang must become a failure instead of a stuck test run), and that feed a read
+from a pipe in two parts."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import platform
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from kvstored.native import IoFile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,3 +111,43 @@ def wait_until_drained(read_end: int, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("the reader never took the pipe's contents")
         time.sleep(0.01)
+
+
+def keep_native_logs(level: int) -> list[str]:
+    """In a child process: from now on, the messages ``kvstored.native`` logs at ``level``
+    or above are appended to the list returned (the child prints them for its test)."""
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger("kvstored.native")
+    logger.addHandler(Keep())
+    logger.setLevel(level)
+    return messages
+
+
+def read_a_pipe_in_two_parts(engine, buffers) -> tuple[list, dict[str, Any]]:
+    """``engine`` reads one item into ``buffers`` (a buffer, or a list of them) from a pipe
+    that holds ``first`` when the read starts and ``" second"`` only once the read has
+    taken that: the first read comes back short and the engine must ask for the rest.
+    Returns the read's results and the engine's ring statistics after it."""
+    read_end, write_end = os.pipe()
+    pipe = IoFile(read_end, "pipe")
+    os.write(write_end, b"first")
+    outcome: dict[str, Any] = {}
+
+    def reader() -> None:
+        outcome["result"] = engine.read([(pipe, 0, buffers)])
+        outcome["stats"] = engine.ring_stats()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    wait_until_drained(read_end)  # the first read has taken "first" and come back short
+    os.write(write_end, b" second")
+    thread.join(10)
+    os.close(write_end)
+    pipe.close()
+    assert not thread.is_alive(), "the read never completed after the second write"
+    return outcome["result"], outcome["stats"]

@@ -7,12 +7,13 @@ import logging
 import mmap
 import os
 import random
-import threading
+from functools import partial
 
 import numpy as np
 import pytest
 
 from kvstored.native import IoError, IoFile, errors, sync_written, write_synced
+from tests.conftest import run_threads
 
 BLOCK = 4096
 
@@ -30,6 +31,16 @@ def unaligned(size: int, shift: int = 3) -> memoryview:
 def fill(path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
+
+
+def open_and_closed(engine, path, data: bytes) -> tuple[IoFile, IoFile]:
+    """``path`` filled with ``data``, opened twice by ``engine``: the first file is open,
+    the second closed already (its descriptor is invalid)."""
+    fill(path, data)
+    good = engine.open(path, os.O_RDWR)
+    closed = engine.open(path, os.O_RDWR)
+    closed.close()
+    return good, closed
 
 
 def test_aligned_round_trip(engine, tmp_path, direct):
@@ -163,10 +174,7 @@ def test_batch_larger_than_the_ring(make_engine, tmp_path, direct):
 
 def test_a_bad_descriptor_fails_its_item_only(engine, tmp_path):
     path = tmp_path / "data"
-    fill(path, b"0123456789")
-    good = engine.open(path, os.O_RDWR)
-    closed = engine.open(path, os.O_RDWR)
-    closed.close()
+    good, closed = open_and_closed(engine, path, b"0123456789")
     never_opened = IoFile(987_654, "/nonexistent/never-opened")
     first, second = bytearray(4), bytearray(4)
     results = engine.read([(good, 0, first), (closed, 0, bytearray(4)),
@@ -217,29 +225,23 @@ def test_many_threads_at_once(engine, tmp_path, direct):
     path = tmp_path / "data"
     threads, rounds, size = 8, 25, 2 * BLOCK
     fill(path, bytes(threads * size))
-    errors: list[BaseException] = []
     f = engine.open(path, os.O_RDWR, direct=direct)
 
     def worker(index: int) -> None:
-        try:
-            rng = random.Random(index)
-            source, target = aligned(size), aligned(size)
-            for round_number in range(rounds):
-                source[:] = rng.randbytes(size)
-                offset = index * size
-                assert engine.write([(f, offset, source)]) == [size]
-                assert engine.read([(f, offset, target)]) == [size], round_number
-                assert bytes(target) == bytes(source)
-        except BaseException as exc:
-            errors.append(exc)
+        rng = random.Random(index)
+        source, target = aligned(size), aligned(size)
+        for round_number in range(rounds):
+            source[:] = rng.randbytes(size)
+            offset = index * size
+            assert engine.write([(f, offset, source)]) == [size]
+            assert engine.read([(f, offset, target)]) == [size], round_number
+            assert bytes(target) == bytes(source)
 
-    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(60)
-    f.close()
-    assert not errors, errors[0]
+    try:
+        raised = run_threads((partial(worker, i) for i in range(threads)), timeout=60)
+    finally:
+        f.close()
+    assert not raised, raised[0]
 
 
 def test_numpy_buffers_and_offsets(engine, tmp_path):

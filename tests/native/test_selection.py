@@ -99,14 +99,9 @@ def test_the_probe_reads_the_sysctl_it_is_given(tmp_path):
 
 _UNDER_SECCOMP = """
 import errno, json, logging, os, tempfile
-from tests.native.helpers import deny_io_uring_setup
+from tests.native.helpers import deny_io_uring_setup, keep_native_logs
 deny_io_uring_setup(errno.{error})
-logs = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        logs.append(record.getMessage())
-logging.getLogger("kvstored.native").addHandler(Keep())
-logging.getLogger("kvstored.native").setLevel(logging.INFO)
+logs = keep_native_logs(logging.INFO)
 from kvstored.native import EngineUnavailableError, get_engine, probe_uring
 out = {{"probe": probe_uring(), "probe_sysctl_1": probe_uring(sysctl_path={sysctl!r})}}
 engine = get_engine()

@@ -11,7 +11,7 @@ import pytest
 
 from kvstored.native import IoFile, probe_uring
 from tests.conftest import require
-from tests.native.helpers import CAP_IPC_LOCK, run_python, wait_until_drained
+from tests.native.helpers import CAP_IPC_LOCK, read_a_pipe_in_two_parts, run_python
 
 
 @pytest.fixture
@@ -64,26 +64,10 @@ print(json.dumps({"a_still_waiting": a_still_waiting, "results": results}))
 def test_short_reads_are_completed_by_the_ring(uring):
     """A pipe hands out what it has: the first read comes back short, the ring asks for
     the rest, and the caller sees one complete read."""
-    read_end, write_end = os.pipe()
-    pipe = IoFile(read_end, "pipe")
-    os.write(write_end, b"first")
-    outcome = {}
-
-    def reader() -> None:
-        buf = bytearray(11)
-        outcome["result"] = uring.read([(pipe, 0, buf)])
-        outcome["data"] = bytes(buf)
-        outcome["stats"] = uring.ring_stats()
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    wait_until_drained(read_end)  # the first read has taken "first" and come back short
-    os.write(write_end, b" second")
-    thread.join(10)
-    os.close(write_end)
-    pipe.close()
-    assert outcome["result"] == [11] and outcome["data"] == b"first secon"
-    assert outcome["stats"]["resubmits"] >= 1
+    buf = bytearray(11)
+    result, stats = read_a_pipe_in_two_parts(uring, buf)
+    assert result == [11] and bytes(buf) == b"first secon"
+    assert stats["resubmits"] >= 1
 
 
 def test_a_read_stops_short_at_end_of_stream(uring):
@@ -167,12 +151,8 @@ def test_registration_failure_is_logged_once_and_io_goes_on():
     require("uring", *probe_uring())
     out = run_python("""
 import json, logging, mmap, os, resource, sys, tempfile
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append(record.getMessage())
-logging.getLogger("kvstored.native").addHandler(Keep())
-logging.getLogger("kvstored.native").setLevel(logging.WARNING)
+from tests.native.helpers import keep_native_logs
+records = keep_native_logs(logging.WARNING)
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
 from kvstored.native.uring import UringEngine
 engine = UringEngine()

@@ -6,16 +6,15 @@ from __future__ import annotations
 import errno
 import os
 import random
-import threading
 
 import pytest
 
-from kvstored.native import IoError, IoFile, direct, probe_uring
+from kvstored.native import IoError, direct, probe_uring
 from kvstored.native.engine import MAX_PIECES
 from kvstored.native.posix import IOV_MAX
 from tests.conftest import require
-from tests.native.helpers import wait_until_drained
-from tests.native.test_engine_io import BLOCK, aligned, fill, unaligned
+from tests.native.helpers import read_a_pipe_in_two_parts
+from tests.native.test_engine_io import BLOCK, aligned, fill, open_and_closed, unaligned
 
 
 def _no_bounce(monkeypatch) -> None:
@@ -171,10 +170,7 @@ def test_malformed_pieces_raise_before_any_io(engine, tmp_path):
 
 def test_a_failed_vectored_item_reports_its_whole_length(engine, tmp_path):
     path = tmp_path / "data"
-    fill(path, b"0123456789")
-    good = engine.open(path, os.O_RDWR)
-    closed = engine.open(path, os.O_RDWR)
-    closed.close()
+    good, closed = open_and_closed(engine, path, b"0123456789")
     results = engine.write([(closed, 2, [b"xy", b"z"]), (good, 0, [b"A", b"B"])])
     assert results[1] == 2
     assert isinstance(results[0], IoError) and results[0].errno == errno.EBADF
@@ -241,28 +237,11 @@ def test_uring_completes_a_short_read_across_pieces():
     require("uring", *probe_uring())
     from kvstored.native.uring import UringEngine
 
-    uring = UringEngine(queue_depth=4)
-    read_end, write_end = os.pipe()
-    pipe = IoFile(read_end, "pipe")
-    os.write(write_end, b"first")
-    outcome = {}
-
-    def reader() -> None:
-        pieces = [bytearray(3), bytearray(4), bytearray(4)]
-        outcome["result"] = uring.read([(pipe, 0, pieces)])
-        outcome["data"] = [bytes(p) for p in pieces]
-        outcome["stats"] = uring.ring_stats()
-
-    thread = threading.Thread(target=reader)
-    thread.start()
-    wait_until_drained(read_end)  # the first read has taken "first" and come back short
-    os.write(write_end, b" second")
-    thread.join(10)
-    os.close(write_end)
-    pipe.close()
-    assert outcome["result"] == [11]
-    assert outcome["data"] == [b"fir", b"st s", b"econ"]
-    assert outcome["stats"]["resubmits"] >= 1 and outcome["stats"]["vec_sqes"] >= 2
+    pieces = [bytearray(3), bytearray(4), bytearray(4)]
+    result, stats = read_a_pipe_in_two_parts(UringEngine(queue_depth=4), pieces)
+    assert result == [11]
+    assert [bytes(p) for p in pieces] == [b"fir", b"st s", b"econ"]
+    assert stats["resubmits"] >= 1 and stats["vec_sqes"] >= 2
 
 
 def test_an_engine_without_vectored_requests_gets_them_joined(tmp_path, direct):

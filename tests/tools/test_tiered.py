@@ -163,21 +163,36 @@ def _paths(requests):
     return paths, parent
 
 
+class _BesideTheModel:
+    """Random requests replayed by the C core and by bruteforce_tiered's model."""
+
+    def __init__(self, seed: int, requests: int, warmup: float) -> None:
+        drawn = random_requests(seed, requests=requests)
+        self.replay = Replay(_trace(drawn), warmup)
+        self.paths, self.parent = _paths(drawn)
+        self.weights = [[1] * len(p) for p in self.paths]
+
+    def run(self, dram: int, ssd: int, write_through: bool, promote: bool, reads: int = 1,
+            *, ssd_fifo: bool = False, full_run: bool = False):
+        """The core's result and the model's, for one tiered policy."""
+        got = self.replay.run(PolicySpec("tiered", dram, ssd, write_through, promote,
+                                         full_run=full_run, promote_reads=reads,
+                                         ssd_fifo=ssd_fifo))
+        want = bruteforce_tiered.tiered(self.paths, self.weights, self.parent,
+                                        self.replay.warmup_requests, dram, ssd, write_through,
+                                        promote, reads, ssd_fifo=ssd_fifo)
+        return got, want
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tiered_promote_reads_matches_a_brute_force_model(seed):
     """A block promoted on its k-th SSD hit (the store's policy.promote_reads)."""
-    requests = random_requests(seed + 10, requests=80)
-    replay = Replay(_trace(requests), 0.25)
-    paths, parent = _paths(requests)
-    weights = [[1] * len(p) for p in paths]
+    model = _BesideTheModel(seed + 10, 80, 0.25)
     differs = 0
     for dram, ssd in ((2, 9), (3, 25), (6, 25), (1, 4)):
         first = None
         for reads in (1, 2, 3):
-            got = replay.run(PolicySpec("tiered", dram, ssd, True, True, full_run=True,
-                                        promote_reads=reads))
-            want = bruteforce_tiered.tiered(paths, weights, parent, replay.warmup_requests,
-                                            dram, ssd, True, True, reads)
+            got, want = model.run(dram, ssd, True, True, reads, full_run=True)
             where = (seed, dram, ssd, reads)
             assert (got.hit_tokens, got.ssd_hit_tokens, got.promotions, got.evictions) == (
                 want.hit_tokens, want.ssd_hit_tokens, want.promotions, want.evictions), where
@@ -190,22 +205,15 @@ def test_tiered_promote_reads_matches_a_brute_force_model(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_tiered_fifo_ssd_matches_a_brute_force_model(seed):
     """The SSD tier evicting oldest write first, as the store's backends do."""
-    requests = random_requests(seed + 20, requests=80)
-    replay = Replay(_trace(requests), 0.25)
-    paths, parent = _paths(requests)
-    weights = [[1] * len(p) for p in paths]
+    model = _BesideTheModel(seed + 20, 80, 0.25)
     differs = 0
     for dram, ssd in ((0, 6), (2, 9), (3, 25), (6, 12), (1, 4)):
         for write_through in (True, False):
             for reads in (1, 2):
-                lru = replay.run(PolicySpec("tiered", dram, ssd, write_through, True,
-                                            full_run=True, promote_reads=reads))
-                got = replay.run(PolicySpec("tiered", dram, ssd, write_through, True,
-                                            full_run=True, promote_reads=reads,
-                                            ssd_fifo=True))
-                want = bruteforce_tiered.tiered(paths, weights, parent,
-                                                replay.warmup_requests, dram, ssd,
-                                                write_through, True, reads, ssd_fifo=True)
+                lru = model.replay.run(PolicySpec("tiered", dram, ssd, write_through, True,
+                                                  full_run=True, promote_reads=reads))
+                got, want = model.run(dram, ssd, write_through, True, reads, ssd_fifo=True,
+                                      full_run=True)
                 where = (seed, dram, ssd, write_through, reads)
                 assert (got.hit_tokens, got.ssd_hit_tokens, got.promotions,
                         got.ssd_writes, got.evictions) == (
@@ -230,10 +238,7 @@ def test_replay_tiers_promote_reads_one_is_promotion_on_the_first_hit():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_tiered_matches_a_brute_force_model(seed):
-    requests = random_requests(seed, requests=60)
-    replay = Replay(_trace(requests), 0.5)
-    paths, parent = _paths(requests)
-    weights = [[1] * len(p) for p in paths]
+    model = _BesideTheModel(seed, 60, 0.5)
     checked = 0
     for dram in (0, 1, 2, 3, 6, 12):
         for ssd in (0, 1, 4, 9, 25):
@@ -241,10 +246,7 @@ def test_tiered_matches_a_brute_force_model(seed):
                 continue
             for write_through in (True, False):
                 for promote in (True, False):
-                    got = replay.run(PolicySpec("tiered", dram, ssd, write_through, promote))
-                    want = bruteforce_tiered.tiered(paths, weights, parent,
-                                                    replay.warmup_requests, dram, ssd,
-                                                    write_through, promote)
+                    got, want = model.run(dram, ssd, write_through, promote)
                     where = (seed, dram, ssd, write_through, promote)
                     assert (got.hit_tokens, got.ssd_hit_tokens, got.total_tokens,
                             got.underfilled) == (want.hit_tokens, want.ssd_hit_tokens,
