@@ -379,10 +379,7 @@ class FilePerKeyBackend(IndexedBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        if repair:
-            self._check_writable()
-        else:
-            self._check_open()
+        self._check_checkable(repair)
         return check_store(self, repair)
 
     # What check.py needs of the store (its CheckedFiles), and nothing else: these are
