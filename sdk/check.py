@@ -55,9 +55,12 @@ class RecordStore(Protocol[E]):
 
 
 class CheckedBackend(RecordStore[E], Protocol):
-    """A :class:`RecordStore` with what a backend's own checks need besides: where repair
-    puts the evidence, and what the open found (:func:`start_report`)."""
+    """A :class:`RecordStore` with what a backend's own checks need besides: whether
+    they may change anything (a read-only open may not), where repair puts the evidence,
+    and what the open found (:func:`start_report`)."""
 
+    @property
+    def read_only(self) -> bool: ...
     @property
     def quarantine(self) -> Quarantine: ...
     @property
