@@ -56,21 +56,23 @@ def probe_uring(*, sysctl_path: str | Path = IO_URING_DISABLED,
     return False, _explain(-rc, disabled)
 
 
+#: Why io_uring_setup failed, by its errno, in words an operator can act on.
+_SETUP_FAILURES = {
+    errno.EPERM: "io_uring_setup was refused (EPERM): a seccomp filter (such as a container "
+                 "runtime's default profile) or a security module blocks io_uring",
+    errno.ENOSYS: "io_uring_setup does not exist (ENOSYS): the kernel predates 5.1 or lacks "
+                  "CONFIG_IO_URING, or a seccomp filter hides it",
+    errno.EOPNOTSUPP: "the kernel's io_uring lacks operations the engine needs (READ, WRITE, "
+                      "FSYNC, READ_FIXED, WRITE_FIXED, READV, WRITEV): Linux 5.6 or later is "
+                      "needed",
+    errno.ENOMEM: "io_uring_setup ran out of memory (ENOMEM): before Linux 5.12 rings count "
+                  "against RLIMIT_MEMLOCK; raise it (ulimit -l)",
+}
+
+
 def _explain(code: int, disabled: int | None) -> str:
-    name = errno.errorcode.get(code, str(code))
-    if code == errno.EPERM and disabled == 1:
+    if code == errno.EPERM and disabled == 1:  # the sysctl, not a filter, said no
         return ("io_uring_setup was refused (EPERM): kernel.io_uring_disabled=1 allows it "
                 "only to members of kernel.io_uring_group and to CAP_SYS_ADMIN")
-    if code == errno.EPERM:
-        return ("io_uring_setup was refused (EPERM): a seccomp filter (such as a container "
-                "runtime's default profile) or a security module blocks io_uring")
-    if code == errno.ENOSYS:
-        return ("io_uring_setup does not exist (ENOSYS): the kernel predates 5.1 or lacks "
-                "CONFIG_IO_URING, or a seccomp filter hides it")
-    if code == errno.EOPNOTSUPP:
-        return ("the kernel's io_uring lacks operations the engine needs (READ, WRITE, FSYNC, "
-                "READ_FIXED, WRITE_FIXED, READV, WRITEV): Linux 5.6 or later is needed")
-    if code == errno.ENOMEM:
-        return ("io_uring_setup ran out of memory (ENOMEM): before Linux 5.12 rings count "
-                "against RLIMIT_MEMLOCK; raise it (ulimit -l)")
-    return f"io_uring_setup failed: {name} ({code})"
+    name = errno.errorcode.get(code, str(code))
+    return _SETUP_FAILURES.get(code, f"io_uring_setup failed: {name} ({code})")

@@ -397,6 +397,14 @@ class StorageBackend(abc.ABC):
                                 "read-only; open it read-write to change the store",
                                 path=self.path)
 
+    def _check_checkable(self, repair: bool) -> None:
+        """Raise unless :meth:`check` may run: the backend open and, to repair, writable
+        (read-only, a check reads and changes nothing). Every ``check`` starts with it."""
+        if repair:
+            self._check_writable()
+        else:
+            self._check_open()
+
     def __enter__(self) -> Self:
         return self
 

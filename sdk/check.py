@@ -2,6 +2,10 @@
 repair does about one that fails. Written once, for every backend whose objects are in
 an index.
 
+A check starts from :func:`start_report`: what the backend's open found and did about it
+(a rebuilt stamp, unfinished writes removed) is in every report until a repairing check
+has reported it.
+
 A backend hands :func:`check_records` a :class:`RecordStore`, the four things the pass
 needs of it and nothing more. A record that fails is reported as
 :attr:`~kvstored.sdk.ProblemKind.CORRUPT_RECORD` (or, when its file is gone altogether,
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from kvstored.sdk.index import IndexEntry
+from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import ReadOutcome
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, ReadStatus, RepairAction
 
@@ -47,6 +52,29 @@ class RecordStore(Protocol[E]):
     def record_path(self, entry: E) -> str:
         """The file or device the record is in (for the report)."""
         ...
+
+
+class CheckedBackend(RecordStore[E], Protocol):
+    """A :class:`RecordStore` with what a backend's own checks need besides: whether
+    they may change anything (a read-only open may not), where repair puts the evidence,
+    and what the open found (:func:`start_report`)."""
+
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def quarantine(self) -> Quarantine: ...
+    @property
+    def open_problems(self) -> list[Problem]: ...
+
+
+def start_report(open_problems: list[Problem], *, repair: bool) -> CheckReport:
+    """A new report, holding ``open_problems``: what the open found, with what it did
+    about each. Every check reports them until a repairing one has, which empties the
+    list (it is the backend's own)."""
+    report = CheckReport(problems=list(open_problems), repaired=repair)
+    if repair:
+        open_problems.clear()
+    return report
 
 
 def check_records(store: RecordStore[E], report: CheckReport, *, repair: bool) -> None:

@@ -548,10 +548,7 @@ class BucketBackend(IndexedBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        if repair:
-            self._check_writable()
-        else:
-            self._check_open()
+        self._check_checkable(repair)
         return self._checker.run(repair)
 
     # What check.py needs of the store (its CheckedStore), and nothing else: these are

@@ -29,7 +29,7 @@ from typing import Protocol
 from kvstored.backends.bucket.index import IndexEntry, read_index
 from kvstored.backends.bucket.layout import list_buckets
 from kvstored.backends.bucket.state import Bucket, Slot
-from kvstored.sdk.check import RecordStore, check_records
+from kvstored.sdk.check import RecordStore, check_records, start_report
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
@@ -82,10 +82,7 @@ class Checker:
 
     def run(self, repair: bool) -> CheckReport:
         with self._lock:
-            report = CheckReport(repaired=repair)
-            report.problems.extend(self._recovery_problems)
-            if repair:
-                self._recovery_problems.clear()
+            report = start_report(self._recovery_problems, repair=repair)
             self._check_files(report, repair)
             for bucket in self.backend.loaded_buckets():
                 self._check_index(bucket, report, repair)

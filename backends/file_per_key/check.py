@@ -18,27 +18,21 @@ from pathlib import Path
 from typing import Protocol
 
 from kvstored.backends.file_per_key.recovery import Entry, leftovers, read_entry, record_files
-from kvstored.sdk.check import RecordStore, check_records
+from kvstored.sdk.check import CheckedBackend, check_records, start_report
 from kvstored.sdk.errors import CorruptionError
-from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import VALUE_OFFSET, value_checksum
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 
-class CheckedFiles(RecordStore[Entry], Protocol):
+class CheckedFiles(CheckedBackend[Entry], Protocol):
     """What the checks need of the backend, and nothing more (FilePerKeyBackend has it):
-    the record pass's :class:`~kvstored.sdk.check.RecordStore`, and its folders."""
+    what every check needs (:class:`~kvstored.sdk.check.CheckedBackend`), and its
+    folders."""
 
     @property
     def objects_dir(self) -> Path: ...
     @property
     def tmp_dir(self) -> Path: ...
-    @property
-    def read_only(self) -> bool: ...
-    @property
-    def quarantine(self) -> Quarantine: ...
-    @property
-    def open_problems(self) -> list[Problem]: ...
 
     def adopt(self, key: str, entry: Entry) -> bool:
         """Index a valid record nobody indexed; False if its key is indexed by now."""
@@ -46,10 +40,7 @@ class CheckedFiles(RecordStore[Entry], Protocol):
 
 
 def check_store(b: CheckedFiles, repair: bool) -> CheckReport:
-    report = CheckReport(repaired=repair)
-    report.problems.extend(b.open_problems)
-    if repair:
-        b.open_problems.clear()
+    report = start_report(b.open_problems, repair=repair)
     for leftover in leftovers(b.tmp_dir):
         if b.read_only:
             report.problems.append(Problem(

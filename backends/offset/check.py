@@ -33,14 +33,12 @@ from kvstored.backends.offset.journal import write_sync
 from kvstored.backends.offset.layout import SLOT_HEADER_SIZE, Geometry, decode_slot_header
 from kvstored.backends.offset.recovery import Entry, read_exact
 from kvstored.native import IoEngine, IoFile
-from kvstored.sdk.check import RecordStore, check_records
+from kvstored.sdk.check import CheckedBackend, check_records, start_report
 from kvstored.sdk.errors import BackendError
-from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import ALIGN, align_up
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +54,11 @@ class IndexAudit:
     unallocated: list[str]
 
 
-class CheckedVolume(RecordStore[Entry], Protocol):
+class CheckedVolume(CheckedBackend[Entry], Protocol):
     """What the checks need of an open offset-layout volume, and nothing more
-    (:class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` has it): the record
-    pass's :class:`~kvstored.sdk.check.RecordStore`, and the volume's own metadata."""
+    (:class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` has it): what every
+    check needs (:class:`~kvstored.sdk.check.CheckedBackend`), and the volume's own
+    metadata."""
 
     @property
     def engine(self) -> IoEngine: ...
@@ -69,10 +68,6 @@ class CheckedVolume(RecordStore[Entry], Protocol):
     def geometry(self) -> Geometry: ...
     @property
     def generation(self) -> int: ...
-    @property
-    def quarantine(self) -> Quarantine: ...
-    @property
-    def open_problems(self) -> list[Problem]: ...
 
     def checkpoint(self) -> None:
         """Write a checkpoint of the index now."""
@@ -84,10 +79,7 @@ class CheckedVolume(RecordStore[Entry], Protocol):
 
 
 def check_volume(backend: CheckedVolume, repair: bool) -> CheckReport:
-    report = CheckReport(repaired=repair)
-    report.problems.extend(backend.open_problems)  # what this open rebuilt, once
-    if repair:
-        backend.open_problems.clear()
+    report = start_report(backend.open_problems, repair=repair)  # what this open rebuilt
     _check_superblock(backend, report, repair)
     _check_checkpoint(backend, report, repair)
     check_records(backend, report, repair=repair)

@@ -855,10 +855,7 @@ class OffsetLayoutBackend(IndexedBackend):
     # -- check and repair ---------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        if repair:
-            self._check_writable()
-        else:
-            self._check_open()
+        self._check_checkable(repair)
         return check_volume(self, repair)
 
     # What check.py needs of the volume (its CheckedVolume), and nothing else: these are

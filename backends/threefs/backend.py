@@ -198,7 +198,7 @@ class ThreeFsBackend(IndexedBackend):
         self._node_lock: StoreLock | None = None
         self._stuck: JournalStuckError | None = None
         #: What this open already did about damage (repair mode), for check() to report.
-        self.open_reports: list[Problem] = []
+        self.open_problems: list[Problem] = []
         found: Recovered | None = None
         try:
             self._claim()
@@ -213,7 +213,7 @@ class ThreeFsBackend(IndexedBackend):
             self._data_bytes = found.data_bytes
             self._seq = found.seq
             self._next_shard = found.next_shard
-            self.open_reports.extend(found.reports)
+            self.open_problems.extend(found.reports)
             #: What recovery could not reconcile, for check() to report and repair.
             self._findings = found.findings
             self._journal_damage = found.damage
@@ -251,7 +251,7 @@ class ThreeFsBackend(IndexedBackend):
         else:
             make_private_dirs(self.root)
             _claim_shared(self.cluster_dir, self.name, LAYOUT_VERSION, self.mode,
-                          self.open_reports)
+                          self.open_problems)
             if make_private_dirs(self.node_dir):
                 fsync_dir(self.cluster_dir)
         try:
@@ -751,10 +751,7 @@ class ThreeFsBackend(IndexedBackend):
     # -- check and repair -------------------------------------------------------------
 
     def check(self, repair: bool = False) -> CheckReport:
-        if repair:
-            self._check_writable()
-        else:
-            self._check_open()
+        self._check_checkable(repair)
         return check_node(self, repair)
 
     # What check.py needs of the node (its CheckedNode), and nothing else: these are not

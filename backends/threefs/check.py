@@ -19,27 +19,23 @@ from typing import Protocol
 from kvstored.backends.threefs.index import Slot
 from kvstored.backends.threefs.journal import JournalWriter
 from kvstored.backends.threefs.recovery import Finding
-from kvstored.sdk.check import RecordStore, check_records
-from kvstored.sdk.quarantine import Quarantine
+from kvstored.sdk.check import CheckedBackend, check_records, start_report
 from kvstored.sdk.record import record_size, scan_records
 from kvstored.sdk.types import CheckReport, Problem, ProblemKind, RepairAction
 
 log = logging.getLogger(__name__)
 
 
-class CheckedNode(RecordStore[Slot], Protocol):
+class CheckedNode(CheckedBackend[Slot], Protocol):
     """What the checks need of this node's backend, and nothing more
-    (:class:`~kvstored.backends.threefs.backend.ThreeFsBackend` has it): the record
-    pass's :class:`~kvstored.sdk.check.RecordStore`, the journal, and the shard files."""
+    (:class:`~kvstored.backends.threefs.backend.ThreeFsBackend` has it): what every check
+    needs (:class:`~kvstored.sdk.check.CheckedBackend`), the journal, and the shard
+    files."""
 
     @property
     def node_dir(self) -> Path: ...
     @property
-    def quarantine(self) -> Quarantine: ...
-    @property
     def journal(self) -> JournalWriter: ...
-    @property
-    def open_reports(self) -> list[Problem]: ...
 
     def findings(self) -> tuple[list[Finding], list[tuple[int, int]]]:
         """What recovery could not reconcile, and the journal's damaged byte ranges."""
@@ -73,10 +69,7 @@ class CheckedNode(RecordStore[Slot], Protocol):
 
 
 def check_node(b: CheckedNode, repair: bool) -> CheckReport:
-    report = CheckReport(repaired=repair)
-    report.problems.extend(b.open_reports)
-    if repair:
-        b.open_reports.clear()
+    report = start_report(b.open_problems, repair=repair)
     findings, damage = b.findings()
     for start, stop in damage:
         action, detail = _repair_journal(b) if repair else (None, None)

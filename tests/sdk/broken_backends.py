@@ -36,23 +36,34 @@ class SkipsChecksum(FilePerKeyBackend):
         return ReadOutcome(len(data))
 
 
-class StaleCache(FilePerKeyBackend):
-    """Serves reads from a cache that deletes never invalidate: stale bytes."""
+class _ReadCache(FilePerKeyBackend):
+    """Keeps the bytes each key last read and serves them to the next read of the key
+    (where :meth:`_serves` says so) instead of the file's: the defects below are in when
+    the cache is emptied."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._cache: dict[str, bytes] = {}
 
+    def _serves(self, cached: bytes, size: int) -> bool:
+        return True
+
     def batch_read(self, keys, buffers):
         results = super().batch_read(keys, buffers)
         for i, (key, buf) in enumerate(zip(keys, buffers)):
-            if key in self._cache and results[i] >= 0:
-                cached = self._cache[key]
+            if results[i] < 0:
+                continue
+            cached = self._cache.get(key)
+            if cached is not None and self._serves(cached, results[i]):
                 buf[:len(cached)] = cached
                 results[i] = len(cached)
-            elif results[i] >= 0:
+            else:
                 self._cache[key] = bytes(buf[:results[i]])
         return results
+
+
+class StaleCache(_ReadCache):
+    """Serves reads from a cache that deletes never invalidate: stale bytes."""
 
 
 class ResurrectsDeletes(FilePerKeyBackend):
@@ -164,25 +175,12 @@ class ChecksumFirstReadOnly(FilePerKeyBackend):
         return outcome
 
 
-class CacheKeptOnEviction(FilePerKeyBackend):
+class CacheKeptOnEviction(_ReadCache):
     """Deletes: a read cache that deletes invalidate but evictions do not, so a key
     evicted and written again with new bytes of the same size reads the old ones."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._cache: dict[str, bytes] = {}
-
-    def batch_read(self, keys, buffers):
-        results = super().batch_read(keys, buffers)
-        for i, (key, buf) in enumerate(zip(keys, buffers)):
-            if results[i] < 0:
-                continue
-            cached = self._cache.get(key)
-            if cached is not None and len(cached) == results[i]:
-                buf[:len(cached)] = cached
-            else:
-                self._cache[key] = bytes(buf[:results[i]])
-        return results
+    def _serves(self, cached, size):
+        return len(cached) == size
 
     def batch_delete(self, keys):
         for key in keys:

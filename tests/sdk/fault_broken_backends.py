@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import errno
 import os
-import time
-import uuid
 
 from kvstored.backends.bucket import BucketBackend
 from kvstored.backends.file_per_key import FilePerKeyBackend
 from kvstored.backends.file_per_key.layout import object_name
-from kvstored.backends.file_per_key.recovery import Entry
-from kvstored.sdk.errors import BackendIOError, CapacityError, from_oserror
+from kvstored.sdk.errors import BackendIOError, CapacityError
 from kvstored.sdk.files import PRIVATE_FILE, make_private_dirs, write_all
-from kvstored.sdk.record import VALUE_OFFSET, encode_header, value_checksum
+from kvstored.sdk.record import VALUE_OFFSET, decode_header
 from kvstored.sdk.types import WriteOutcome
 
 
@@ -27,35 +24,22 @@ class _WritesRecords(FilePerKeyBackend):
     def _sync_record(self, fd: int) -> None:
         os.fsync(fd)
 
-    def _discard(self, tmp: str, key_bytes: bytes) -> None:
+    def _discard(self, tmp: str, header) -> None:
         os.unlink(tmp)
 
-    def _stage(self, key, key_bytes, value):
-        view = memoryview(value).cast("B")
-        checksum = value_checksum(view)
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        write_ns = time.time_ns()
-        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
+    def _write_file(self, tmp, header, value):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
-        except OSError as exc:
-            raise from_oserror(exc, key=key, action="creating the object file") from exc
-        try:
-            write_all(fd, encode_header(key_bytes, view.nbytes, seq, checksum,
-                                        write_ns=write_ns), 0)
-            write_all(fd, view, VALUE_OFFSET)
+            write_all(fd, header, 0)
+            write_all(fd, value, VALUE_OFFSET)
             self._sync_record(fd)
             physical = os.fstat(fd).st_blocks * 512
-        except OSError as exc:
-            os.close(fd)
-            self._discard(tmp, key_bytes)
-            raise from_oserror(exc, key=key, path=tmp, action="writing the object") from exc
+        except OSError:
+            os.close(fd)  # first: the file may be renamed or unlinked next
+            self._discard(tmp, header)
+            raise
         os.close(fd)
-        shard, sub, name = object_name(key_bytes)
-        return tmp, Entry(str(self.objects_dir / shard / sub / name), view.nbytes, checksum,
-                          seq, write_ns, physical)
+        return physical
 
 
 class IgnoresFsyncErrors(_WritesRecords):
@@ -113,8 +97,8 @@ class LeavesFailedObjects(_WritesRecords):
     file, moved into place ("a retry need not rewrite it"): a reopen finds an object the
     caller was told was not written."""
 
-    def _discard(self, tmp: str, key_bytes: bytes) -> None:
-        shard, sub, name = object_name(key_bytes)
+    def _discard(self, tmp: str, header) -> None:
+        shard, sub, name = object_name(decode_header(header).key.encode())
         folder = self.objects_dir / shard / sub
         try:
             make_private_dirs(folder)

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-import uuid
 
 from kvstored.backends.bucket import BucketBackend
 from kvstored.backends.file_per_key import FilePerKeyBackend
-from kvstored.backends.file_per_key.layout import object_name
-from kvstored.backends.file_per_key.recovery import Entry
 from kvstored.sdk.errors import CorruptionError
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir, write_all
-from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome, encode_header, value_checksum
+from kvstored.sdk.record import VALUE_OFFSET, ReadOutcome
 from kvstored.sdk.types import ReadStatus
 
 
@@ -27,28 +23,17 @@ class SkipsFileFsync(FilePerKeyBackend):
     #: Whether the header block and the file's size are fsync'd before the value.
     sync_header = False
 
-    def _stage(self, key, key_bytes, value):
-        view = memoryview(value).cast("B")
-        checksum = value_checksum(view)
-        with self._lock:
-            self._seq += 1
-            seq = self._seq
-        write_ns = time.time_ns()
-        tmp = str(self.tmp_dir / f"{uuid.uuid4().hex}.tmp")
+    def _write_file(self, tmp, header, value):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
         try:
-            write_all(fd, encode_header(key_bytes, view.nbytes, seq, checksum,
-                                        write_ns=write_ns), 0)
+            write_all(fd, header, 0)
             if self.sync_header:
-                os.ftruncate(fd, VALUE_OFFSET + view.nbytes)
+                os.ftruncate(fd, VALUE_OFFSET + value.nbytes)
                 os.fsync(fd)
-            write_all(fd, view, VALUE_OFFSET)
-            physical = os.fstat(fd).st_blocks * 512
+            write_all(fd, value, VALUE_OFFSET)
+            return os.fstat(fd).st_blocks * 512
         finally:
             os.close(fd)
-        shard, sub, name = object_name(key_bytes)
-        return tmp, Entry(str(self.objects_dir / shard / sub / name), view.nbytes, checksum,
-                          seq, write_ns, physical)
 
 
 class TrustsSyncedHeaders(SkipsFileFsync):
