@@ -11,9 +11,7 @@ with :mod:`ast`; every import in it, at the top or inside a function, is checked
 - for laziness: an import inside a function is allowed only where :data:`LAZY` says why
   (an optional or heavy dependency, the CLI's commands); anything else goes at the top.
 
-Violations that other work in progress removes are listed in :data:`KNOWN`, each with
-whose work removes it. Each is a strict expected failure: once it is gone, its test
-passes and so fails, telling whoever removed it to delete its line here.
+There are no known violations left to tolerate: every check must find none.
 """
 
 from __future__ import annotations
@@ -295,19 +293,6 @@ def unexplained_lazy_imports(imports: list[Import] = IMPORTS
     return found
 
 
-#: Violations that work in progress removes: ``(check, importer, imported) -> whose``.
-_VIOLATIONS: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
-    # (checks it fails, importer, imported, whose work removes it)
-)
-KNOWN: dict[tuple[str, str, str], str] = {
-    (check, importer, imported): whose
-    for checks, importer, imported, whose in _VIOLATIONS for check in checks}
-
-
-def _known(check: str) -> set[tuple[str, str]]:
-    return {(a, b) for (c, a, b) in KNOWN if c == check}
-
-
 CHECKS = {"layer": layer_violations, "cycle": hidden_cycles,
           "lazy": unexplained_lazy_imports}
 
@@ -375,16 +360,5 @@ def test_the_tree_is_found():
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_no_new_violations(check):
     found = CHECKS[check]()
-    new = {key: detail for key, detail in found.items() if key not in _known(check)}
-    assert not new, f"{len(new)} {check} violations:\n" + "\n".join(
-        _describe(check, key, detail) for key, detail in sorted(new.items()))
-
-
-@pytest.mark.parametrize(("check", "importer", "imported"), [
-    pytest.param(check, a, b, marks=pytest.mark.xfail(strict=True, reason=whose),
-                 id=f"{check}:{a}->{b}")
-    for (check, a, b), whose in sorted(KNOWN.items())])
-def test_known_violation_is_gone(check, importer, imported):
-    """Strict xfail: passes (and so fails) once the violation is gone; then delete its
-    line from KNOWN."""
-    assert (importer, imported) not in CHECKS[check]()
+    assert not found, f"{len(found)} {check} violations:\n" + "\n".join(
+        _describe(check, key, detail) for key, detail in sorted(found.items()))

@@ -39,7 +39,14 @@ import time
 import traceback
 from typing import Any
 
+import torch
 from crc32c import crc32c
+from sglang.srt.managers.cache_controller import HiCacheController
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang.srt.mem_cache.utils import get_hash_str
 
 from kvstored.bench.store_workload import drop_page_cache
 
@@ -57,10 +64,6 @@ RUNNERS = {
 def _host_pool(args: argparse.Namespace) -> Any:
     """SGLang's MHA host pool on the CPU, ``page_first`` (the layout the zero-copy
     backends want), holding ``args.pages`` pages and its device pool half that."""
-    import torch
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-
     device_tokens = args.pages * args.page_tokens // 2
     device = MHATokenToKVPool(device_tokens, args.page_tokens, torch.bfloat16, args.heads,
                               args.head_dim, args.layers, "cpu", False,
@@ -73,8 +76,6 @@ def _host_pool(args: argparse.Namespace) -> Any:
 
 
 def _storage_config(args: argparse.Namespace, model: str) -> Any:
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
-
     if args.runner.startswith("kvstored"):
         extra: dict[str, Any] = {
             "backend_name": "kvstored", "module_path": "kvstored.integrations.sglang",
@@ -98,8 +99,6 @@ def _storage_config(args: argparse.Namespace, model: str) -> Any:
 
 def _page_hashes(rng: random.Random, pages: int, page_tokens: int) -> list[str]:
     """Page keys as SGLang's radix cache chains them, over random token ids."""
-    from sglang.srt.mem_cache.utils import get_hash_str
-
     keys: list[str] = []
     prior: Any = None  # a str here: the list form is for multi-component pages
     for _ in range(pages):
@@ -132,11 +131,10 @@ class _Operation:
 
 def page_functions(zero_copy: bool) -> tuple[Any, Any]:
     """The controller's own (set, get) page functions, chosen as it chooses them."""
-    from sglang.srt.managers.cache_controller import HiCacheController as C
-
+    controller = HiCacheController
     if zero_copy:
-        return C._page_set_zero_copy, C._page_get_zero_copy
-    return C._generic_page_set, C._generic_page_get
+        return controller._page_set_zero_copy, controller._page_get_zero_copy
+    return controller._generic_page_set, controller._generic_page_get
 
 
 def _batches(hashes: list[str], indices: Any, page_tokens: int, batch: int):
@@ -167,16 +165,12 @@ def prefetch(controller: _Controller, page_get: Any, hashes: list[str], indices:
 
 
 def _digests(pool: Any, indices: Any, pages: int) -> list[int]:
-    import torch
-
     return [crc32c(pool.get_data_page(indices[i * pool.page_size]).view(torch.uint8)
                    .numpy()) for i in range(pages)]
 
 
 def _round(controller: _Controller, functions: tuple[Any, Any], indices: Any, number: int,
            args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
-    import torch
-
     backend, pool = controller.storage_backend, controller.storage_host_pool
     page_set, page_get = functions
     pool.kv_buffer.view(torch.uint8).random_(0, 256)
@@ -219,8 +213,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         os.environ["MC_STORE_MEMCPY"] = "0"
     if args.runner.startswith("sglang-file"):
         os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = args.file_dir
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-
     pool = _host_pool(args)
     backend_name = RUNNERS[args.runner]
     config = _storage_config(args, f"bench/{args.runner}-{os.getpid()}")
