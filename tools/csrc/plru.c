@@ -215,16 +215,15 @@ int run_lru(sim_workspace *ws, replay_frame *f) {
         rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
-        /* Lookup: the cached prefix hits, refreshed root to leaf. */
-        for (; k < hi; k++) {
-            uint32_t slot = tier.slot_of[t->node_of_event[k]];
-            if (!slot) break;
-            if (measured) f->out->hit_tokens += t->tokens[k];
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
+        /* Lookup: the cached prefix hits, refreshed root to leaf, and is protected while
+         * the rest is inserted (a touch does not look at protection). */
+        int64_t k = cached_prefix(f, tier.slot_of, r, measured);
+        for (int64_t i = lo; i < k; i++) {
+            uint32_t slot = tier.slot_of[t->node_of_event[i]];
             plru_touch(&tier, slot);
+            plru_protect(&tier, slot);
         }
-        /* Insert the rest; the cached prefix is protected meanwhile. */
-        for (int64_t i = lo; i < k; i++) plru_protect(&tier, tier.slot_of[t->node_of_event[i]]);
         for (int64_t i = k; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (tier.used >= tier.capacity) {

@@ -236,14 +236,13 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
         int rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
-        for (; k < hi; k++) {
-            uint32_t slot = c.slot_of[t->node_of_event[k]];
-            if (!slot) break;
-            if (measured) f->out->hit_tokens += t->tokens[k];
-            if (c.s[slot].freq < 3) c.s[slot].freq++;
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
+        int64_t k = cached_prefix(f, c.slot_of, r, measured);
+        for (int64_t i = lo; i < k; i++) {
+            s3_slot *x = &c.s[c.slot_of[t->node_of_event[i]]];
+            if (x->freq < 3) x->freq++;
+            x->prot = 1;
         }
-        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 1;
         for (int64_t i = k; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (c.used >= c.capacity) {
