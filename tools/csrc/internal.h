@@ -78,16 +78,27 @@ static inline void count_leading_hits(const sim_trace *t, int64_t r, const uint8
     }
 }
 
-/* The lookup of a policy with the trie rule (see below): the end of request r's cached
- * prefix, i.e. its first event whose node has no slot; the prefix's tokens count as hits
- * when r is `measured`. */
-static inline int64_t cached_prefix(replay_frame *f, const uint32_t *slot_of, int64_t r,
-                                    int measured) {
+/* Request r as a policy with the trie rule (see below) replays it: its events are
+ * [lo, hi), the cached prefix of them [lo, k). */
+typedef struct {
+    int64_t lo, k, hi;
+    int measured;
+} trie_request;
+
+/* Begin request r (what frame_begin returns) and look it up: k is its first event whose
+ * node has no slot; the prefix's tokens count as hits when r is measured. */
+static inline int trie_lookup(replay_frame *f, const uint32_t *slot_of, int64_t r,
+                              trie_request *q) {
+    int rc = frame_begin(f, r);
+    if (rc) return rc;
     const sim_trace *t = f->t;
     int64_t k = t->req_off[r], hi = t->req_off[r + 1];
+    int measured = r >= t->warmup_requests;
+    *q = (trie_request){k, k, hi, measured};
     for (; k < hi && slot_of[t->node_of_event[k]]; k++)
         if (measured) f->out->hit_tokens += t->tokens[k];
-    return k;
+    q->k = k;
+    return SIM_OK;
 }
 
 /* Called after the last request. */
