@@ -126,17 +126,10 @@ class OffsetAllocator:
 
     # -- size-class bookkeeping ------------------------------------------------------------
 
-    # _class_of is inlined in the three hot methods below: a call costs about as much as
-    # the arithmetic, and these run several times per allocate/free pair.
-
     def _insert_free(self, start: int, length: int) -> None:
         self._free[start] = length
         self._free_end[start + length] = start
-        if length < _SL_COUNT:
-            cls = length
-        else:
-            shift = length.bit_length() - SL_LOG2 - 1
-            cls = ((shift + 1) << SL_LOG2) | ((length >> shift) - _SL_COUNT)
+        cls = _class_of(length)
         bucket = self._buckets[cls]
         if not bucket:
             fl = cls >> SL_LOG2
@@ -147,11 +140,7 @@ class OffsetAllocator:
     def _remove_free(self, start: int, length: int) -> None:
         del self._free[start]
         del self._free_end[start + length]
-        if length < _SL_COUNT:
-            cls = length
-        else:
-            shift = length.bit_length() - SL_LOG2 - 1
-            cls = ((shift + 1) << SL_LOG2) | ((length >> shift) - _SL_COUNT)
+        cls = _class_of(length)
         bucket = self._buckets[cls]
         del bucket[start]
         if not bucket:
@@ -195,11 +184,7 @@ class OffsetAllocator:
         if need > self._granules - self._used_granules:
             return None
         free = self._free
-        if need < _SL_COUNT:
-            cls = need
-        else:
-            shift = need.bit_length() - SL_LOG2 - 1
-            cls = ((shift + 1) << SL_LOG2) | ((need >> shift) - _SL_COUNT)
+        cls = _class_of(need)
         bucket = self._buckets[cls]
         start = -1
         truncated = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -19,6 +19,8 @@ from kvstored.protocol import OffloadFailure
 
 log = logging.getLogger(__name__)
 
+#: The tiers' label values.
+TIERS = ("dram", "ssd")
 IO_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
               0.5, 1.0, 2.5, 5.0)
 
@@ -56,13 +58,9 @@ class MasterMetrics:
         self.quarantined = Gauge("kvstored_cluster_quarantined_records",
                                  "Records the nodes quarantined.", registry=r)
         self.background_errors = background_errors(r)
-        # Export every label value from the start, so dashboards see zeros, not gaps.
-        for tier in ("dram", "ssd"):
-            self.evictions.labels(tier=tier)
-        for reason in ("queue_full", "no_room"):
-            self.promotions_skipped.labels(reason=reason)
-        for result in ("hit_dram", "hit_ssd", "miss"):
-            self.lookups.counter.labels(result=result)
+        _export_from_start(self.evictions, "tier", TIERS)
+        _export_from_start(self.promotions_skipped, "reason", ("queue_full", "no_room"))
+        _export_from_start(self.lookups.counter, "result", ("hit_dram", "hit_ssd", "miss"))
 
     def lookup_counts(self) -> dict[str, int]:
         return dict(self.lookups.tally)
@@ -104,13 +102,18 @@ class NodeMetrics:
             "kvstored_shutdown_flushed", "DRAM-only objects written to SSD while shutting "
             "down.", registry=r)
         self.background_errors = background_errors(r)
-        for op in ("offload", "load"):
-            self.io_seconds.labels(op=op)
-        for tier in ("dram", "ssd"):
-            self.bytes_served.labels(tier=tier)
-            self.checksum_failures.labels(tier=tier)
-        for reason in OffloadFailure:
-            self.offload_failures.labels(reason=reason.value)
+        _export_from_start(self.io_seconds, "op", ("offload", "load"))
+        _export_from_start(self.bytes_served, "tier", TIERS)
+        _export_from_start(self.checksum_failures, "tier", TIERS)
+        _export_from_start(self.offload_failures, "reason", [r.value for r in OffloadFailure])
+
+
+def _export_from_start(metric: Counter | Gauge | Histogram, label: str,
+                       values: Iterable[str]) -> None:
+    """Create ``metric``'s series for each of ``values`` of ``label`` now, before anything
+    is counted, so that dashboards see zeros, not gaps."""
+    for value in values:
+        metric.labels(**{label: value})
 
 
 _BACKGROUND_ERRORS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = \

@@ -34,10 +34,11 @@ PACKAGES = {"kvstored": "kvstored", "sdk": "kvstored.sdk", "backends": "kvstored
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Pure helpers that import nothing of kvstored: the offset allocator, the version,
-    # the click parameter types every command line shares, the progress bar. (Sizes and
-    # their units are the SDK's, kvstored.sdk.units.)
+    # the click parameter types every command line shares, the progress bar, stopping a
+    # child process. (Sizes and their units are the SDK's, kvstored.sdk.units.)
     ("base", ("kvstored.allocator", "kvstored.__version__",
-              "kvstored.params", "kvstored.address", "kvstored.progress")),
+              "kvstored.params", "kvstored.address", "kvstored.progress",
+              "kvstored.processes")),
     # The backend SDK: a distribution of its own for backend authors, so it imports
     # nothing else of kvstored (see ALLOWED).
     ("sdk", ("kvstored.sdk",)),

@@ -13,6 +13,10 @@ table gives each its exit code.
 """
 
 import errno
+from collections.abc import Mapping
+from typing import Any
+
+import click
 
 
 class BenchError(Exception):
@@ -24,3 +28,26 @@ def no_space(message: str) -> OSError:
     """The error for a disk or backend too small for a run: ``ENOSPC``, which the CLI
     ends with NO_SPACE like any full disk."""
     return OSError(errno.ENOSPC, message)
+
+
+def say(message: str) -> None:
+    """Progress for whoever watches a run: on stderr, so stdout keeps only the results."""
+    click.echo(message, err=True)
+
+
+def ratio_verdict(goal: str, ratio: float, minimum: float) -> dict[str, Any]:
+    """The JSON record of a goal that a ratio must reach: met, or short by how much."""
+    return {"goal": goal, "ratio": round(ratio, 3), "minimum": minimum,
+            "met": ratio >= minimum,
+            "short_by_pct": round(max(0.0, (minimum - ratio) / minimum * 100), 1)}
+
+
+def goal_line(goal: Mapping[str, Any]) -> str:
+    """How a run prints one goal's record: its figure (a ratio, or seconds) and whether
+    it is met; a goal not measured prints its status."""
+    if "met" not in goal:
+        return f"goal {goal['goal']}: {goal['status']}"
+    figure = f"{goal['ratio']:.2f}x" if "ratio" in goal else f"{goal['seconds']:.3f} s"
+    verdict = ("met" if goal["met"] else f"MISSED by {goal['short_by_pct']}%"
+               if "short_by_pct" in goal else "MISSED")
+    return f"goal {goal['goal']}: {figure} {verdict}"

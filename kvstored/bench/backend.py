@@ -39,7 +39,7 @@ from typing import Any
 import click
 import numpy as np
 
-from kvstored.bench import BenchError, no_space
+from kvstored.bench import BenchError, goal_line, no_space, say
 from kvstored.bench.io import QUEUE_DEPTH, Measurement, Pattern, prepare_file, run_fio
 from kvstored.errors import CorruptDataError
 from kvstored.sdk.errors import CapacityError
@@ -436,9 +436,6 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     meet or miss (docs/benchmarks.md) to --json-out, and prints a table. Exit codes:
     6 when the disk lacks room, 5 when a read returns corrupt data, 1 on other failures.
     """
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
     try:
         data_bytes = parse_size(data)
         small_bytes = parse_size(small_data) if small_data else data_bytes // 8
@@ -502,9 +499,5 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     json_out.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(table(per_backend, ratios))
     for goal in goals:
-        if "met" in goal:
-            figure = f"{goal['ratio']:.2f}x" if "ratio" in goal else f"{goal['seconds']:.3f} s"
-            click.echo(f"goal {goal['goal']}: {figure} {'met' if goal['met'] else 'MISSED'}")
-        else:
-            click.echo(f"goal {goal['goal']}: {goal['status']}")
+        click.echo(goal_line(goal))
     click.echo(f"results: {json_out}")

@@ -34,7 +34,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from kvstored.bench import BenchError
 from kvstored.capabilities import probe_fuse
 from kvstored.errors import UnavailableError
 from kvstored.fuse.names import key_to_name
+from kvstored.processes import stop_process
 from kvstored.sdk.units import format_size, parse_size
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -96,16 +96,6 @@ def _mount(path: Path, master: str, *extra: str) -> subprocess.Popen:
                              f"{stderr.read().decode(errors='replace')}")
         time.sleep(0.05)
     return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _read_file(path: Path, buffer: memoryview, chunk: int, drop_cache: bool) -> float:
@@ -192,7 +182,7 @@ def fuse_command(size: str, rounds: int, json_out: Path) -> None:
                     err=True)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop_process(proc, 30)
         shutil.rmtree(home, ignore_errors=True)
     results = _summarise(seconds, size_bytes)
     report: dict[str, Any] = {

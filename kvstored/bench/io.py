@@ -36,7 +36,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from kvstored.bench import BenchError, no_space
+from kvstored.bench import BenchError, goal_line, no_space, ratio_verdict, say
 from kvstored.native import IoEngine, IoError, probe_uring
 from kvstored.native.posix import PosixEngine
 from kvstored.native.uring import UringEngine
@@ -256,9 +256,8 @@ def _goals(results: dict) -> list[dict]:
                              "status": "not measured"})
             continue
         ratio = medians[runner]["median"][measure] / medians[versus]["median"][measure]
-        verdicts.append({"goal": f"{pattern}: {runner} >= {minimum}x {versus} ({measure})",
-                         "ratio": round(ratio, 3), "met": ratio >= minimum,
-                         "short_by_pct": round(max(0.0, (minimum - ratio) / minimum * 100), 1)})
+        verdicts.append(ratio_verdict(f"{pattern}: {runner} >= {minimum}x {versus} ({measure})",
+                                      ratio, minimum))
     return verdicts
 
 
@@ -299,9 +298,6 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
     or miss (docs/benchmarks.md) to --json-out. Exit codes: 6 when the disk lacks room
     for the file, 1 on an I/O error.
     """
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:
@@ -366,9 +362,5 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
     json_out.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(_table(results, ratios, patterns))
     for goal in report["goals"]:
-        if "met" in goal:
-            verdict = "met" if goal["met"] else f"MISSED by {goal['short_by_pct']}%"
-            click.echo(f"goal {goal['goal']}: {goal['ratio']:.2f}x {verdict}")
-        else:
-            click.echo(f"goal {goal['goal']}: {goal['status']}")
+        click.echo(goal_line(goal))
     click.echo(f"results: {json_out}")

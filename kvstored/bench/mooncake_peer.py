@@ -55,6 +55,7 @@ from kvstored.bench.store_workload import (
     run_op,
     run_ops,
 )
+from kvstored.processes import stop_process
 
 PIP_NAME = "mooncake-transfer-engine-non-cuda"
 #: mooncake_master's default --default_kv_lease_ttl (10 s), left as it is.
@@ -173,13 +174,7 @@ class MooncakeCluster:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_process(proc, 20)
         self.procs.clear()
 
 

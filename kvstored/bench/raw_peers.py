@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvstored.bench.store_workload import Buffers
+from kvstored.processes import stop_process
 from kvstored.wire import recv_exactly_into
 
 #: op (b"G" get / b"P" put), first object, object count, padding.
@@ -122,9 +123,7 @@ class RawSocketServer:
         self.address = (host, int(port))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        stop_process(self.proc, 10)
 
 
 class MemcpyTarget:

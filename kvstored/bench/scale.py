@@ -35,7 +35,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,8 @@ import click
 import numpy as np
 
 import kvstored
-from kvstored.bench import BenchError
+from kvstored.bench import BenchError, say
+from kvstored.processes import stop_process
 from kvstored.sdk.units import format_size, parse_size
 from kvstored.security import create_token_file
 
@@ -152,13 +152,7 @@ class _Daemon:
         raise BenchError(f"no VmRSS for kvstored {self.args[0]} (pid {self.proc.pid})")
 
     def stop(self, timeout: float = 120) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout)
 
 
 @dataclass
@@ -422,9 +416,6 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
     Exit code 1 when a store fails or the machine cannot hold the run. Each backend's
     store is removed once measured, so --dir needs room for one store at a time.
     """
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
     try:
         value_bytes = parse_size(value_size)
     except ValueError as exc:

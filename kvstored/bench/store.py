@@ -40,7 +40,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError
+from kvstored.bench import BenchError, goal_line, ratio_verdict, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.raw_peers import MemcpyTarget, RawSocketServer, RawSocketTarget
 from kvstored.bench.store_kvstored import KvstoredRunner
@@ -122,9 +122,7 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
             verdicts.append({"goal": goal, "status": "not measured",
                              "missing": missing})
             continue
-        verdicts.append({"goal": goal, "ratio": round(value, 3), "minimum": minimum,
-                         "met": value >= minimum,
-                         "short_by_pct": round(max(0.0, (minimum - value) / minimum * 100), 1)})
+        verdicts.append(ratio_verdict(goal, value, minimum))
     return verdicts
 
 
@@ -344,9 +342,6 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     to --json-out and prints the tables. SSD-only reads drop the page cache first (root
     only; reported otherwise).
     """
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
     try:
         total_bytes = parse_size(total)
         size_list = [parse_size(s) for s in sizes.split(",") if s.strip()]
@@ -412,11 +407,7 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     for runner, reason in skipped.items():
         console.print(f"skipped {runner}: {reason}")
     for goal in report["goals"]:
-        if "met" in goal:
-            verdict = "met" if goal["met"] else f"MISSED by {goal['short_by_pct']}%"
-            console.print(f"goal {goal['goal']}: {goal['ratio']:.2f}x {verdict}")
-        else:
-            console.print(f"goal {goal['goal']}: not measured")
+        console.print(goal_line(goal))
     console.print(f"results: {json_out}")
     errors = [f"{size} {runner}" for size, per in results.items()
               for runner, entry in per.items() if "error" in entry]

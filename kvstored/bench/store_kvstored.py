@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +43,7 @@ from kvstored.bench.store_workload import (
     run_op,
     run_ops,
 )
+from kvstored.processes import stop_process
 from kvstored.protocol import ReplicaState, Tier
 
 BANNER = re.compile(r"^kvstored up: listening on ([\d.]+):(\d+)")
@@ -116,13 +116,7 @@ class KvstoredDaemon:
         return json.loads(done.stdout)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 60)
 
 
 class KvstoredTarget:

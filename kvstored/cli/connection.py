@@ -28,6 +28,7 @@ from kvstored.cli.program import CliState, debug_option, state
 from kvstored.cli.settings import setting_option
 from kvstored.client import Client
 from kvstored.config import ClientSettings, load_config
+from kvstored.params import ExistingDirectory
 
 #: The flag that sets each configuration key, for the messages of a bad value.
 FLAGS = {"client.master": "--master", "client.timeout": "--timeout",
@@ -75,6 +76,19 @@ def client_options(function: Callable) -> Callable:
     )):
         function = option(function)
     return function
+
+
+def offline_options(offline_help: str) -> Callable[[Callable], Callable]:
+    """``--offline DIR``, a stopped node's SSD directory read without a daemon (what the
+    command does with it is ``offline_help``), and ``--backend``, the directory's."""
+    offline = click.option(
+        "--offline", "offline_dir",
+        type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
+        help=offline_help)
+    backend = click.option(
+        "--backend", default=None,
+        help="With --offline: the directory's backend (default: read from its stamp).")
+    return lambda function: offline(backend(function))
 
 
 def _json_wanted(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import click
-
-from kvstored import __version__
-from kvstored.cli.program import Program, debug_option
+from kvstored.cli.program import debug_option, program
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
@@ -16,14 +13,8 @@ COMMANDS: dict[str, str] = {
 }
 
 
-@click.group(
-    "kvstored",
-    cls=Program,
-    lazy_commands=COMMANDS,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+@program("kvstored", COMMANDS)
 @debug_option
-@click.version_option(__version__, prog_name="kvstored")
 def main() -> None:
     """kvstored: a tiered DRAM + SSD KV-cache object store for LLM serving.
 

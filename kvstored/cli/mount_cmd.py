@@ -9,7 +9,7 @@ import sys
 import click
 
 from kvstored.cli.background import run_in_background
-from kvstored.cli.connection import client_options, open_client, reach
+from kvstored.cli.connection import client_options, offline_options, open_client, reach
 from kvstored.cli.errors import QuietError
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
@@ -20,12 +20,8 @@ from kvstored.params import ExistingDirectory
 @click.command()
 @click.argument("mountpoint",
                 type=ExistingDirectory(missing_hint="create it first (mkdir -p {path})"))
-@click.option("--offline", "offline_dir",
-              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
-              help="Show this backend directory (a stopped node's <data>/ssd), without a "
-                   "daemon; it is opened read-only and nothing in it is changed.")
-@click.option("--backend", default=None,
-              help="With --offline: the directory's backend (default: read from its stamp).")
+@offline_options("Show this backend directory (a stopped node's <data>/ssd), without a "
+                 "daemon; it is opened read-only and nothing in it is changed.")
 @click.option("--foreground/--background", default=True, show_default=True,
               help="Serve in this process until unmounted, or fork and return once mounted.")
 @click.option("--direct-io/--page-cache", default=True, show_default=True,

@@ -11,11 +11,13 @@ options are parsed after the group's, so they win.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
+from kvstored import __version__
 from kvstored.cli.errors import report
 from kvstored.cli.lazy import LazyGroup
 from kvstored.config import debug_requested
@@ -72,3 +74,16 @@ class Program(LazyGroup):
         # click returns the code of a ctx.exit(code) here; a command's return value is not
         # an exit code.
         sys.exit(result if type(result) is int else 0)
+
+
+def program(name: str, commands: Mapping[str, str]) -> Callable[[Callable], Program]:
+    """Make a function the top-level group of program ``name``: its ``commands``
+    (name: ``module:attribute``) loaded when used, ``-h`` as well as ``--help``, and
+    ``--version`` after the options the function's own decorators add."""
+    def make(function: Callable) -> Program:
+        group = click.group(name, cls=Program, lazy_commands=commands,
+                            context_settings={"help_option_names": ["-h", "--help"]})(function)
+        # Given the group itself, click appends the option: it is listed last.
+        click.version_option(__version__, prog_name=name)(group)
+        return group
+    return make

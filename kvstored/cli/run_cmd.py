@@ -13,7 +13,7 @@ from kvstored.backends import BUILTIN
 from kvstored.cli.errors import QuietError, leaves
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import debug_option
-from kvstored.cli.settings import setting_option, shown_default
+from kvstored.cli.settings import SettingOption, setting_option, shown_default
 from kvstored.config import Config, choices_of, load_config
 
 config_option = click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -25,6 +25,45 @@ node_token_option = setting_option(
     "--node-token-file", key="security.node_token_file", type=click.Path(dir_okay=False),
     help="The node token nodes present (created at first start).")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log debug detail.")
+
+# The options the roles share. --listen and --metrics set the master's key under `up` and
+# `master`, the node's under `node`: the role decides.
+data_option = setting_option("--data", key="node.data", type=click.Path(file_okay=False),
+                             help="Data directory (the SSD tier is DATA/ssd).")
+dram_option = setting_option("--dram", key="node.dram", metavar="SIZE",
+                             help="DRAM segment size, e.g. 4GiB.")
+ssd_option = setting_option("--ssd", key="node.ssd", metavar="SIZE",
+                            help="SSD tier capacity, e.g. 1T.")
+backend_option = setting_option("--backend", key="node.backend", metavar="NAME",
+                                help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
+
+
+def _metrics_option(key: str) -> Callable:
+    return setting_option("--metrics", key=key, metavar="HOST:PORT",
+                          help="Serve Prometheus metrics here.")
+
+
+def _role_options(*options: Callable) -> Callable[[Callable], Callable]:
+    """Apply ``options`` in the order given (the order --help lists them), then
+    ``--verbose`` and ``--debug``, which every role takes."""
+    def apply(function: Callable) -> Callable:
+        for option in reversed((*options, verbose_option, debug_option)):
+            function = option(function)
+        return function
+    return apply
+
+
+def _configure(config_file: str | None, verbose: bool) -> Config:
+    """Start logging, and load the configuration with the running command's setting
+    options applied (each reported under its own flag when its value is wrong)."""
+    _logging(verbose)
+    ctx = click.get_current_context()
+    given = [param for param in ctx.command.params if isinstance(param, SettingOption)]
+    return load_config(
+        config_file,
+        overrides={param.setting_key: ctx.params[param.name] for param in given},
+        flag_names={param.setting_key: next(o for o in param.opts if o.startswith("--"))
+                    for param in given})
 
 
 def _run(main: Callable, cfg: Config, banner: Callable[[Any], None]) -> None:
@@ -66,35 +105,19 @@ Stop it with Ctrl-C or SIGTERM: it first writes its DRAM-only objects to SSD (fo
 most node.shutdown_flush_timeout, {shown_default("node.shutdown_flush_timeout")} by
 default), so that a restart has them; a second Ctrl-C stops at once.
 """)
-@setting_option("--data", key="node.data", type=click.Path(file_okay=False),
-                help="Data directory (the SSD tier is DATA/ssd).")
-@setting_option("--listen", key="master.listen", metavar="HOST:PORT",
-                help="Address the master serves on.")
-@setting_option("--dram", key="node.dram", metavar="SIZE", help="DRAM segment size, e.g. 4GiB.")
-@setting_option("--ssd", key="node.ssd", metavar="SIZE", help="SSD tier capacity, e.g. 1T.")
-@setting_option("--backend", key="node.backend", metavar="NAME",
-                help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
-@setting_option("--offload", key="policy.offload", type=click.Choice(choices_of("policy.offload")),
-                help="When objects go to SSD.")
-@setting_option("--metrics", key="master.metrics", metavar="HOST:PORT",
-                help="Serve Prometheus metrics here.")
-@config_option
-@token_option
-@node_token_option
-@verbose_option
-@debug_option
-def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_file,
-       node_token_file, verbose) -> None:
+@_role_options(
+    data_option,
+    setting_option("--listen", key="master.listen", metavar="HOST:PORT",
+                   help="Address the master serves on."),
+    dram_option, ssd_option, backend_option,
+    setting_option("--offload", key="policy.offload",
+                   type=click.Choice(choices_of("policy.offload")),
+                   help="When objects go to SSD."),
+    _metrics_option("master.metrics"), config_option, token_option, node_token_option)
+def up(config_file: str | None, verbose: bool, **_settings: Any) -> None:
     from kvstored.server import run_embedded
 
-    _logging(verbose)
-    cfg = load_config(config_file, overrides={
-        "node.data": data, "master.listen": listen, "node.dram": dram, "node.ssd": ssd,
-        "node.backend": backend, "policy.offload": offload, "master.metrics": metrics,
-        "security.token_file": token_file, "security.node_token_file": node_token_file},
-        flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
-                    "security.token_file": "--token-file",
-                    "security.node_token_file": "--node-token-file"})
+    cfg = _configure(config_file, verbose)
 
     def banner(started) -> None:
         host, port = started["master"]
@@ -108,62 +131,33 @@ def up(data, listen, dram, ssd, backend, offload, metrics, config_file, token_fi
 
 
 @click.command()
-@setting_option("--listen", key="master.listen", metavar="HOST:PORT",
-                help="Address to serve clients and nodes on.")
-@setting_option("--metrics", key="master.metrics", metavar="HOST:PORT",
-                help="Serve Prometheus metrics here.")
-@config_option
-@token_option
-@node_token_option
-@verbose_option
-@debug_option
-def master(listen, metrics, config_file, token_file, node_token_file, verbose) -> None:
+@_role_options(
+    setting_option("--listen", key="master.listen", metavar="HOST:PORT",
+                   help="Address to serve clients and nodes on."),
+    _metrics_option("master.metrics"), config_option, token_option, node_token_option)
+def master(config_file: str | None, verbose: bool, **_settings: Any) -> None:
     """Run the cluster's master (metadata only; data never passes through it)."""
     from kvstored.server import run_master
 
-    _logging(verbose)
-    cfg = load_config(config_file,
-                      overrides={"master.listen": listen, "master.metrics": metrics,
-                                 "security.token_file": token_file,
-                                 "security.node_token_file": node_token_file},
-                      flag_names={"master.listen": "--listen", "master.metrics": "--metrics",
-                                  "security.token_file": "--token-file",
-                                  "security.node_token_file": "--node-token-file"})
+    cfg = _configure(config_file, verbose)
     _run(run_master, cfg, lambda bound: click.echo(
         f"kvstored master: listening on {bound[0]}:{bound[1]}"))
 
 
 @click.command()
-@setting_option("--master", "master_address", key="node.master", metavar="HOST:PORT",
-                help="The master's address.")
-@setting_option("--listen", key="node.listen", metavar="HOST:PORT",
-                help="Address of the data server (port 0 picks a free one).")
-@setting_option("--data", key="node.data", type=click.Path(file_okay=False),
-                help="Data directory (the SSD tier is DATA/ssd).")
-@setting_option("--dram", key="node.dram", metavar="SIZE", help="DRAM segment size.")
-@setting_option("--ssd", key="node.ssd", metavar="SIZE", help="SSD tier capacity.")
-@setting_option("--backend", key="node.backend", metavar="NAME",
-                help=f"SSD backend ({', '.join(BUILTIN)}, or an installed one).")
-@setting_option("--name", key="node.name",
-                help="Node name in status and metrics; empty means HOSTNAME:PORT.")
-@setting_option("--metrics", key="node.metrics", metavar="HOST:PORT",
-                help="Serve Prometheus metrics here.")
-@config_option
-@node_token_option
-@verbose_option
-@debug_option
-def node(master_address, listen, data, dram, ssd, backend, name, metrics, config_file,
-         node_token_file, verbose) -> None:
+@_role_options(
+    setting_option("--master", "master_address", key="node.master", metavar="HOST:PORT",
+                   help="The master's address."),
+    setting_option("--listen", key="node.listen", metavar="HOST:PORT",
+                   help="Address of the data server (port 0 picks a free one)."),
+    data_option, dram_option, ssd_option, backend_option,
+    setting_option("--name", key="node.name",
+                   help="Node name in status and metrics; empty means HOSTNAME:PORT."),
+    _metrics_option("node.metrics"), config_option, node_token_option)
+def node(config_file: str | None, verbose: bool, **_settings: Any) -> None:
     """Run a storage node: a DRAM segment plus an SSD backend, serving data."""
     from kvstored.server import run_node
 
-    _logging(verbose)
-    cfg = load_config(config_file, overrides={
-        "node.master": master_address, "node.listen": listen, "node.data": data,
-        "node.dram": dram, "node.ssd": ssd, "node.backend": backend, "node.name": name,
-        "node.metrics": metrics, "security.node_token_file": node_token_file},
-        flag_names={"node.master": "--master", "node.listen": "--listen",
-                    "node.metrics": "--metrics",
-                    "security.node_token_file": "--node-token-file"})
+    cfg = _configure(config_file, verbose)
     _run(run_node, cfg, lambda bound: click.echo(
         f"kvstored node: data server on {bound[0]}:{bound[1]}, data {cfg.node.data}"))

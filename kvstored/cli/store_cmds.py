@@ -20,6 +20,7 @@ from kvstored.cli.connection import (
     Reach,
     client_options,
     json_option,
+    offline_options,
     open_client,
     reach,
     store_command,
@@ -29,7 +30,7 @@ from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.program import state
 from kvstored.cli.settings import setting_option
 from kvstored.errors import NotFoundError
-from kvstored.params import ExistingDirectory, ExistingFile
+from kvstored.params import ExistingFile
 from kvstored.progress import progress_bar, wait_showing
 from kvstored.sdk.units import format_size, parse_size
 
@@ -242,12 +243,8 @@ def evict(tier, everything, nbytes, keys, prefix, dry_run, drop, as_json) -> Non
 @click.command()
 @click.option("--node", help="Only this node (exit 3 if no live node has that name).")
 @click.option("--repair", is_flag=True, help="Quarantine what is bad and fix the index.")
-@click.option("--offline", "offline_dir",
-              type=ExistingDirectory(missing_hint="a node's SSD tier is <data>/ssd"),
-              help="Check a stopped node's SSD directory (<data>/ssd) without a daemon; "
-                   "read-only unless --repair.")
-@click.option("--backend", default=None,
-              help="With --offline: the directory's backend (default: read from its stamp).")
+@offline_options("Check a stopped node's SSD directory (<data>/ssd) without a daemon; "
+                 "read-only unless --repair.")
 @wait_timeout_option
 @json_option
 @client_options

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from kvstored import __version__
 from kvstored.cli.connection import client_options
-from kvstored.cli.program import Program, state
+from kvstored.cli.program import program, state
 
 # Each subcommand lives beside the code it runs; adding one is a line here.
 COMMANDS: dict[str, str] = {
@@ -25,16 +24,10 @@ def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
         state(ctx).json = True
 
 
-@click.group(
-    "kvstore",
-    cls=Program,
-    lazy_commands=COMMANDS,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+@program("kvstore", COMMANDS)
 @client_options
 @click.option("--json", is_flag=True, expose_value=False, callback=_set_json,
               help="The commands that talk to a cluster print one JSON document.")
-@click.version_option(__version__, prog_name="kvstore")
 def main() -> None:
     """kvstore: use and administer a kvstored cache, and plan its capacity.
 

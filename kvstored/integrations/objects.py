@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kvstored.client import MISSING, Client, connect
 from kvstored.config import ClientSettings, load_config
 from kvstored.errors import BadRequestError, StoreError
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: An object as the engine lays it out: byte views, concatenated in this order.
 Pieces = Sequence[memoryview]
@@ -158,35 +159,30 @@ class ObjectIO:
 
     def leading_present(self, keys: Sequence[str]) -> int:
         """How many leading keys are present (prefix caches hit a prefix); 0 on failure."""
-        if not keys:
-            return 0
-        try:
-            return self.client.prefix_hits(list(keys))
-        except StoreError as exc:
-            log.warning("kvstored: looking up %d key(s) from %s failed: %s; treated as a "
-                        "miss", len(keys), keys[0], exc)
-            return 0
+        return self._ask(self.client.prefix_hits, keys, 0, "looking up",
+                         "; treated as a miss")
 
     def present(self, keys: Sequence[str]) -> list[bool]:
         """Which keys are present; all False on failure."""
-        if not keys:
-            return []
-        try:
-            return list(self.client.batch_exists(list(keys)))
-        except StoreError as exc:
-            log.warning("kvstored: looking up %d key(s) from %s failed: %s; treated as "
-                        "misses", len(keys), keys[0], exc)
-            return [False] * len(keys)
+        return self._ask(self.client.batch_exists, keys, [False] * len(keys), "looking up",
+                         "; treated as misses")
 
     def remove(self, keys: Sequence[str]) -> list[bool]:
+        """Remove each key; per key True if it was removed, all False on failure."""
+        return self._ask(self.client.batch_remove, keys, [False] * len(keys), "removing")
+
+    def _ask(self, call: Callable[[list[str]], _T], keys: Sequence[str], failed: _T,
+             doing: str, then: str = "") -> _T:
+        """``call`` the store with ``keys``; ``failed`` when there are none or the store
+        fails (logged: an engine treats a failed lookup as a miss, never as an error)."""
         if not keys:
-            return []
+            return failed
         try:
-            return list(self.client.batch_remove(list(keys)))
+            return call(list(keys))
         except StoreError as exc:
-            log.warning("kvstored: removing %d key(s) from %s failed: %s", len(keys),
-                        keys[0], exc)
-            return [False] * len(keys)
+            log.warning("kvstored: %s %d key(s) from %s failed: %s%s", doing, len(keys),
+                        keys[0], exc, then)
+            return failed
 
     def list_keys(self, prefix: str, *, limit: int | None = None) -> list[str]:
         """The keys under ``prefix``, in order (at most ``limit``); [] on failure."""

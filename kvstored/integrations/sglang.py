@@ -29,6 +29,7 @@ which raise NotImplementedError as in SGLang's own base class.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -139,8 +140,10 @@ class KvstoredStorage(HiCacheStorage):
 
     # -- the zero-copy path (interface_v1) ---------------------------------------------
 
-    def _page_pieces(self, keys: list[str], host_indices: torch.Tensor) -> list[list[memoryview]]:
-        if self._buffers is None:
+    def _page_objects(self, keys: list[str], host_indices: torch.Tensor,
+                      ) -> tuple[list[str], list[list[memoryview]]]:
+        """The objects of the pages at ``host_indices``: their store keys and pieces."""
+        if self._buffers is None or self._pages is None:
             raise RuntimeError("the host pool has no kv_buffer to read pages from")
         pointers, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         if pointers and isinstance(pointers[0], (list, tuple)):
@@ -150,31 +153,30 @@ class KvstoredStorage(HiCacheStorage):
             raise ValueError(f"{len(pointers)} page buffers for {len(keys)} pages")
         per_page = len(pointers) // len(keys)
         views = [self._buffers.view(int(p), int(s)) for p, s in zip(pointers, sizes)]
-        return [views[i * per_page:(i + 1) * per_page] for i in range(len(keys))]
+        return self._pages.keys(keys), [views[i * per_page:(i + 1) * per_page]
+                                        for i in range(len(keys))]
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        if not keys:
-            return []
-        try:
-            pieces = self._page_pieces(keys, host_indices)
-        except (ValueError, RuntimeError) as exc:
-            log.error("kvstored HiCache: cannot map %d page(s) from %s: %s", len(keys),
-                      keys[0], exc)
-            return [False] * len(keys)
-        return self.io.get(self._pages.keys(keys), pieces)
+        return self._move_pages(self.io.get, keys, host_indices)
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        return self._move_pages(self.io.put, keys, host_indices)
+
+    def _move_pages(self, move: Callable[[list[str], list[list[memoryview]]], list[bool]],
+                    keys: list[str], host_indices: torch.Tensor) -> list[bool]:
+        """``move`` (the object IO's get or put) the pages at ``host_indices``; pages whose
+        buffers cannot be mapped all fail, logged, since SGLang only reads the flags."""
         if not keys:
             return []
         try:
-            pieces = self._page_pieces(keys, host_indices)
+            store_keys, pieces = self._page_objects(keys, host_indices)
         except (ValueError, RuntimeError) as exc:
             log.error("kvstored HiCache: cannot map %d page(s) from %s: %s", len(keys),
                       keys[0], exc)
             return [False] * len(keys)
-        return self.io.put(self._pages.keys(keys), pieces)
+        return move(store_keys, pieces)
 
     # -- lookups -------------------------------------------------------------------------
 

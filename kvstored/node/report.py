@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from kvstored.metrics import NodeMetrics
 from kvstored.protocol import OffloadFailed, Tier
 from kvstored.protocol.master_api import NodeReport, RecoveryReport
+from kvstored.protocol.messages import Message
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +32,7 @@ class Outcomes:
     def offloaded(self, items: Iterable[tuple[str, int]]) -> None:
         """``(key, checksum)`` of versions now durable on SSD."""
         with self._lock:
-            done = self._report.offloaded
-            for key, checksum in items:
-                done.keys.append(key)
-                done.checksums.append(checksum)
+            _append_rows(self._report.offloaded, items)
 
     def offload_failed(self, failures: Iterable[OffloadFailed]) -> None:
         with self._lock:
@@ -42,20 +41,12 @@ class Outcomes:
     def dropped(self, items: Iterable[tuple[str, Tier, int | None]]) -> None:
         """``(key, tier, version)`` no longer held (version None: whichever it was)."""
         with self._lock:
-            dropped = self._report.dropped
-            for key, tier, version in items:
-                dropped.keys.append(key)
-                dropped.tiers.append(tier)
-                dropped.versions.append(version)
+            _append_rows(self._report.dropped, items)
 
     def promoted(self, items: Iterable[tuple[str, int, int]]) -> None:
         """``(key, offset, checksum)`` of SSD objects copied into DRAM."""
         with self._lock:
-            promoted = self._report.promoted
-            for key, offset, checksum in items:
-                promoted.keys.append(key)
-                promoted.offsets.append(offset)
-                promoted.checksums.append(checksum)
+            _append_rows(self._report.promoted, items)
 
     def promote_failed(self, keys: Iterable[str]) -> None:
         """Promotions that found no DRAM room."""
@@ -78,6 +69,16 @@ class Outcomes:
 
     def clear(self) -> None:
         self.take()
+
+
+def _append_rows(columns: Message, rows: Iterable[tuple[Any, ...]]) -> None:
+    """Append each row to a message that holds its rows as parallel lists, one item to each
+    list the message names in ``SAME_LENGTH``, in that order."""
+    rows = list(rows)
+    if not rows:
+        return
+    for name, values in zip(columns.SAME_LENGTH, zip(*rows, strict=True), strict=True):
+        getattr(columns, name).extend(values)
 
 
 class Integrity:

@@ -68,14 +68,21 @@ class Shape:
         return value
 
 
-class Str(Shape):
-    expected = "a string"
+class _Exactly(Shape):
+    """A value of exactly the type ``kind``: no subclass (a boolean is not an integer)."""
+
+    kind: type
 
     def ok(self, value: Any) -> bool:
-        return type(value) is str
+        return type(value) is self.kind
 
     def all_ok(self, values: list[Any]) -> bool:
-        return _all_of_type(values, str)
+        return _all_of_type(values, self.kind)
+
+
+class Str(_Exactly):
+    expected = "a string"
+    kind = str
 
 
 class KeyStr(Shape):
@@ -148,14 +155,9 @@ def Seconds(hi: float) -> Number:
     return Number(0, hi, unit="a number of seconds")
 
 
-class Bool(Shape):
+class Bool(_Exactly):
     expected = "a boolean"
-
-    def ok(self, value: Any) -> bool:
-        return type(value) is bool
-
-    def all_ok(self, values: list[Any]) -> bool:
-        return _all_of_type(values, bool)
+    kind = bool
 
 
 class EnumOf(Shape):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from kvstored.config import ENV_PREFIX, Config, load_config
 from kvstored.errors import StoreError
+from kvstored.processes import stop_process
 
 BANNER = re.compile(r"^kvstored up: listening on ([\d.]+:\d+)")
 START_SECONDS = 120.0
@@ -104,14 +104,8 @@ class EmbeddedStore:
 
     def _stop(self) -> int | None:
         code = None
-        if self._proc is not None:
-            if self._proc.poll() is None:
-                self._proc.send_signal(signal.SIGTERM)
-            try:
-                code = self._proc.wait(STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None and stop_process(self._proc, STOP_SECONDS):
+            code = self._proc.returncode
         if self._home is not None:
             shutil.rmtree(self._home, ignore_errors=True)
         return code

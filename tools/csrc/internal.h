@@ -63,6 +63,44 @@ static inline uint64_t measured_tokens(const sim_trace *t) {
     return total;
 }
 
+/* The lookup of a policy without the trie rule (ceiling, fifo), whose cached blocks need
+ * not be a prefix: request r's tokens, and those of its blocks before the first one not
+ * `present` (one byte per node) as hits, go into `out` when r is measured. */
+static inline void count_leading_hits(const sim_trace *t, int64_t r, const uint8_t *present,
+                                      sim_result *out) {
+    if (r < t->warmup_requests) return;
+    int alive = 1;
+    for (int64_t i = t->req_off[r]; i < t->req_off[r + 1]; i++) {
+        int hit = present[t->node_of_event[i]];
+        out->total_tokens += t->tokens[i];
+        if (alive && hit) out->hit_tokens += t->tokens[i];
+        if (!hit) alive = 0;
+    }
+}
+
+/* Request r as a policy with the trie rule (see below) replays it: its events are
+ * [lo, hi), the cached prefix of them [lo, k). */
+typedef struct {
+    int64_t lo, k, hi;
+    int measured;
+} trie_request;
+
+/* Begin request r (what frame_begin returns) and look it up: k is its first event whose
+ * node has no slot; the prefix's tokens count as hits when r is measured. */
+static inline int trie_lookup(replay_frame *f, const uint32_t *slot_of, int64_t r,
+                              trie_request *q) {
+    int rc = frame_begin(f, r);
+    if (rc) return rc;
+    const sim_trace *t = f->t;
+    int64_t k = t->req_off[r], hi = t->req_off[r + 1];
+    int measured = r >= t->warmup_requests;
+    *q = (trie_request){k, k, hi, measured};
+    for (; k < hi && slot_of[t->node_of_event[k]]; k++)
+        if (measured) f->out->hit_tokens += t->tokens[k];
+    q->k = k;
+    return SIM_OK;
+}
+
 /* Called after the last request. */
 static inline int frame_end(replay_frame *f) {
     if (f->p->progress) *f->p->progress = f->t->n_req;

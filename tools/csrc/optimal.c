@@ -171,27 +171,24 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
     const uint32_t *next = t->next_use;
     f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
-        int rc = frame_begin(f, r);
+        trie_request q;
+        int rc = trie_lookup(f, c.slot_of, r, &q);
         if (rc) return rc < 0 ? rc : SIM_OK;
-        int measured = r >= t->warmup_requests;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
-        for (; k < hi; k++) {
-            uint32_t slot = c.slot_of[t->node_of_event[k]];
-            if (!slot) break;
-            if (measured) f->out->hit_tokens += t->tokens[k];
-            set_key(&c, slot, next[k]);
+        for (int64_t i = q.lo; i < q.k; i++) {
+            uint32_t slot = c.slot_of[t->node_of_event[i]];
+            set_key(&c, slot, next[i]);
+            c.s[slot].state |= OPT_PROT;
         }
-        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].state |= OPT_PROT;
-        for (int64_t i = k; i < hi; i++) {
+        for (int64_t i = q.k; i < q.hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (c.used >= c.capacity) {
                 uint32_t victim = evict(&c, next[i]);
-                if (!victim || (i > k && victim == t->node_of_event[i - 1])) break;
+                if (!victim || (i > q.k && victim == t->node_of_event[i - 1])) break;
             }
             insert(&c, node, next[i]);
-            if (c.used >= c.capacity && !measured) f->filled = 1;
+            if (c.used >= c.capacity && !q.measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < k; i++)
+        for (int64_t i = q.lo; i < q.k; i++)
             c.s[c.slot_of[t->node_of_event[i]]].state &= ~(uint32_t)OPT_PROT;
     }
     f->out->evictions = c.evictions;

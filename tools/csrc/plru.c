@@ -212,30 +212,28 @@ int run_lru(sim_workspace *ws, replay_frame *f) {
     if (rc) return rc;
     f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
-        rc = frame_begin(f, r);
+        /* Lookup: the cached prefix hits, refreshed root to leaf, and is protected while
+         * the rest is inserted (a touch does not look at protection). */
+        trie_request q;
+        rc = trie_lookup(f, tier.slot_of, r, &q);
         if (rc) return rc < 0 ? rc : SIM_OK;
-        int measured = r >= t->warmup_requests;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
-        /* Lookup: the cached prefix hits, refreshed root to leaf. */
-        for (; k < hi; k++) {
-            uint32_t slot = tier.slot_of[t->node_of_event[k]];
-            if (!slot) break;
-            if (measured) f->out->hit_tokens += t->tokens[k];
+        for (int64_t i = q.lo; i < q.k; i++) {
+            uint32_t slot = tier.slot_of[t->node_of_event[i]];
             plru_touch(&tier, slot);
+            plru_protect(&tier, slot);
         }
-        /* Insert the rest; the cached prefix is protected meanwhile. */
-        for (int64_t i = lo; i < k; i++) plru_protect(&tier, tier.slot_of[t->node_of_event[i]]);
-        for (int64_t i = k; i < hi; i++) {
+        for (int64_t i = q.k; i < q.hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (tier.used >= tier.capacity) {
                 uint32_t victim = plru_evict(&tier);
                 /* nothing evictable, or the victim was this node's parent */
-                if (!victim || (i > k && victim == t->node_of_event[i - 1])) break;
+                if (!victim || (i > q.k && victim == t->node_of_event[i - 1])) break;
             }
             plru_insert(&tier, node);
-            if (tier.used >= tier.capacity && !measured) f->filled = 1;
+            if (tier.used >= tier.capacity && !q.measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < k; i++) plru_unprotect(&tier, tier.slot_of[t->node_of_event[i]]);
+        for (int64_t i = q.lo; i < q.k; i++)
+            plru_unprotect(&tier, tier.slot_of[t->node_of_event[i]]);
     }
     f->out->evictions = tier.evictions;
     return frame_end(f);

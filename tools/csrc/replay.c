@@ -44,18 +44,9 @@ int sim_ceiling(const sim_trace *t, sim_result *out) {
     uint8_t *seen = calloc((size_t)t->n_nodes, 1);
     if (!seen) return SIM_ENOMEM;
     for (int64_t r = 0; r < t->n_req; r++) {
-        int measured = r >= t->warmup_requests;
-        int alive = 1;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
-        for (int64_t i = lo; i < hi; i++) {
-            int hit = seen[t->node_of_event[i]];
-            if (measured) {
-                out->total_tokens += t->tokens[i];
-                if (alive && hit) out->hit_tokens += t->tokens[i];
-            }
-            if (!hit) alive = 0;
-        }
+        count_leading_hits(t, r, seen, out);
         /* Nodes join after their request: a block repeated within it does not hit. */
+        int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
         for (int64_t i = lo; i < hi; i++) seen[t->node_of_event[i]] = 1;
     }
     free(seen);
@@ -75,16 +66,8 @@ int run_fifo(sim_workspace *ws, replay_frame *f) {
         int rc = frame_begin(f, r);
         if (rc) return rc < 0 ? rc : SIM_OK;
         int measured = r >= t->warmup_requests;
-        int alive = 1;
+        count_leading_hits(t, r, in, f->out);
         int64_t lo = t->req_off[r], hi = t->req_off[r + 1];
-        for (int64_t i = lo; i < hi; i++) {
-            int hit = in[t->node_of_event[i]];
-            if (measured) {
-                f->out->total_tokens += t->tokens[i];
-                if (alive && hit) f->out->hit_tokens += t->tokens[i];
-            }
-            if (!hit) alive = 0;
-        }
         for (int64_t i = lo; i < hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (in[node]) continue;

@@ -233,29 +233,26 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
         return SIM_ENOMEM;
     f->out->total_tokens = measured_tokens(t);
     for (int64_t r = 0; r < t->n_req; r++) {
-        int rc = frame_begin(f, r);
+        trie_request q;
+        int rc = trie_lookup(f, c.slot_of, r, &q);
         if (rc) return rc < 0 ? rc : SIM_OK;
-        int measured = r >= t->warmup_requests;
-        int64_t lo = t->req_off[r], hi = t->req_off[r + 1], k = lo;
-        for (; k < hi; k++) {
-            uint32_t slot = c.slot_of[t->node_of_event[k]];
-            if (!slot) break;
-            if (measured) f->out->hit_tokens += t->tokens[k];
-            if (c.s[slot].freq < 3) c.s[slot].freq++;
+        for (int64_t i = q.lo; i < q.k; i++) {
+            s3_slot *x = &c.s[c.slot_of[t->node_of_event[i]]];
+            if (x->freq < 3) x->freq++;
+            x->prot = 1;
         }
-        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 1;
-        for (int64_t i = k; i < hi; i++) {
+        for (int64_t i = q.k; i < q.hi; i++) {
             uint32_t node = t->node_of_event[i];
             if (c.used >= c.capacity) {
                 int ev = evict(&c);
                 if (ev < 0) return ev;
                 /* nothing evictable, or this node's parent (inserted just before) left */
-                if (!ev || (i > k && !c.slot_of[t->node_of_event[i - 1]])) break;
+                if (!ev || (i > q.k && !c.slot_of[t->node_of_event[i - 1]])) break;
             }
             if (insert(&c, node) != SIM_OK) return SIM_ENOMEM;
-            if (c.used >= c.capacity && !measured) f->filled = 1;
+            if (c.used >= c.capacity && !q.measured) f->filled = 1;
         }
-        for (int64_t i = lo; i < k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 0;
+        for (int64_t i = q.lo; i < q.k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 0;
     }
     f->out->evictions = c.evictions;
     return frame_end(f);
