@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError
+from kvstored.bench import BenchError, goal_line, ratio_verdict, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.store_kvstored import KvstoredDaemon
 from kvstored.capabilities import probe_engine
@@ -100,9 +99,7 @@ def evaluate_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         if not a or not b:
             verdicts.append({"goal": goal, "status": "not measured"})
             continue
-        value = a / b
-        verdicts.append({"goal": goal, "ratio": round(value, 3), "minimum": minimum,
-                         "met": value >= minimum})
+        verdicts.append(ratio_verdict(goal, a / b, minimum))
     for runner in ("kvstored-shm", "kvstored-tcp"):
         copies = results.get(runner, {}).get("adapter_copies")
         if copies is not None:
@@ -144,8 +141,8 @@ def render_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(runners: list[str], geometry: dict[str, int], workdir: Path, backend: str,
-         say: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, str]]:
+def _run(runners: list[str], geometry: dict[str, int], workdir: Path, backend: str
+         ) -> tuple[dict[str, Any], dict[str, str]]:
     skipped: dict[str, str] = {}
     available, reason = probe_engine("sglang")
     if not available:
@@ -226,9 +223,6 @@ def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_
     Needs the engines (make engines). Writes every round's figures, the medians and the
     goals to --json-out and prints the table.
     """
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
     chosen = [r.strip() for r in runners.split(",") if r.strip()]
     unknown = sorted(set(chosen) - set(RUNNERS))
     if unknown or not chosen:
@@ -245,7 +239,7 @@ def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_
     workdir = Path(tempfile.mkdtemp(prefix="kvstored-bench-engines-")) if temporary else workdir
     workdir.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()[0]
-    results, skipped = _run(chosen, geometry, workdir, backend, say)
+    results, skipped = _run(chosen, geometry, workdir, backend)
     failed = sorted(r for r, entry in results.items() if "error" in entry)
     if temporary and not failed:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -278,11 +272,11 @@ def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_
     for runner, reason in skipped.items():
         console.print(f"skipped {runner}: {reason}")
     for goal in report["goals"]:
-        if "met" in goal:
-            shown = f"{goal['ratio']:.2f}x" if "ratio" in goal else f"{goal['copied_bytes']} B"
-            console.print(f"goal {goal['goal']}: {shown} {'met' if goal['met'] else 'MISSED'}")
+        if "copied_bytes" in goal:
+            console.print(f"goal {goal['goal']}: {goal['copied_bytes']} B "
+                          f"{'met' if goal['met'] else 'MISSED'}")
         else:
-            console.print(f"goal {goal['goal']}: not measured")
+            console.print(goal_line(goal))
     console.print(f"results: {json_out}")
     if any(r.startswith("kvstored") for r in failed):
         raise BenchError(f"{', '.join(failed)} failed; the JSON says how (logs under "

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from kvstored.processes import stop_process
+
 BIN = Path(sys.executable).parent
 ADDRESS = re.compile(
     r"^kvstored (?:up|master|node): (?:listening on|data server on) ([\d.]+):(\d+)")
@@ -58,14 +60,8 @@ class Daemon:
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM, then wait: a node first writes its DRAM-only objects to SSD, for at
         most node.shutdown_flush_timeout (30 s by default)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError(f"kvstored ignored SIGTERM:\n{self.log}") from None
+        if not stop_process(self.proc, timeout):
+            raise AssertionError(f"kvstored ignored SIGTERM:\n{self.log}")
         self._reader.join(5)
         return self.proc.returncode
 
