@@ -13,6 +13,9 @@ table gives each its exit code.
 """
 
 import errno
+import os
+import platform
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +31,27 @@ def no_space(message: str) -> OSError:
     """The error for a disk or backend too small for a run: ``ENOSPC``, which the CLI
     ends with NO_SPACE like any full disk."""
     return OSError(errno.ENOSPC, message)
+
+
+class RunStart:
+    """When a run began and how busy the machine was then; :meth:`header` opens the
+    run's JSON record with what every benchmark reports."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.load_before = os.getloadavg()[0]
+
+    def header(self, benchmark: str, command: str) -> dict[str, Any]:
+        return {
+            "benchmark": benchmark, "command": command,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": round(time.time() - self.started, 1),
+            "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                        "python": platform.python_version(),
+                        # Other work on a shared machine moves every figure; this says
+                        # how much there was (1-minute load average, before and after).
+                        "load_average": [round(self.load_before, 2),
+                                         round(os.getloadavg()[0], 2)]}}
 
 
 def say(message: str) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 import click
 import numpy as np
 
-from kvstored.bench import BenchError, goal_line, no_space, say
+from kvstored.bench import BenchError, RunStart, goal_line, no_space, say
 from kvstored.bench.io import QUEUE_DEPTH, Measurement, Pattern, prepare_file, run_fio
 from kvstored.errors import CorruptDataError
 from kvstored.sdk.errors import CapacityError
@@ -436,6 +435,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     meet or miss (docs/benchmarks.md) to --json-out, and prints a table. Exit codes:
     6 when the disk lacks room, 5 when a read returns corrupt data, 1 on other failures.
     """
+    start = RunStart()
     try:
         data_bytes = parse_size(data)
         small_bytes = parse_size(small_data) if small_data else data_bytes // 8
@@ -483,10 +483,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
                f"{'--direct' if direct else '--buffered'}"
                + ("" if temporary else f" --dir {directory}"))
     report = {
-        "benchmark": "backend", "command": command,
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version()},
+        **start.header("backend", command),
         "directory": str(root), "data": data_bytes, "small_data": small_bytes,
         "runtime_s": runtime, "rounds": rounds, "read_batch": read_batch,
         "queue_depth": QUEUE_DEPTH, "engine": engine, "direct": direct,

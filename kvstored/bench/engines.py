@@ -32,15 +32,12 @@ client on the same host) are computed from this run's figures.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +45,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError, goal_line, ratio_verdict, say
+from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.store_kvstored import KvstoredDaemon
 from kvstored.capabilities import probe_engine
@@ -238,21 +235,16 @@ def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_
     temporary = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="kvstored-bench-engines-")) if temporary else workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    started, load_before = time.time(), os.getloadavg()[0]
+    run = RunStart()
     results, skipped = _run(chosen, geometry, workdir, backend)
     failed = sorted(r for r, entry in results.items() if "error" in entry)
     if temporary and not failed:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {
-        "benchmark": "engines",
-        "command": (f"kvstore bench engines --pages {pages} --page-tokens {page_tokens} "
-                    f"--layers {layers} --heads {heads} --head-dim {head_dim} --batch {batch}"
-                    f" --rounds {rounds} --runners {','.join(chosen)}"),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version(),
-                    "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        **run.header("engines", (
+            f"kvstore bench engines --pages {pages} --page-tokens {page_tokens} --layers "
+            f"{layers} --heads {heads} --head-dim {head_dim} --batch {batch} --rounds "
+            f"{rounds} --runners {','.join(chosen)}")),
         "page_bytes": _page_bytes(geometry), "geometry": geometry,
         "skipped": skipped, "results": results, "goals": evaluate_goals(results),
     }

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -46,7 +45,7 @@ import click
 import numpy as np
 
 import kvstored
-from kvstored.bench import BenchError
+from kvstored.bench import BenchError, RunStart
 from kvstored.capabilities import probe_fuse
 from kvstored.errors import UnavailableError
 from kvstored.fuse.names import key_to_name
@@ -128,6 +127,7 @@ def _read_file(path: Path, buffer: memoryview, chunk: int, drop_cache: bool) -> 
 def fuse_command(size: str, rounds: int, json_out: Path) -> None:
     """One big object read through `kvstore mount` (--direct-io and --page-cache) against
     the client library; writes every round, the medians and the ratios to --json-out."""
+    run = RunStart()
     available, reason = probe_fuse()
     if not available:
         raise UnavailableError(f"FUSE is unavailable: {reason}")
@@ -186,11 +186,7 @@ def fuse_command(size: str, rounds: int, json_out: Path) -> None:
         shutil.rmtree(home, ignore_errors=True)
     results = _summarise(seconds, size_bytes)
     report: dict[str, Any] = {
-        "benchmark": "fuse",
-        "command": f"kvstore bench fuse --size {size} --rounds {rounds}",
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version()},
+        **run.header("fuse", f"kvstore bench fuse --size {size} --rounds {rounds}"),
         "size": size_bytes, "rounds": rounds, "results": results,
     }
     json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,6 @@ import errno
 import json
 import mmap
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from kvstored.bench import BenchError, goal_line, no_space, ratio_verdict, say
+from kvstored.bench import BenchError, RunStart, goal_line, no_space, ratio_verdict, say
 from kvstored.native import IoEngine, IoError, probe_uring
 from kvstored.native.posix import PosixEngine
 from kvstored.native.uring import UringEngine
@@ -298,6 +297,7 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
     or miss (docs/benchmarks.md) to --json-out. Exit codes: 6 when the disk lacks room
     for the file, 1 on an I/O error.
     """
+    run = RunStart()
     try:
         size_bytes = parse_size(size)
     except ValueError as exc:
@@ -343,14 +343,10 @@ def io_command(file_path: Path | None, size: str, runtime: float, rounds: int, r
                            for key in ("bytes_per_s", "iops", "cpu_pct")}
     ratios = _ratios(results, patterns)
     report = {
-        "benchmark": "io",
-        "command": (f"kvstore bench io --size {size} --runtime {runtime:g} --rounds {rounds} "
-                    f"--runners {runners} --patterns {','.join(p.name for p in patterns)}"
-                    + (f" --file {file_path}" if temporary is None
-                                              else "")),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version()},
+        **run.header("io", f"kvstore bench io --size {size} --runtime {runtime:g} --rounds "
+                           f"{rounds} --runners {runners} --patterns "
+                           f"{','.join(p.name for p in patterns)}"
+                           + (f" --file {file_path}" if temporary is None else "")),
         "file": str(file_path), "size": size_bytes, "runtime_s": runtime, "rounds": rounds,
         "queue_depth": QUEUE_DEPTH, "patterns": [asdict(p) for p in patterns],
         "skipped": skipped, "results": results, "ratios": ratios, "goals": _goals(results),

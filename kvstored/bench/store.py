@@ -25,13 +25,10 @@ run's figures; each is reported met, missed (by how much) or not measured.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shutil
 import signal
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +37,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError, goal_line, ratio_verdict, say
+from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.raw_peers import MemcpyTarget, RawSocketServer, RawSocketTarget
 from kvstored.bench.store_kvstored import KvstoredRunner
@@ -363,7 +360,7 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
         say(f"note: {cache}")
     temporary = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="kvstored-bench-store-")) if temporary else workdir
-    started, load_before = time.time(), os.getloadavg()[0]
+    run = RunStart()
     try:
         results, skipped, notes = _run(size_list, total_bytes, peer_list, backend, workdir,
                                        rounds, say)
@@ -379,17 +376,9 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
         for runner in ("mooncake-remote", "mooncake-shm", "mooncake-ssd"):
             skipped[runner] = "not requested (--peers)"
     report = {
-        "benchmark": "store",
-        "command": f"kvstore bench store --total {total} --sizes {sizes} --peers {peers}"
-                   f" --rounds {rounds}"
-                   + (f" --backend {backend}" if backend != "bucket" else ""),
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seconds": round(time.time() - started, 1),
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "python": platform.python_version(),
-                    # Other work on a shared machine moves every figure; this says how much
-                    # there was (1-minute load average, before and after the run).
-                    "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        **run.header("store", f"kvstore bench store --total {total} --sizes {sizes} "
+                              f"--peers {peers} --rounds {rounds}"
+                              + (f" --backend {backend}" if backend != "bucket" else "")),
         "total_per_op": total_bytes, "batch": BATCH, "ops": list(OPS), "rounds": rounds,
         "sizes": [_label(s) for s in size_list],
         "page_cache": {"dropped": cache is None, "reason": cache},
