@@ -11,6 +11,7 @@ import logging
 import weakref
 from collections import Counter as Tally
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -55,8 +56,26 @@ class MasterMetrics:
             registry=r)
         self.quarantined = Gauge("kvstored_cluster_quarantined_records",
                                  "Records the nodes quarantined.", registry=r)
+        self.locks = Counter(
+            "kvstored_locks", "Keys a lookup-and-lock asked for, by result: locked (found, "
+            "held against eviction until read, unlocked or expired) or miss.", ["result"],
+            registry=r)
+        self.prefix_removals = Counter(
+            "kvstored_prefix_removed_objects", "Objects removed by a removal of their prefix.",
+            registry=r)
+        self.namespace_objects = Gauge(
+            "kvstored_namespace_objects", "Objects, by registered namespace (key prefix).",
+            ["namespace"], registry=r)
+        self.namespace_tier_objects = Gauge(
+            "kvstored_namespace_tier_objects", "Replicas held, by namespace and tier.",
+            ["namespace", "tier"], registry=r)
+        self.namespace_tier_bytes = Gauge(
+            "kvstored_namespace_tier_bytes", "Logical bytes of the replicas held, by "
+            "namespace and tier.", ["namespace", "tier"], registry=r)
         self.background_errors = background_errors(r)
         # Export every label value from the start, so dashboards see zeros, not gaps.
+        for result in ("locked", "miss"):
+            self.locks.labels(result=result)
         for tier in ("dram", "ssd"):
             self.evictions.labels(tier=tier)
         for reason in ("queue_full", "no_room"):
@@ -73,6 +92,17 @@ class MasterMetrics:
             self.tier_used.labels(tier=tier).set(used)
             self.tier_capacity.labels(tier=tier).set(capacity)
             self.tier_objects.labels(tier=tier).set(objects)
+
+
+    def set_namespaces(self, usage: Mapping[str, tuple[int, Mapping[str, Any]]]) -> None:
+        """Per namespace: (objects, tier -> an object with ``objects`` and ``bytes``).
+        The number of namespaces is bounded by the master (MAX_NAMESPACES), and so are
+        these gauges' label values."""
+        for ns, (objects, tiers) in usage.items():
+            self.namespace_objects.labels(namespace=ns).set(objects)
+            for tier, count in tiers.items():
+                self.namespace_tier_objects.labels(namespace=ns, tier=tier).set(count.objects)
+                self.namespace_tier_bytes.labels(namespace=ns, tier=tier).set(count.bytes)
 
 
 class NodeMetrics:
