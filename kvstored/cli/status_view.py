@@ -57,6 +57,27 @@ def _line(console: Console, label: str, value: str, *, whole: bool = False) -> N
     console.print(grid)
 
 
+def _namespaces(console: Console, status: StatusReply) -> None:
+    """Each registered namespace's share (and the keys outside all of them), once some
+    client registered one: a namespace is a key prefix, shown whole."""
+    spaces = status.namespaces
+    if not any(spaces):
+        return
+    table = Table("namespace", "objects", "DRAM", "SSD", box=None, pad_edge=False,
+                  header_style="bold")
+    for column in table.columns[1:]:
+        column.justify = "right"
+    table.columns[0].overflow = "fold"
+    for name in sorted(spaces, key=lambda n: (n == "", n)):
+        ns = spaces[name]
+        dram, ssd = ns.tiers.get("dram"), ns.tiers.get("ssd")
+        table.add_row(escape(name) if name else "(no namespace)", f"{ns.objects:,}",
+                      format_size(dram.bytes) if dram else "-",
+                      format_size(ssd.bytes) if ssd else "-")
+    console.print()
+    console.print(table)
+
+
 def render_status(console: Console, reply: dict[str, Any]) -> None:
     """Print the status reply (its wire map, as ``--json`` prints it): the tiers, each
     node, the hit rates."""
@@ -73,6 +94,7 @@ def render_status(console: Console, reply: dict[str, Any]) -> None:
                       format_size(t.used_bytes), format_size(t.capacity_bytes),
                       _share(t.used_bytes, t.capacity_bytes))
     console.print(tiers)
+    _namespaces(console, status)
     for node in nodes:
         state, detail = _state(node)
         console.print()
