@@ -58,24 +58,20 @@ def _line(console: Console, label: str, value: str, *, whole: bool = False) -> N
 
 
 def _namespaces(console: Console, status: StatusReply) -> None:
-    """Each registered namespace's share (and the keys outside all of them), once some
-    client registered one: a namespace is a key prefix, shown whole."""
+    """Each registered namespace's share (and that of the keys outside all of them), once
+    some client registered one. A namespace is a key prefix: an identifier, printed whole
+    on its own line, its figures below it."""
     spaces = status.namespaces
     if not any(spaces):
         return
-    table = Table("namespace", "objects", "DRAM", "SSD", box=None, pad_edge=False,
-                  header_style="bold")
-    for column in table.columns[1:]:
-        column.justify = "right"
-    table.columns[0].overflow = "fold"
     for name in sorted(spaces, key=lambda n: (n == "", n)):
         ns = spaces[name]
-        dram, ssd = ns.tiers.get("dram"), ns.tiers.get("ssd")
-        table.add_row(escape(name) if name else "(no namespace)", f"{ns.objects:,}",
-                      format_size(dram.bytes) if dram else "-",
-                      format_size(ssd.bytes) if ssd else "-")
-    console.print()
-    console.print(table)
+        console.print()
+        console.print(f"namespace {name}" if name else "outside every namespace",
+                      soft_wrap=True, highlight=False, markup=False, emoji=False)
+        tiers = ", ".join(f"{tier.upper()} {format_size(count.bytes)}"
+                          for tier, count in ns.tiers.items())
+        _line(console, "objects", f"{ns.objects:,} ({tiers})")
 
 
 def render_status(console: Console, reply: dict[str, Any]) -> None:
