@@ -453,6 +453,8 @@ class ObjectStat(Message):
     age_seconds: float
     leased_seconds: float
     replicas: list[ReplicaInfo]
+    #: How long the longest lookup-and-lock on it still holds it against eviction.
+    locked_seconds: float = 0.0
 
 
 @message
