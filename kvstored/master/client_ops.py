@@ -238,7 +238,8 @@ class ClientOps:
             key=meta.key, size=meta.size, checksum=meta.checksum, reads=meta.reads,
             age_seconds=now - meta.created, leased_seconds=max(0.0, meta.lease_until - now),
             replicas=[ReplicaInfo(r.node, r.tier, r.state, r.offset) for r in meta.replicas],
-            locked_seconds=max(meta.locks.values()) - now if meta.locked(now) else 0.0))
+            locked_seconds=max(0.0, *(meta.locks or {}).values()) - now
+            if meta.locked(now) else 0.0))
 
     # -- removal and listing ---------------------------------------------------------------
 

@@ -209,8 +209,9 @@ class Cluster:
                    sum(n.dram_capacity for n in live)),
             SSD: (usage[SSD].objects, sum(n.ssd_used for n in live),
                   sum(n.ssd_capacity for n in live))})
-        self.metrics.set_namespaces({ns: (u.objects, u.usage())
-                                     for ns, u in self.table.namespaces.items() if ns})
+        self.metrics.set_namespaces({
+            ns: (u.objects, {t.value: c for t, c in u.usage().items()})
+            for ns, u in self.table.namespaces.items() if ns})
         self.metrics.nodes.set(len(live))
         self.metrics.checksum_failures.set(sum(n.corrupt_reads for n in self.nodes.values()))
         self.metrics.quarantined.set(sum(n.quarantined for n in self.nodes.values()))

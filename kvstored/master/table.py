@@ -123,49 +123,6 @@ class NamespaceUsage:
     tier_objects: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
     tier_bytes: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
 
-    # -- namespaces --------------------------------------------------------------------
-
-    def namespace_of(self, key: str) -> str:
-        """The longest registered namespace ``key`` starts with, or ""."""
-        if len(self.namespaces) == 1:
-            return ""
-        best = ""
-        end = key.find(NAMESPACE_SEPARATOR)
-        while end >= 0:
-            if key[:end + 1] in self.namespaces:
-                best = key[:end + 1]
-            end = key.find(NAMESPACE_SEPARATOR, end + 1)
-        return best
-
-    def add_namespace(self, prefix: str) -> int:
-        """Register ``prefix`` (ending in the separator) as a namespace, and count the
-        objects under it that no longer registered namespace holds; how many it has."""
-        assert prefix.endswith(NAMESPACE_SEPARATOR)
-        usage = self.namespaces.get(prefix)
-        if usage is not None:
-            return usage.objects
-        usage = self.namespaces[prefix] = NamespaceUsage()
-        for key in self.sorted_keys.irange(minimum=prefix):
-            if not key.startswith(prefix):
-                break
-            meta = self.objects[key]
-            # A key already in a longer (nested) namespace stays there.
-            if len(meta.namespace) < len(prefix):
-                self._move(meta, prefix)
-        return usage.objects
-
-    def _move(self, meta: ObjectMeta, namespace: str) -> None:
-        old, new = self.namespaces[meta.namespace], self.namespaces[namespace]
-        old.objects -= 1
-        new.objects += 1
-        for r in meta.replicas:
-            if r.state == COMPLETE:
-                old.tier_objects[r.tier] -= 1
-                old.tier_bytes[r.tier] -= meta.size
-                new.tier_objects[r.tier] += 1
-                new.tier_bytes[r.tier] += meta.size
-        meta.namespace = namespace
-
     def usage(self) -> dict[Tier, TierUsage]:
         return {t: TierUsage(self.tier_objects[t], self.tier_bytes[t]) for t in Tier}
 
