@@ -676,3 +676,25 @@ def test_namespaces_show_their_usage_in_status_and_metrics():
         assert _count(cluster, "kvstored_namespace_objects", namespace="eng/a/") == 0
 
     run(scenario)
+
+
+def test_a_last_copy_locked_while_its_eviction_waits_for_its_offload_stays_in_dram():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1", dram=100 * MiB)
+        for i in range(10):
+            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        # DRAM-only objects: the coldest two go to SSD first, to leave DRAM once there.
+        assert await node.heartbeat(dram_used=95 * MiB) == [
+            OffloadTask(["k0", "k1"], urgent=True)]
+        client = cluster.client()
+        assert (await client.call(ops.LOCK, LockRequest(["k0"], "h1", ttl=30.0))).locked \
+            == [True]
+        tasks = await node.heartbeat(NodeReport(offloaded=Offloaded(["k0", "k1"], [0, 1])),
+                                     dram_used=95 * MiB)
+        assert DropTask(DRAM, ["k1"], [10 * MiB]) in tasks
+        assert not any(isinstance(t, DropTask) and "k0" in t.keys for t in tasks)
+        assert await _found(cluster, "k0") == [[("n1", DRAM), ("n1", SSD)]]
+        assert "k0" not in cluster.master.cluster.nodes["n1"].evict_after_offload
+        cluster.master.cluster.table.check()
+
+    run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})
