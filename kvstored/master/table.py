@@ -158,6 +158,7 @@ class ObjectTable:
         self._tier_bytes = dict.fromkeys(Tier, 0)
         #: Registered namespaces by prefix, and "" for the keys outside all of them.
         self.namespaces: dict[str, NamespaceUsage] = {"": NamespaceUsage()}
+        self._namespace_lengths: list[int] = []
         self._seq = 0
 
     def next_seq(self) -> int:
@@ -399,16 +400,14 @@ class ObjectTable:
     # -- namespaces --------------------------------------------------------------------
 
     def namespace_of(self, key: str) -> str:
-        """The longest registered namespace ``key`` starts with, or ""."""
-        if len(self.namespaces) == 1:
-            return ""
-        best = ""
-        end = key.find(NAMESPACE_SEPARATOR)
-        while end >= 0:
-            if key[:end + 1] in self.namespaces:
-                best = key[:end + 1]
-            end = key.find(NAMESPACE_SEPARATOR, end + 1)
-        return best
+        """The longest registered namespace ``key`` starts with, or "". One look per
+        distinct namespace length, longest first (an engine's namespaces differ in their
+        rank, not their length, so this is one or two looks per commit)."""
+        namespaces = self.namespaces
+        for length in self._namespace_lengths:
+            if key[length - 1:length] == NAMESPACE_SEPARATOR and key[:length] in namespaces:
+                return key[:length]
+        return ""
 
     def add_namespace(self, prefix: str) -> int:
         """Register ``prefix`` (ending in the separator) as a namespace, and count the
@@ -418,6 +417,8 @@ class ObjectTable:
         if usage is not None:
             return usage.objects
         usage = self.namespaces[prefix] = NamespaceUsage()
+        self._namespace_lengths = sorted({len(ns) for ns in self.namespaces if ns},
+                                         reverse=True)
         for key in self.sorted_keys.irange(minimum=prefix):
             if not key.startswith(prefix):
                 break
