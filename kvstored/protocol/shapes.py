@@ -113,6 +113,11 @@ class Name(Shape):
     def ok(self, value: Any) -> bool:
         return type(value) is str and 0 < len(value) <= self.max_len
 
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is str:
+            return "", f"must be {self.expected}; this one has {len(value)}"
+        return super().explain(value)
+
 
 class Int(Shape):
     """An integer in ``[lo, hi]`` (booleans are not integers here)."""
