@@ -123,14 +123,27 @@ class AsyncClient(CoreShell):
     async def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         return await self._run(self.core.batch_exists(keys))
 
-    async def prefix_hits(self, keys: Sequence[str]) -> int:
-        return await self._run(self.core.prefix_hits(keys))
+    async def prefix_hits(self, keys: Sequence[str], *, lock_for: float | None = None
+                          ) -> int:
+        return await self._run(self.core.prefix_hits(keys, lock_for))
+
+    async def batch_lookup_and_lock(self, keys: Sequence[str], ttl: float) -> list[bool]:
+        return await self._run(self.core.batch_lookup_and_lock(keys, ttl))
+
+    async def batch_unlock(self, keys: Sequence[str]) -> list[bool]:
+        return await self._run(self.core.batch_unlock(keys))
 
     async def remove(self, key: str) -> bool:
         return (await self.batch_remove([key]))[0]
 
     async def batch_remove(self, keys: Sequence[str]) -> list[bool]:
         return await self._run(self.core.batch_remove(keys))
+
+    async def batch_remove_prefix(self, prefix: str) -> int:
+        return await self._run(self.core.batch_remove_prefix(prefix))
+
+    async def register_namespace(self, prefix: str) -> int:
+        return await self._run(self.core.register_namespace(prefix))
 
     async def stat(self, key: str) -> ObjectInfo | None:
         return await self._run(self.core.stat(key))

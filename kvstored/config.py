@@ -333,6 +333,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master.listen", Address(), _MASTER, "Address the master serves clients and nodes on."),
     Setting("master.lease_ttl", Duration(), "5s",
             "How long a read lease pins an object's memory against eviction and removal."),
+    Setting("master.max_lock_ttl", Duration(), "30s",
+            "The longest a lookup-and-lock holds an object against eviction; a client asking "
+            "for longer gets this."),
     Setting("master.put_timeout", Duration(), "30s",
             "A put not committed within this time is abandoned: rolled back and reclaimed."),
     Setting("master.node_ttl", Duration(), "10s",
@@ -431,6 +434,7 @@ def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
 class MasterSettings:
     listen: str
     lease_ttl: float
+    max_lock_ttl: float
     put_timeout: float
     node_ttl: float
     heartbeat_interval: float

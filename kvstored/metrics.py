@@ -11,6 +11,7 @@ import logging
 import weakref
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -57,7 +58,24 @@ class MasterMetrics:
             registry=r)
         self.quarantined = Gauge("kvstored_cluster_quarantined_records",
                                  "Records the nodes quarantined.", registry=r)
+        self.locks = Counter(
+            "kvstored_locks", "Keys a lookup-and-lock asked for, by result: locked (found, "
+            "held against eviction until read, unlocked or expired) or miss.", ["result"],
+            registry=r)
+        self.prefix_removals = Counter(
+            "kvstored_prefix_removed_objects", "Objects removed by a removal of their prefix.",
+            registry=r)
+        self.namespace_objects = Gauge(
+            "kvstored_namespace_objects", "Objects, by registered namespace (key prefix).",
+            ["namespace"], registry=r)
+        self.namespace_tier_objects = Gauge(
+            "kvstored_namespace_tier_objects", "Replicas held, by namespace and tier.",
+            ["namespace", "tier"], registry=r)
+        self.namespace_tier_bytes = Gauge(
+            "kvstored_namespace_tier_bytes", "Logical bytes of the replicas held, by "
+            "namespace and tier.", ["namespace", "tier"], registry=r)
         self.background_errors = background_errors(r)
+        _export_from_start(self.locks, "result", ("locked", "miss"))
         _export_from_start(self.evictions, "tier", TIERS)
         _export_from_start(self.promotions_skipped, "reason", ("queue_full", "no_room"))
         _export_from_start(self.lookups.counter, "result", ("hit_dram", "hit_ssd", "miss"))
@@ -71,6 +89,17 @@ class MasterMetrics:
             self.tier_used.labels(tier=tier).set(used)
             self.tier_capacity.labels(tier=tier).set(capacity)
             self.tier_objects.labels(tier=tier).set(objects)
+
+
+    def set_namespaces(self, usage: Mapping[str, tuple[int, Mapping[str, Any]]]) -> None:
+        """Per namespace: (objects, tier -> an object with ``objects`` and ``bytes``).
+        The number of namespaces is bounded by the master (MAX_NAMESPACES), and so are
+        these gauges' label values."""
+        for ns, (objects, tiers) in usage.items():
+            self.namespace_objects.labels(namespace=ns).set(objects)
+            for tier, count in tiers.items():
+                self.namespace_tier_objects.labels(namespace=ns, tier=tier).set(count.objects)
+                self.namespace_tier_bytes.labels(namespace=ns, tier=tier).set(count.bytes)
 
 
 class NodeMetrics:

@@ -102,7 +102,8 @@ def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Mast
     return Master(policy=PolicyConfig.from_section(cfg.section("policy")),
                   lease_ttl=settings.lease_ttl, put_timeout=settings.put_timeout,
                   node_ttl=settings.node_ttl, heartbeat_interval=settings.heartbeat_interval,
-                  credentials=master_credentials(cfg), limits=server_limits(cfg),
+                  max_lock_ttl=settings.max_lock_ttl, credentials=master_credentials(cfg),
+                  limits=server_limits(cfg),
                   metrics=MasterMetrics(registry))
 
 

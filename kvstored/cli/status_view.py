@@ -57,6 +57,23 @@ def _line(console: Console, label: str, value: str, *, whole: bool = False) -> N
     console.print(grid)
 
 
+def _namespaces(console: Console, status: StatusReply) -> None:
+    """Each registered namespace's share (and that of the keys outside all of them), once
+    some client registered one. A namespace is a key prefix: an identifier, printed whole
+    on its own line, its figures below it."""
+    spaces = status.namespaces
+    if not any(spaces):
+        return
+    for name in sorted(spaces, key=lambda n: (n == "", n)):
+        ns = spaces[name]
+        console.print()
+        console.print(f"namespace {name}" if name else "outside every namespace",
+                      soft_wrap=True, highlight=False, markup=False, emoji=False)
+        tiers = ", ".join(f"{tier.upper()} {format_size(count.bytes)}"
+                          for tier, count in ns.tiers.items())
+        _line(console, "objects", f"{ns.objects:,} ({tiers})")
+
+
 def render_status(console: Console, reply: dict[str, Any]) -> None:
     """Print the status reply (its wire map, as ``--json`` prints it): the tiers, each
     node, the hit rates."""
@@ -73,6 +90,7 @@ def render_status(console: Console, reply: dict[str, Any]) -> None:
                       format_size(t.used_bytes), format_size(t.capacity_bytes),
                       _share(t.used_bytes, t.capacity_bytes))
     console.print(tiers)
+    _namespaces(console, status)
     for node in nodes:
         state, detail = _state(node)
         console.print()

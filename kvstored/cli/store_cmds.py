@@ -142,14 +142,37 @@ def stat(client, key: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("keys", nargs=-1, required=True)
+@click.argument("keys", nargs=-1)
+@click.option("--prefix", help="Every key starting with this (not empty), instead of KEYS.")
+@click.option("--dry-run", is_flag=True, help="With --prefix: count what would go; remove "
+                                              "nothing.")
 @store_command
-def rm(client, keys: tuple[str, ...]) -> None:
-    """Remove KEYS. Exits 3 if any of them did not exist (the others are removed)."""
-    removed = client.batch_remove(list(keys))
-    missing = [k for k, ok in zip(keys, removed) if not ok]
-    if missing:
-        raise QuietError(f"no object {_some(missing)}", ExitCode.NOT_FOUND)
+def rm(client, keys: tuple[str, ...], prefix: str | None, dry_run: bool) -> None:
+    """Remove KEYS, or with --prefix every object under a prefix (and cancel the puts
+    under it in flight). Exits 3 if a key (or, with --prefix, every key) did not exist.
+    """
+    if prefix is None:
+        if not keys or dry_run:
+            raise click.UsageError("give KEYS, or --prefix P (with --dry-run to count first)")
+        removed = client.batch_remove(list(keys))
+        missing = [k for k, ok in zip(keys, removed) if not ok]
+        if missing:
+            raise QuietError(f"no object {_some(missing)}", ExitCode.NOT_FOUND)
+        return
+    if keys:
+        raise click.UsageError("give KEYS or --prefix, not both")
+    if not prefix:
+        # An empty prefix is every object of the store: too easy to type by mistake.
+        raise click.BadParameter("must not be empty (it would remove every object)",
+                                 param_hint="--prefix")
+    reply = client.call("remove_prefix", prefix=prefix, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {reply['removed']:,} object{'s' * (reply['removed'] != 1)} "
+               f"({format_size(reply['bytes'])}) under {prefix!r}"
+               + (f"; {reply['cancelled']:,} puts in flight cancelled"
+                  if reply["cancelled"] else ""), err=True)
+    if not reply["removed"]:
+        raise QuietError(f"no object under {prefix!r}", ExitCode.NOT_FOUND)
 
 
 @click.command()

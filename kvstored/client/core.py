@@ -19,6 +19,8 @@ clients cannot drift: the same reply is the same result, or the same error, in e
 
 from __future__ import annotations
 
+import math
+import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -42,11 +44,15 @@ from kvstored.protocol.master_api import (
     Empty,
     Endpoint,
     KeysRequest,
+    LockRequest,
     LookupRequest,
+    NamespaceRequest,
     NodeContact,
     PutTargetRequest,
+    RemovePrefixRequest,
     ReplicaInfo,
     StatRequest,
+    UnlockRequest,
 )
 from kvstored.protocol.node_api import PutReply, PutRequest, ReportCorruptRequest
 from kvstored.protocol.ops import Rep, Req
@@ -188,6 +194,8 @@ class ClientCore:
         self.health = NodeHealth()
         #: How to reach each node this client heard of.
         self.nodes: dict[str, NodeContact] = {}
+        #: In whose name this client's locks are held: its reads end them.
+        self.holder = secrets.token_hex(16)
 
     def endpoint(self, node: str | None) -> tuple[str, int]:
         """The address of the master (None) or of ``node``."""
@@ -302,7 +310,7 @@ class ClientCore:
         keys = list(keys)
         check_keys(keys)
         started = self.clock()
-        reply = yield from call(ops.LOOKUP, LookupRequest(keys))
+        reply = yield from call(ops.LOOKUP, LookupRequest(keys, holder=self.holder))
         self.nodes.update(reply.nodes)
         read = BatchRead(keys, reply, buffers, self.segments, self.health, self.stats)
         while read.pending:
@@ -364,12 +372,50 @@ class ClientCore:
     def batch_exists(self, keys: Sequence[str]) -> Step[list[bool]]:
         return (yield from call(ops.EXISTS, KeysRequest(list(keys)))).exists
 
-    def prefix_hits(self, keys: Sequence[str]) -> Step[int]:
-        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache)."""
-        return (yield from call(ops.PREFIX_HITS, KeysRequest(list(keys)))).hits
+    def prefix_hits(self, keys: Sequence[str], lock_for: float | None = None) -> Step[int]:
+        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache);
+        with ``lock_for``, those are also locked for that many seconds (as
+        :meth:`batch_lookup_and_lock`), and none after the first miss."""
+        if lock_for is None:
+            return (yield from call(ops.PREFIX_HITS, KeysRequest(list(keys)))).hits
+        locked = yield from self._lock(keys, lock_for, leading=True)
+        return locked.index(False) if False in locked else len(locked)
+
+    def batch_lookup_and_lock(self, keys: Sequence[str], ttl: float) -> Step[list[bool]]:
+        """Which keys exist; each that does is locked against eviction for ``ttl``
+        seconds (cut to the master's ``master.max_lock_ttl``), until this client reads
+        it, unlocks it, or the time is up."""
+        return (yield from self._lock(keys, ttl, leading=False))
+
+    def _lock(self, keys: Sequence[str], ttl: float, *, leading: bool) -> Step[list[bool]]:
+        if isinstance(ttl, bool) or not isinstance(ttl, int | float) \
+                or not math.isfinite(ttl) or ttl <= 0:
+            raise BadRequestError(f"a lock lasts a positive number of seconds, not {ttl!r}")
+        reply = yield from call(ops.LOCK, LockRequest(list(keys), self.holder, float(ttl),
+                                                      leading))
+        return reply.locked
+
+    def batch_unlock(self, keys: Sequence[str]) -> Step[list[bool]]:
+        """End this client's locks on ``keys``; True where it held one still running."""
+        return (yield from call(ops.UNLOCK, UnlockRequest(list(keys), self.holder))).unlocked
 
     def batch_remove(self, keys: Sequence[str]) -> Step[list[bool]]:
         return (yield from call(ops.REMOVE, KeysRequest(list(keys)))).removed
+
+    def batch_remove_prefix(self, prefix: str) -> Step[int]:
+        """Remove every object whose key starts with ``prefix`` (not empty); how many
+        went. Puts under it in flight now are cancelled (they report not stored)."""
+        if not isinstance(prefix, str) or not prefix:
+            raise BadRequestError("batch_remove_prefix needs a non-empty prefix (an empty "
+                                  "one would be every object in the store)")
+        check_keys([prefix])
+        return (yield from call(ops.REMOVE_PREFIX, RemovePrefixRequest(prefix))).removed
+
+    def register_namespace(self, prefix: str) -> Step[int]:
+        """Have the master count the objects under ``prefix`` (a key prefix ending in
+        ``/``) as a namespace; how many it holds now."""
+        check_keys([prefix])
+        return (yield from call(ops.ADD_NAMESPACE, NamespaceRequest(prefix))).objects
 
     def stat(self, key: str) -> Step[ObjectInfo | None]:
         try:

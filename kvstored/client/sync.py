@@ -104,15 +104,41 @@ class Client(CoreShell):
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         return self._run(self.core.batch_exists(keys))
 
-    def prefix_hits(self, keys: Sequence[str]) -> int:
-        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache)."""
-        return self._run(self.core.prefix_hits(keys))
+    def prefix_hits(self, keys: Sequence[str], *, lock_for: float | None = None) -> int:
+        """How many leading keys exist (the prefix-cache rule of HiCache and LMCache).
+        With ``lock_for`` (seconds), those leading keys are also locked against eviction
+        until this client reads them, unlocks them or the time is up (as
+        :meth:`batch_lookup_and_lock`); no key after the first miss is locked."""
+        return self._run(self.core.prefix_hits(keys, lock_for))
+
+    def batch_lookup_and_lock(self, keys: Sequence[str], ttl: float) -> list[bool]:
+        """Which keys exist, each one found locked against eviction for ``ttl`` seconds
+        (cut to the master's ``master.max_lock_ttl``). A lock ends at this client's next
+        read of the key, at :meth:`batch_unlock`, or at its expiry; so a prefetch that
+        saw a hit finds the object when it reads it (docs/client.md)."""
+        return self._run(self.core.batch_lookup_and_lock(keys, ttl))
+
+    def batch_unlock(self, keys: Sequence[str]) -> list[bool]:
+        """End this client's locks on ``keys``; True where one was still running."""
+        return self._run(self.core.batch_unlock(keys))
 
     def remove(self, key: str) -> bool:
         return self.batch_remove([key])[0]
 
     def batch_remove(self, keys: Sequence[str]) -> list[bool]:
         return self._run(self.core.batch_remove(keys))
+
+    def batch_remove_prefix(self, prefix: str) -> int:
+        """Remove every object whose key starts with ``prefix`` (not empty); how many
+        went. A put under it in flight when this runs does not land (it reports the
+        object as not stored); one that starts afterwards does (docs/client.md)."""
+        return self._run(self.core.batch_remove_prefix(prefix))
+
+    def register_namespace(self, prefix: str) -> int:
+        """Have the master count ``prefix`` (a key prefix ending in ``/``) as a
+        namespace: its objects and bytes per tier in ``status`` and the metrics. How
+        many objects it holds now. Idempotent."""
+        return self._run(self.core.register_namespace(prefix))
 
     def stat(self, key: str) -> ObjectInfo | None:
         return self._run(self.core.stat(key))

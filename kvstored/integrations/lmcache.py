@@ -25,9 +25,10 @@ and LMCache's MLA mode that rewrites every rank's keys to worker 0 shares one co
 
 The connector's calls are LMCache's coroutines; the blocking client runs them on a small
 thread pool so LMCache's event loop never blocks (until kvstored's asyncio client).
-``pin`` in ``batched_async_contains`` is accepted but not yet honoured: kvstored has no
-lookup-and-lock yet, so a chunk seen by a lookup can still be evicted before its read, and
-that read is then a miss LMCache recomputes.
+``pin`` in ``batched_async_contains`` is kvstored's lookup-and-lock: the leading chunks
+found are held against eviction for ``lock_ttl`` seconds (default 10), until this
+connector reads them; LMCache's remote ``unpin`` does not reach connectors, so a pinned
+chunk that is never read is let go at its expiry.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class KvstoredConnector(RemoteConnector):
             ns = self._namespaces[ident] = Namespace.of(ENGINE, [
                 key.model_name, dtype_name(key.dtype), f"w{key.worker_id}of{key.world_size}",
                 f"chunk{self.chunk_size}", self._format])
+            self.io.register_namespace(ns.prefix)
         return ns
 
     def store_key(self, key: CacheEngineKey) -> str:
@@ -227,16 +229,18 @@ class KvstoredConnector(RemoteConnector):
     def support_batched_contains(self) -> bool:
         return True
 
-    def batched_contains(self, keys: list[CacheEngineKey]) -> int:
-        """How many leading chunks are present (one master round trip)."""
-        return self.io.leading_present([self.store_key(k) for k in keys])
+    def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
+        """How many leading chunks are present (one master round trip); with ``pin``,
+        they are locked for ``lock_ttl`` seconds, until this connector reads them."""
+        return self.io.leading_present([self.store_key(k) for k in keys],
+                                       lock_for=self.settings.lock_ttl if pin else 0.0)
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
-        return await self._run(self.batched_contains, keys)
+        return await self._run(self.batched_contains, keys, pin)
 
     def support_batched_get_non_blocking(self) -> bool:
         return True

@@ -7,9 +7,10 @@ and a restart with another layout never reads bytes laid out for the old one; th
 hash the engine computes comes last. ``kvstore ls sglang/`` (or ``lmcache/``, ``vllm/``)
 lists what an engine stored, one namespace per line of the prefix.
 
-This is a key prefix today. When kvstored grows namespaces of its own (per-namespace
-usage in ``status``, removal of a whole namespace), :attr:`Namespace.name` is the name to
-register, and keys keep their shape.
+:attr:`Namespace.prefix` is also a kvstored namespace (docs/client.md): each adapter
+registers its prefixes with the master when it starts, so ``kvstore status`` and the
+master's metrics show each one's objects and bytes per tier, and ``kvstore rm --prefix``
+(or ``batch_remove_prefix``) removes one whole.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-#: Joins the parts of a namespace, and the namespace to the engine's hash.
-SEPARATOR = "/"
+from kvstored.protocol.master_api import NAMESPACE_SEPARATOR
+
+#: Joins the parts of a namespace, and the namespace to the engine's hash: the master's
+#: namespace separator, so that every prefix an adapter builds is a namespace it counts.
+SEPARATOR = NAMESPACE_SEPARATOR
 
 
 def escape_part(text: str) -> str:

@@ -22,6 +22,7 @@ to do, and reported as ``False``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,12 @@ Pieces = Sequence[memoryview]
 #: each one master round trip.
 STAGING_BYTES = 64 * 1024 * 1024
 
+#: How long an adapter's lookup locks what it finds (seconds), unless the engine's
+#: configuration says otherwise (``lock_ttl``; 0: no locks). Long enough for a prefetch
+#: queued behind others to read; the master cuts it to its master.max_lock_ttl.
+DEFAULT_LOCK_TTL = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
     """How an adapter reaches kvstored, read from the engine's own configuration."""
@@ -50,13 +57,16 @@ class StoreSettings:
     transport: str
     timeout: float
     token_file: str | None = None
+    #: Seconds a lookup locks its hits for the read that follows (0: none).
+    lock_ttl: float = DEFAULT_LOCK_TTL
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, prefix: str = "",
                      defaults: ClientSettings | None = None) -> StoreSettings:
         """Settings from an engine's option mapping: ``{prefix}master``,
-        ``{prefix}transport`` (auto|tcp|shm), ``{prefix}timeout`` (seconds) and
-        ``{prefix}token_file`` (default: the client's own, see docs/security.md). An
+        ``{prefix}transport`` (auto|tcp|shm), ``{prefix}timeout`` (seconds),
+        ``{prefix}token_file`` (default: the client's own, see docs/security.md) and
+        ``{prefix}lock_ttl`` (seconds a lookup locks its hits; 0: no locks). An
         option the engine does not set is the client setting of the same name, from
         kvstored's configuration (``KVSTORE_MASTER``, ``KVSTORED_CLIENT_*``, the file of
         ``KVSTORED_CONFIG``): ``defaults`` when given, else loaded now."""
@@ -66,15 +76,22 @@ class StoreSettings:
             value = options.get(prefix + name)
             return default if value is None else value
 
-        try:
-            timeout = float(option("timeout", client.timeout))
-        except (TypeError, ValueError):
-            raise ValueError(f"{prefix}timeout must be a number of seconds, not "
-                             f"{option('timeout', None)!r}") from None
+        def seconds(name: str, default: float) -> float:
+            try:
+                value = float(option(name, default))
+            except (TypeError, ValueError):
+                value = -1.0
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{prefix}{name} must be a number of seconds, not "
+                                 f"{option(name, None)!r}")
+            return value
+
         token_file = option("token_file", None)
         return cls(master=str(option("master", "") or client.master),
-                   transport=str(option("transport", client.transport)), timeout=timeout,
-                   token_file=str(token_file) if token_file else None)
+                   transport=str(option("transport", client.transport)),
+                   timeout=seconds("timeout", client.timeout),
+                   token_file=str(token_file) if token_file else None,
+                   lock_ttl=seconds("lock_ttl", DEFAULT_LOCK_TTL))
 
     def connect(self) -> Client:
         return connect(self.master, transport=self.transport, token_file=self.token_file,
@@ -157,15 +174,22 @@ class ObjectIO:
                 results[i] = length
         return results
 
-    def leading_present(self, keys: Sequence[str]) -> int:
-        """How many leading keys are present (prefix caches hit a prefix); 0 on failure."""
-        return self._ask(self.client.prefix_hits, keys, 0, "looking up",
-                         "; treated as a miss")
+    def leading_present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> int:
+        """How many leading keys are present (prefix caches hit a prefix); 0 on failure.
+        ``lock_for`` > 0: those are locked against eviction for that many seconds, until
+        this process reads them (or the time is up), so the load that follows the
+        lookup finds them."""
+        return self._ask(lambda ks: self.client.prefix_hits(ks, lock_for=lock_for or None),
+                         keys, 0, "looking up", "; treated as a miss")
 
-    def present(self, keys: Sequence[str]) -> list[bool]:
-        """Which keys are present; all False on failure."""
-        return self._ask(self.client.batch_exists, keys, [False] * len(keys), "looking up",
-                         "; treated as misses")
+    def present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> list[bool]:
+        """Which keys are present; all False on failure. ``lock_for`` as for
+        :meth:`leading_present`, for every key found."""
+        def ask(ks: list[str]) -> list[bool]:
+            if lock_for:
+                return self.client.batch_lookup_and_lock(ks, lock_for)
+            return list(self.client.batch_exists(ks))
+        return self._ask(ask, keys, [False] * len(keys), "looking up", "; treated as misses")
 
     def remove(self, keys: Sequence[str]) -> list[bool]:
         """Remove each key; per key True if it was removed, all False on failure."""
@@ -200,17 +224,22 @@ class ObjectIO:
         return keys if limit is None else keys[:limit]
 
     def remove_prefix(self, prefix: str) -> int:
-        """Remove every key under ``prefix``; how many went. (A listing and removals in
-        pages until kvstored removes a whole namespace in one call.)"""
-        removed = 0
-        while True:
-            keys = self.list_keys(prefix, limit=1000)
-            if not keys:
-                return removed
-            gone = sum(self.remove(keys))
-            removed += gone
-            if not gone:
-                return removed
+        """Remove every key under ``prefix`` in one master call; how many went (0 on
+        failure, logged)."""
+        try:
+            return self.client.batch_remove_prefix(prefix)
+        except StoreError as exc:
+            log.warning("kvstored: removing the objects under %s failed: %s", prefix, exc)
+            return 0
+
+    def register_namespace(self, prefix: str) -> None:
+        """Have the master count ``prefix`` as a namespace (usage in ``kvstore status``
+        and the metrics); a failure only costs that view, so it is logged, not raised."""
+        try:
+            self.client.register_namespace(prefix)
+        except StoreError as exc:
+            log.warning("kvstored: registering the namespace %s failed: %s; its usage is "
+                        "not shown apart", prefix, exc)
 
     def close(self) -> None:
         self.client.close()

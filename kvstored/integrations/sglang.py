@@ -98,7 +98,7 @@ class KvstoredStorage(HiCacheStorage):
     """HiCache L3 storage in kvstored. Built by SGLang's backend factory as
     ``KvstoredStorage(storage_config, kwargs)``; options come from
     ``--hicache-storage-backend-extra-config``: ``master``, ``transport``, ``timeout``,
-    ``token_file`` (see :class:`~kvstored.integrations.objects.StoreSettings`)."""
+    ``token_file``, ``lock_ttl`` (see :class:`~kvstored.integrations.objects.StoreSettings`)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig,
                  kwargs: dict[str, Any] | None = None) -> None:
@@ -126,6 +126,8 @@ class KvstoredStorage(HiCacheStorage):
                  shard_part(config)]
         self._pages = Namespace.of(ENGINE, [*parts, PAGES_FORMAT])
         self._flat = Namespace.of(ENGINE, [*parts, FLAT_FORMAT])
+        for ns in (self._pages, self._flat):
+            self.io.register_namespace(ns.prefix)
         if getattr(mem_pool_host, "kv_buffer", None) is not None:
             self._buffers = _PoolBuffers(mem_pool_host)
         log.info("kvstored HiCache keys: %s", self.namespace.prefix)
@@ -182,8 +184,11 @@ class KvstoredStorage(HiCacheStorage):
 
     def batch_exists(self, keys: list[str],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        """How many leading pages are present: the prefix SGLang may prefetch."""
-        return self.io.leading_present(self.namespace.keys(keys))
+        """How many leading pages are present: the prefix SGLang may prefetch. They are
+        locked for ``lock_ttl`` seconds, so that the batch_get of the prefetch that
+        follows finds them (it ends the locks); the rest of the batch is not locked."""
+        return self.io.leading_present(self.namespace.keys(keys),
+                                       lock_for=self.settings.lock_ttl)
 
     def exists(self, key: str) -> bool:
         return self.io.present([self.namespace.key(key)])[0]

@@ -116,6 +116,7 @@ class KvstoredTier(SecondaryTierManager):
         # Connect now: a wrong master fails vLLM's start-up, with the address.
         self.io = ObjectIO(self.settings.connect())
         self.namespace = namespace_for(offloading_spec)
+        self.io.register_namespace(self.namespace.prefix)
         flat = primary_kv_view if primary_kv_view.ndim == 1 else primary_kv_view.cast("B")
         self._primary = flat.cast("B") if flat.format != "B" else flat
         self._pool = ThreadPoolExecutor(max(1, int(io_threads)),

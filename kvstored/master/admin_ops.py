@@ -20,10 +20,12 @@ from kvstored.protocol.master_api import (
     FlushReply,
     FlushRequest,
     HitRate,
+    NamespaceStatus,
     RecoverReply,
     RecoverRequest,
     RecoverTask,
     StatusReply,
+    TierCount,
     TierStatus,
 )
 from kvstored.rpc import Binding, FramedSocket
@@ -59,9 +61,13 @@ class AdminOps:
         lookups = cluster.metrics.lookup_counts()
         total = sum(lookups.values()) or 1
         dram, ssd = lookups.get("hit_dram", 0) / total, lookups.get("hit_ssd", 0) / total
+        namespaces = {
+            ns: NamespaceStatus(u.objects, {t.value: TierCount(c.objects, c.bytes)
+                                            for t, c in u.usage().items()})
+            for ns, u in cluster.table.namespaces.items()}
         return StatusReply(nodes=[n.status() for n in cluster.nodes.values()], tiers=tiers,
                            objects=len(cluster.table.objects), lookups=lookups,
-                           hit_rate=HitRate(dram, ssd, dram + ssd))
+                           hit_rate=HitRate(dram, ssd, dram + ssd), namespaces=namespaces)
 
     async def flush(self, conn: FramedSocket, request: FlushRequest) -> FlushReply:
         cluster = self.cluster

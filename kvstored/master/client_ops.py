@@ -1,34 +1,45 @@
 """The master's data-path ops for clients: placement of puts, lookups with leases,
-existence, removal and listing."""
+lookup-and-lock, existence, removal (of keys or of a prefix), namespaces and listing."""
 
 from __future__ import annotations
 
 import time
 
-from kvstored.errors import NoSpaceError, NotFoundError, UnreachableError
+import trio
+
+from kvstored.errors import BadRequestError, NoSpaceError, NotFoundError, UnreachableError
 from kvstored.master.cluster import Cluster
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import count_ssd_read
 from kvstored.master.table import DRAM, SSD
 from kvstored.protocol import NodePhase, Tier, ops
 from kvstored.protocol.master_api import (
+    NAMESPACE_SEPARATOR,
     Empty,
     ExistsReply,
     KeysRequest,
     ListReply,
     ListRequest,
+    LockReply,
+    LockRequest,
     LookupReply,
     LookupRequest,
+    NamespaceReply,
+    NamespaceRequest,
     NodeContact,
     ObjectStat,
     PrefixHitsReply,
     PutTargetReply,
     PutTargetRequest,
+    RemovePrefixReply,
+    RemovePrefixRequest,
     RemoveReply,
     ReplicaInfo,
     Replicas,
     StatReply,
     StatRequest,
+    UnlockReply,
+    UnlockRequest,
 )
 from kvstored.rpc import Binding, FramedSocket
 from kvstored.sdk.units import format_size
@@ -36,6 +47,16 @@ from kvstored.sdk.units import format_size
 #: The most keys one list page holds, and how many pages' worth a filtered page examines.
 LIST_LIMIT = 10000
 LIST_SCAN_PAGES = 20
+#: Keys a removal of a prefix removes between two looks at other requests: a prefix of
+#: millions of keys must not stall every client's lookups for seconds.
+REMOVE_PREFIX_CHUNK = 4096
+#: Registered namespaces at most (each is a label value of the master's metrics).
+MAX_NAMESPACES = 1024
+
+
+async def between_chunks() -> None:
+    """Where a removal of a prefix lets other requests run (a checkpoint)."""
+    await trio.sleep(0)
 
 
 class ClientOps:
@@ -52,7 +73,11 @@ class ClientOps:
                 Binding(ops.PREFIX_HITS, self.prefix_hits),
                 Binding(ops.STAT, self.stat),
                 Binding(ops.REMOVE, self.remove),
-                Binding(ops.LIST, self.list)]
+                Binding(ops.LIST, self.list),
+                Binding(ops.LOCK, self.lock),
+                Binding(ops.UNLOCK, self.unlock),
+                Binding(ops.REMOVE_PREFIX, self.remove_prefix),
+                Binding(ops.ADD_NAMESPACE, self.add_namespace)]
 
     def _contacts(self, names: set[str]) -> dict[str, NodeContact]:
         return {n: self.cluster.nodes[n].contact for n in names}
@@ -142,7 +167,7 @@ class ClientOps:
         replicas = Replicas()
         referenced: set[str] = set()
         for i, key in enumerate(request.keys):
-            meta = table.lookup(key, now, lease_ttl) if request.lease \
+            meta = table.lookup(key, now, lease_ttl, request.holder) if request.lease \
                 else table.objects.get(key)
             readable = [] if meta is None else [
                 r for r in meta.readable() if (n := nodes.get(r.node)) is not None and n.alive]
@@ -168,6 +193,31 @@ class ClientOps:
                 referenced.add(replica.node)
         return LookupReply(sizes, checksums, replicas, lease_ttl, self._contacts(referenced))
 
+    async def lock(self, conn: FramedSocket, request: LockRequest) -> LockReply:
+        """Lookup-and-lock: each key found is locked against eviction (see LockRequest).
+        Eviction skips a locked object, so its DRAM copy stays until the lock ends, and
+        the holder's read finds it where the lookup did."""
+        cluster = self.cluster
+        table, metrics = cluster.table, cluster.metrics
+        ttl = min(request.ttl, cluster.timing.max_lock_ttl)
+        now = time.monotonic()
+        locked: list[bool] = []
+        for key in request.keys:
+            found = ttl > 0 and table.lock(key, request.holder, now, ttl) is not None
+            locked.append(found)
+            if not found and request.leading:
+                break
+        hits = sum(locked)
+        metrics.locks.labels(result="locked").inc(hits)
+        metrics.locks.labels(result="miss").inc(len(locked) - hits)
+        locked += [False] * (len(request.keys) - len(locked))
+        return LockReply(locked, ttl)
+
+    async def unlock(self, conn: FramedSocket, request: UnlockRequest) -> UnlockReply:
+        now = time.monotonic()
+        return UnlockReply([self.cluster.table.unlock(k, request.holder, now)
+                            for k in request.keys])
+
     async def exists(self, conn: FramedSocket, request: KeysRequest) -> ExistsReply:
         return ExistsReply([self.cluster.table.exists(k) for k in request.keys])
 
@@ -187,7 +237,9 @@ class ClientOps:
         return StatReply(ObjectStat(
             key=meta.key, size=meta.size, checksum=meta.checksum, reads=meta.reads,
             age_seconds=now - meta.created, leased_seconds=max(0.0, meta.lease_until - now),
-            replicas=[ReplicaInfo(r.node, r.tier, r.state, r.offset) for r in meta.replicas]))
+            replicas=[ReplicaInfo(r.node, r.tier, r.state, r.offset) for r in meta.replicas],
+            locked_seconds=max(0.0, *(meta.locks or {}).values()) - now
+            if meta.locked(now) else 0.0))
 
     # -- removal and listing ---------------------------------------------------------------
 
@@ -204,6 +256,58 @@ class ClientOps:
                 # A full housekeeping pass per remove cost as much as the lookups did.
                 cluster.free_when_unleased(meta, r.node, r.tier, r.offset, now, removed=True)
         return RemoveReply(removed)
+
+    async def remove_prefix(self, conn: FramedSocket, request: RemovePrefixRequest
+                            ) -> RemovePrefixReply:
+        """Remove every object under the prefix whose put started before this call, and
+        cancel the puts under it in flight now (their commits are refused), so that
+        nothing this removal saw resurrects; puts that start during or after it are
+        kept. Works in chunks, letting other requests run between them: the fence (a
+        number of the table's sequence) decides what goes, not the moment a chunk runs."""
+        cluster = self.cluster
+        table = cluster.table
+        prefix = request.prefix
+        fence = table.next_seq()
+        cancelled = 0 if request.dry_run else table.cancel_pending(prefix)
+        removed = nbytes = 0
+        after: str | None = None
+        while True:
+            keys = table.keys_with_prefix(prefix, after, REMOVE_PREFIX_CHUNK)
+            if not keys:
+                break
+            after = keys[-1]
+            now = time.monotonic()
+            for key in keys:
+                meta = table.objects.get(key)
+                if meta is None or meta.seq >= fence:
+                    continue
+                removed += 1
+                nbytes += meta.size
+                if request.dry_run:
+                    continue
+                gone = table.remove(key)
+                assert gone is not None
+                for r in gone.replicas:
+                    cluster.free_when_unleased(gone, r.node, r.tier, r.offset, now,
+                                               removed=True)
+            if len(keys) < REMOVE_PREFIX_CHUNK:
+                break
+            await between_chunks()
+        if not request.dry_run:
+            cluster.metrics.prefix_removals.inc(removed)
+        return RemovePrefixReply(removed, nbytes, cancelled, request.dry_run)
+
+    async def add_namespace(self, conn: FramedSocket, request: NamespaceRequest
+                            ) -> NamespaceReply:
+        prefix = request.prefix
+        table = self.cluster.table
+        if not prefix.endswith(NAMESPACE_SEPARATOR):
+            raise BadRequestError(f"a namespace is a key prefix ending in "
+                                  f"{NAMESPACE_SEPARATOR!r}; {prefix!r:.80} does not")
+        if prefix not in table.namespaces and len(table.namespaces) > MAX_NAMESPACES:
+            raise BadRequestError(f"the master counts at most {MAX_NAMESPACES} namespaces "
+                                  "and has that many; use fewer, broader prefixes")
+        return NamespaceReply(table.add_namespace(prefix))
 
     async def list(self, conn: FramedSocket, request: ListRequest) -> ListReply:
         """Keys in order after ``after``; with ``node`` and/or ``tier``, only those with a

@@ -37,6 +37,8 @@ class Timing:
     put_timeout: float = 30.0
     node_ttl: float = 10.0
     heartbeat_interval: float = 0.2
+    #: The longest lookup-and-lock (master.max_lock_ttl): a longer one is cut to it.
+    max_lock_ttl: float = 30.0
 
 
 class Cluster:
@@ -207,6 +209,9 @@ class Cluster:
                    sum(n.dram_capacity for n in live)),
             SSD: (usage[SSD].objects, sum(n.ssd_used for n in live),
                   sum(n.ssd_capacity for n in live))})
+        self.metrics.set_namespaces({
+            ns: (u.objects, {t.value: c for t, c in u.usage().items()})
+            for ns, u in self.table.namespaces.items() if ns})
         self.metrics.nodes.set(len(live))
         self.metrics.checksum_failures.set(sum(n.corrupt_reads for n in self.nodes.values()))
         self.metrics.quarantined.set(sum(n.quarantined for n in self.nodes.values()))

@@ -190,8 +190,11 @@ class NodeOps:
                 continue
             offloaded.append(key)
             if key in node.evict_after_offload:
-                # The eviction that waited for this offload happens now: counted now.
                 node.evict_after_offload.discard(key)
+                if meta.locked(now):
+                    # Locked since it was chosen: it stays; the next plans choose again.
+                    continue
+                # The eviction that waited for this offload happens now: counted now.
                 cluster.metrics.evictions.labels(tier=DRAM).inc()
                 cluster.drop_when_unleased(key, node.node_id, DRAM, now)
         if offloaded:

@@ -6,9 +6,10 @@ Each heartbeat, :func:`plan_node` looks at one node's DRAM and queues tasks for 
   ``watermark``: once DRAM use passes ``offload_watermark``, the least recently used
   DRAM-only objects are queued);
 - **eviction**: above ``dram_high_watermark`` the least recently used DRAM replicas
-  are dropped until use would fall to ``dram_low_watermark``. Recency alone chooses: a
-  victim under a read lease is marked removing (no new leases) and freed when its lease
-  ends. A replica whose object has no other copy is offloaded first and dropped when its
+  are dropped until use would fall to ``dram_low_watermark``. Recency alone chooses
+  among the objects no lookup-and-lock holds (a locked one is passed over until its lock
+  ends): a victim under a read lease is marked removing (no new leases) and freed when
+  its lease ends. A replica whose object has no other copy is offloaded first and dropped when its
   SSD copy lands, unless ``dram_only`` is set, in which case it is simply dropped;
 - **promotion**: SSD-only objects read ``promote_reads`` times within
   ``promote_window`` seconds wait in an ordered queue (the most recently read first).
@@ -89,6 +90,9 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
         if freed >= need():
             break
         meta = table.objects[key]
+        if meta.locked(now):
+            # A lookup-and-lock promised its holder this object until its read.
+            continue
         if freed >= must_free:
             while promote and promote[-1].last_access <= meta.last_access:
                 # Stays queued, for when something colder is in DRAM.

@@ -32,12 +32,14 @@ from kvstored.supervisor import Supervisor
 class Master:
     def __init__(self, *, policy: PolicyConfig, lease_ttl: float = 5.0,
                  put_timeout: float = 30.0, node_ttl: float = 10.0,
-                 heartbeat_interval: float = 0.2, credentials: Credentials | None = None,
+                 heartbeat_interval: float = 0.2, max_lock_ttl: float = 30.0,
+                 credentials: Credentials | None = None,
                  limits: ServerLimits | None = None,
                  metrics: MasterMetrics | None = None) -> None:
         self.metrics = metrics or MasterMetrics()
         self.cluster = Cluster(policy, Timing(lease_ttl, put_timeout, node_ttl,
-                                              heartbeat_interval), self.metrics)
+                                              heartbeat_interval, max_lock_ttl),
+                               self.metrics)
         self.supervisor = Supervisor("master", self.metrics.background_errors)
         credentials = credentials or Credentials.open()
         self.node_ops = NodeOps(self.cluster, credentials)

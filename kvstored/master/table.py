@@ -7,6 +7,21 @@ seconds passed in by the caller.
 An object becomes visible when its first replica is committed. A replica is
 ``complete`` (readable) or ``removing`` (no new leases; the node frees it once every
 lease on the object has expired). An object with no replica left is gone.
+
+Besides read leases (which only delay the free of a replica already given up), an
+object may carry *locks*: a client's lookup-and-lock holds it against eviction for a
+bounded time, in the name of a holder, until that holder's next leased lookup of it (the
+read the lock was for), its unlock, or its expiry. Eviction never picks a locked object.
+
+Every reservation and every new object takes the next number of one sequence
+(``seq``): a removal of a prefix takes one too, and removes only what is numbered
+before it, so that puts that started after it survive it and puts in flight when it ran
+are cancelled (:meth:`ObjectTable.cancel_pending`), never resurrected by a late commit.
+
+Keys are counted by *namespace* (a registered key prefix ending in
+:data:`~kvstored.protocol.master_api.NAMESPACE_SEPARATOR`; a key belongs to the longest
+one it starts with, or to ``""``): objects, and per tier complete replicas and their
+logical bytes, kept up to date on every change as the tier totals are.
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from kvstored.protocol import ReplicaState, Tier
+from kvstored.protocol.master_api import NAMESPACE_SEPARATOR
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
 COMPLETE, REMOVING = ReplicaState.COMPLETE, ReplicaState.REMOVING
@@ -45,6 +61,12 @@ class ObjectMeta:
     # SSD-only reads inside the current promotion window.
     window_start: float = 0.0
     window_reads: int = 0
+    #: Locks against eviction: holder -> until when (None: none; most objects).
+    locks: dict[str, float] | None = None
+    #: Its place in the table's sequence (see the module docstring).
+    seq: int = 0
+    #: The registered namespace it belongs to ("": none).
+    namespace: str = ""
 
     def replica(self, node: str, tier: Tier) -> Replica | None:
         for r in self.replicas:
@@ -62,6 +84,28 @@ class ObjectMeta:
     def leased(self, now: float) -> bool:
         return self.lease_until > now
 
+    def locked(self, now: float) -> bool:
+        """Some holder's lock on it has not expired (expired ones are forgotten here)."""
+        locks = self.locks
+        if not locks:
+            return False
+        for holder in [h for h, until in locks.items() if until <= now]:
+            del locks[holder]
+        if not locks:
+            self.locks = None
+            return False
+        return True
+
+    def release(self, holder: str, now: float) -> bool:
+        """End ``holder``'s lock; True if it held one that had not expired."""
+        locks = self.locks
+        if not locks or holder not in locks:
+            return False
+        live = locks.pop(holder) > now
+        if not locks:
+            self.locks = None
+        return live
+
 
 @dataclass(frozen=True, slots=True)
 class TierUsage:
@@ -72,10 +116,25 @@ class TierUsage:
 
 
 @dataclass(slots=True)
+class NamespaceUsage:
+    """One namespace's objects, and per tier its complete replicas and their bytes."""
+
+    objects: int = 0
+    tier_objects: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
+    tier_bytes: dict[Tier, int] = field(default_factory=lambda: dict.fromkeys(Tier, 0))
+
+    def usage(self) -> dict[Tier, TierUsage]:
+        return {t: TierUsage(self.tier_objects[t], self.tier_bytes[t]) for t in Tier}
+
+
+@dataclass(slots=True)
 class Pending:
     node: str
     size: int
     deadline: float
+    seq: int = 0
+    #: A removal of its prefix ran while it was in flight: its commit is refused.
+    cancelled: bool = False
 
 
 class ObjectTable:
@@ -97,6 +156,14 @@ class ObjectTable:
         self.sorted_keys: SortedList = SortedList()
         self._tier_objects = dict.fromkeys(Tier, 0)
         self._tier_bytes = dict.fromkeys(Tier, 0)
+        #: Registered namespaces by prefix, and "" for the keys outside all of them.
+        self.namespaces: dict[str, NamespaceUsage] = {"": NamespaceUsage()}
+        self._namespace_lengths: list[int] = []
+        self._seq = 0
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
 
     # -- bookkeeping of every replica change ---------------------------------------------
 
@@ -104,6 +171,9 @@ class ObjectTable:
         """Enter (+1) or leave (-1) the indexes that track complete replicas."""
         self._tier_objects[replica.tier] += sign
         self._tier_bytes[replica.tier] += sign * meta.size
+        ns = self.namespaces[meta.namespace]
+        ns.tier_objects[replica.tier] += sign
+        ns.tier_bytes[replica.tier] += sign * meta.size
         if replica.tier == DRAM:
             lru = self.dram_lru.setdefault(replica.node, OrderedDict())
             if sign > 0:
@@ -129,6 +199,15 @@ class ObjectTable:
             self._detach(meta, replica)
         del self.objects[meta.key]
         self.sorted_keys.remove(meta.key)
+        self.namespaces[meta.namespace].objects -= 1
+
+    def _create(self, key: str, size: int, checksum: int, now: float, seq: int) -> ObjectMeta:
+        meta = ObjectMeta(key, size, checksum, created=now, last_access=now, seq=seq,
+                          namespace=self.namespace_of(key))
+        self.objects[key] = meta
+        self.sorted_keys.add(key)
+        self.namespaces[meta.namespace].objects += 1
+        return meta
 
     # -- puts ------------------------------------------------------------------------
 
@@ -139,7 +218,7 @@ class ObjectTable:
         held = self.pending.get(key)
         if held is not None and held.deadline > now:
             return False
-        self.pending[key] = Pending(node, size, now + timeout)
+        self.pending[key] = Pending(node, size, now + timeout, self.next_seq())
         return True
 
     def expire_pending(self, now: float) -> list[str]:
@@ -152,8 +231,11 @@ class ObjectTable:
     def commit(self, key: str, node: str, tier: Tier, size: int, checksum: int, offset: int,
                now: float) -> bool:
         """Make a replica visible. False (and nothing changes) if another put of the key
-        already committed: objects are written once."""
-        self.pending.pop(key, None)
+        already committed (objects are written once), or if a removal of its prefix
+        cancelled this put while it was in flight."""
+        pending = self.pending.pop(key, None)
+        if pending is not None and pending.cancelled:
+            return False
         meta = self.objects.get(key)
         if meta is not None:
             if meta.size != size or meta.checksum != checksum:
@@ -162,9 +244,8 @@ class ObjectTable:
                 self._attach(meta, Replica(node, tier, offset))
                 return True
             return False
-        meta = ObjectMeta(key, size, checksum, created=now, last_access=now)
-        self.objects[key] = meta
-        self.sorted_keys.add(key)
+        meta = self._create(key, size, checksum, now,
+                            pending.seq if pending is not None else self.next_seq())
         self._attach(meta, Replica(node, tier, offset))
         return True
 
@@ -185,18 +266,43 @@ class ObjectTable:
 
     # -- reads -------------------------------------------------------------------------
 
-    def lookup(self, key: str, now: float, lease_ttl: float) -> ObjectMeta | None:
-        """The object if it has a readable replica; grants a lease and counts the read."""
+    def lookup(self, key: str, now: float, lease_ttl: float,
+               holder: str | None = None) -> ObjectMeta | None:
+        """The object if it has a readable replica; grants a lease and counts the read,
+        which ends ``holder``'s lock on it (the lease covers the read from here)."""
         meta = self.objects.get(key)
         if meta is None or not meta.readable():
             return None
         meta.lease_until = max(meta.lease_until, now + lease_ttl)
         meta.reads += 1
+        if holder is not None and meta.locks:
+            meta.release(holder, now)
+        self._touch(meta, now)
+        return meta
+
+    def _touch(self, meta: ObjectMeta, now: float) -> None:
+        """``meta`` was just used: the most recently used of its DRAM copies' nodes."""
         meta.last_access = now
         for r in meta.replicas:
             if r.tier == DRAM and r.state == COMPLETE:
-                self.dram_lru[r.node].move_to_end(key)
+                self.dram_lru[r.node].move_to_end(meta.key)
+
+    def lock(self, key: str, holder: str, now: float, ttl: float) -> ObjectMeta | None:
+        """Lock the object against eviction for ``ttl`` seconds in ``holder``'s name (a
+        lock of the same holder is extended, never shortened); None if it is not
+        readable. Counts as a use for recency: its read is coming."""
+        meta = self.objects.get(key)
+        if meta is None or not meta.readable():
+            return None
+        if meta.locks is None:
+            meta.locks = {}
+        meta.locks[holder] = max(meta.locks.get(holder, 0.0), now + ttl)
+        self._touch(meta, now)
         return meta
+
+    def unlock(self, key: str, holder: str, now: float) -> bool:
+        meta = self.objects.get(key)
+        return meta is not None and meta.release(holder, now)
 
     def exists(self, key: str) -> bool:
         meta = self.objects.get(key)
@@ -244,6 +350,17 @@ class ObjectTable:
         meta.replicas = replicas
         return meta
 
+    def cancel_pending(self, prefix: str) -> int:
+        """Cancel the puts in flight under ``prefix``: their commits will be refused, and
+        the keys stay reserved (a new put of one is refused as "being put") until then,
+        or until the reservation expires. Returns how many were cancelled."""
+        cancelled = 0
+        for key, pending in self.pending.items():
+            if key.startswith(prefix) and not pending.cancelled:
+                pending.cancelled = True
+                cancelled += 1
+        return cancelled
+
     def drop_node(self, node: str) -> list[str]:
         """Forget every replica on ``node``; returns the keys that vanished with it."""
         gone = []
@@ -280,6 +397,49 @@ class ObjectTable:
             if tier is None or meta.replica(node, tier) is not None:
                 yield meta
 
+    # -- namespaces --------------------------------------------------------------------
+
+    def namespace_of(self, key: str) -> str:
+        """The longest registered namespace ``key`` starts with, or "". One look per
+        distinct namespace length, longest first (an engine's namespaces differ in their
+        rank, not their length, so this is one or two looks per commit)."""
+        namespaces = self.namespaces
+        for length in self._namespace_lengths:
+            if key[length - 1:length] == NAMESPACE_SEPARATOR and key[:length] in namespaces:
+                return key[:length]
+        return ""
+
+    def add_namespace(self, prefix: str) -> int:
+        """Register ``prefix`` (ending in the separator) as a namespace, and count the
+        objects under it that no longer registered namespace holds; how many it has."""
+        assert prefix.endswith(NAMESPACE_SEPARATOR)
+        usage = self.namespaces.get(prefix)
+        if usage is not None:
+            return usage.objects
+        usage = self.namespaces[prefix] = NamespaceUsage()
+        self._namespace_lengths = sorted({len(ns) for ns in self.namespaces if ns},
+                                         reverse=True)
+        for key in self.sorted_keys.irange(minimum=prefix):
+            if not key.startswith(prefix):
+                break
+            meta = self.objects[key]
+            # A key already in a longer (nested) namespace stays there.
+            if len(meta.namespace) < len(prefix):
+                self._move(meta, prefix)
+        return usage.objects
+
+    def _move(self, meta: ObjectMeta, namespace: str) -> None:
+        old, new = self.namespaces[meta.namespace], self.namespaces[namespace]
+        old.objects -= 1
+        new.objects += 1
+        for r in meta.replicas:
+            if r.state == COMPLETE:
+                old.tier_objects[r.tier] -= 1
+                old.tier_bytes[r.tier] -= meta.size
+                new.tier_objects[r.tier] += 1
+                new.tier_bytes[r.tier] += meta.size
+        meta.namespace = namespace
+
     def usage(self) -> dict[Tier, TierUsage]:
         """Per tier: objects and logical bytes of complete replicas (kept up to date, not
         computed: the master reports them ten times a second)."""
@@ -314,5 +474,15 @@ class ObjectTable:
                     objects[r.tier] += 1
                     sizes[r.tier] += meta.size
         assert {n: k for n, k in self.node_keys.items() if k} == holders, "node_keys drifted"
+        spaces = {ns: NamespaceUsage() for ns in self.namespaces}
+        for key, meta in self.objects.items():
+            assert meta.namespace == self.namespace_of(key), f"{key!r} in the wrong namespace"
+            ns = spaces[meta.namespace]
+            ns.objects += 1
+            for r in meta.replicas:
+                if r.state == COMPLETE:
+                    ns.tier_objects[r.tier] += 1
+                    ns.tier_bytes[r.tier] += meta.size
+        assert spaces == self.namespaces, "namespace usage drifted"
         assert self.usage() == {t: TierUsage(objects[t], sizes[t]) for t in Tier}
         assert list(self.sorted_keys) == sorted(self.objects), "sorted_keys drifted"

@@ -19,6 +19,7 @@ from kvstored.protocol.shapes import (
     Key,
     Keys,
     List,
+    Name,
     Offsets,
     Opt,
     OptKeys,
@@ -38,6 +39,15 @@ Versions = Annotated[list[int], List(Int(0, 2**63 - 1))]
 AnyVersions = Annotated[list[int | None], List(Opt(Int(0, 2**63 - 1)))]
 WaitSeconds = Annotated[float | None, Opt(Seconds(MAX_WAIT_SECONDS))]
 Limit = Annotated[int | None, Opt(Int(1, 2**31))]
+#: Who holds a lock: an identifier each client makes up (one per client instance).
+Holder = Annotated[str, Name(128)]
+OptHolder = Annotated[str | None, Opt(Name(128))]
+#: A lock's length as asked; the master cuts it to master.max_lock_ttl.
+LockSeconds = Annotated[float, Seconds(MAX_WAIT_SECONDS)]
+
+#: Ends every namespace: a namespace is a key prefix that ends with it (see
+#: :class:`NamespaceRequest`). The engine adapters join their key parts with it too.
+NAMESPACE_SEPARATOR = "/"
 
 
 @message
@@ -343,6 +353,43 @@ class LookupRequest(Message):
     keys: Keys
     #: Grant a read lease on what is found.
     lease: bool = True
+    #: The client's lock holder: a leased lookup is the read that ends its locks on the
+    #: keys it finds (the read lease covers the read from then on).
+    holder: OptHolder = None
+
+
+@message
+class LockRequest(Message):
+    """Look ``keys`` up and lock each one found against eviction for ``ttl`` seconds
+    (cut to master.max_lock_ttl), in ``holder``'s name. ``leading``: stop at the first
+    key not found (a prefix cache reads only the leading run of hits), and lock none
+    after it. A lock ends at its expiry, at the holder's next leased lookup of the key
+    (its read), or at its unlock, whichever comes first; locking again extends it."""
+
+    keys: Keys
+    holder: Holder
+    ttl: LockSeconds
+    leading: bool = False
+
+
+@message
+class LockReply(Message):
+    #: Per key: found and locked now.
+    locked: list[bool]
+    #: How long the locks last (the ttl asked for, or master.max_lock_ttl if less).
+    ttl: float
+
+
+@message
+class UnlockRequest(Message):
+    keys: Keys
+    holder: Holder
+
+
+@message
+class UnlockReply(Message):
+    #: Per key: ``holder`` held a lock on it that had not expired.
+    unlocked: list[bool]
 
 
 @message
@@ -406,6 +453,8 @@ class ObjectStat(Message):
     age_seconds: float
     leased_seconds: float
     replicas: list[ReplicaInfo]
+    #: How long the longest lookup-and-lock on it still holds it against eviction.
+    locked_seconds: float = 0.0
 
 
 @message
@@ -416,6 +465,44 @@ class StatReply(Message):
 @message
 class RemoveReply(Message):
     removed: list[bool]
+
+
+@message
+class RemovePrefixRequest(Message):
+    """Remove every object whose key starts with ``prefix`` (never empty: that would be
+    the whole store), and cancel the puts under it still in flight; ``dry_run``: only
+    count them."""
+
+    prefix: Key
+    dry_run: bool = False
+
+
+@message
+class RemovePrefixReply(Message):
+    """What went: objects and their logical bytes, and the puts in flight that were
+    cancelled (they will not land: their put reports the object as not stored)."""
+
+    removed: int
+    bytes: int
+    cancelled: int
+    dry_run: bool = False
+
+
+@message
+class NamespaceRequest(Message):
+    """Register a namespace: a key prefix that ends with NAMESPACE_SEPARATOR. A key
+    belongs to the longest registered namespace it starts with; the master counts each
+    namespace's objects and bytes per tier (``status``, metrics). Registrations live in
+    the master's memory, as leases and locks do: a restarted master has none until its
+    clients register again."""
+
+    prefix: Key
+
+
+@message
+class NamespaceReply(Message):
+    #: Objects the namespace holds now (0 for a new prefix).
+    objects: int
 
 
 @message
@@ -497,6 +584,22 @@ class HitRate(Message):
 
 
 @message
+class TierCount(Message):
+    """Complete replicas in one tier: how many, and their logical bytes."""
+
+    objects: int
+    bytes: int
+
+
+@message
+class NamespaceStatus(Message):
+    """One namespace's share of the store: its objects, and per tier their replicas."""
+
+    objects: int
+    tiers: dict[str, TierCount]
+
+
+@message
 class StatusReply(Message):
     nodes: list[NodeStatus]
     tiers: dict[str, TierStatus]
@@ -504,6 +607,8 @@ class StatusReply(Message):
     #: Lookups by result: ``miss``, ``hit_dram``, ``hit_ssd``.
     lookups: dict[str, int]
     hit_rate: HitRate
+    #: Per registered namespace (its prefix), and ``""`` for the keys outside them all.
+    namespaces: dict[str, NamespaceStatus] = field(default_factory=dict)
 
 
 @message

@@ -31,8 +31,12 @@ from kvstored.protocol.master_api import (
     KeysRequest,
     ListReply,
     ListRequest,
+    LockReply,
+    LockRequest,
     LookupReply,
     LookupRequest,
+    NamespaceReply,
+    NamespaceRequest,
     NodeKeysRequest,
     NodeRequest,
     PrefixHitsReply,
@@ -44,10 +48,14 @@ from kvstored.protocol.master_api import (
     RegisterObjectsRequest,
     RegisterReply,
     RegisterRequest,
+    RemovePrefixReply,
+    RemovePrefixRequest,
     RemoveReply,
     StatReply,
     StatRequest,
     StatusReply,
+    UnlockReply,
+    UnlockRequest,
     UnregisterReply,
 )
 from kvstored.protocol.messages import Message, message
@@ -217,10 +225,18 @@ STATUS = OpSpec(Op.STATUS, Role.CLIENT, Empty, StatusReply)
 FLUSH = OpSpec(Op.FLUSH, Role.CLIENT, FlushRequest, FlushReply)
 EVICT = OpSpec(Op.EVICT, Role.CLIENT, EvictRequest, EvictReply)
 RECOVER = OpSpec(Op.RECOVER, Role.CLIENT, RecoverRequest, RecoverReply)
+# Lookup-and-lock: what a lookup finds is held against eviction until the lock's read,
+# its unlock or its expiry (a prefetch that saw a hit can still read it).
+LOCK = OpSpec(Op.LOCK, Role.CLIENT, LockRequest, LockReply)
+UNLOCK = OpSpec(Op.UNLOCK, Role.CLIENT, UnlockRequest, UnlockReply)
+# Every object under a prefix, and every put under it still in flight, in one call.
+REMOVE_PREFIX = OpSpec(Op.REMOVE_PREFIX, Role.CLIENT, RemovePrefixRequest, RemovePrefixReply)
+ADD_NAMESPACE = OpSpec(Op.ADD_NAMESPACE, Role.CLIENT, NamespaceRequest, NamespaceReply)
 
 MASTER_OPS = _table(REGISTER, REGISTER_OBJECTS, REGISTER_DONE, COMMIT, HEARTBEAT, SSD_EVICTED,
                     LEAVING, UNREGISTER, PUT_TARGET, PUT_ABORT, LOOKUP, EXISTS, PREFIX_HITS,
-                    STAT, REMOVE, LIST, STATUS, FLUSH, EVICT, RECOVER)
+                    STAT, REMOVE, LIST, STATUS, FLUSH, EVICT, RECOVER, LOCK, UNLOCK,
+                    REMOVE_PREFIX, ADD_NAMESPACE)
 
 # -- a node's data server ----------------------------------------------------------------------
 # Every op is a client op: clients put and get bytes here.

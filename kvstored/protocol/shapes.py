@@ -109,6 +109,23 @@ class KeyStr(Shape):
         return super().explain(value)
 
 
+class Name(Shape):
+    """A non-empty string of at most ``max_len`` characters (an identifier a client
+    makes up, such as the holder of a lock)."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self.expected = f"a non-empty string of at most {max_len} characters"
+
+    def ok(self, value: Any) -> bool:
+        return type(value) is str and 0 < len(value) <= self.max_len
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is str:
+            return "", f"must be {self.expected}; this one has {len(value)}"
+        return super().explain(value)
+
+
 class Int(Shape):
     """An integer in ``[lo, hi]`` (booleans are not integers here)."""
 

@@ -325,6 +325,7 @@ for _command, _code, _args in (
         ("stat", 0, ("stat", "there")),
         ("stat", 3, ("stat", "absent")),
         ("rm", 3, ("rm", "absent")),
+        ("rm", 2, ("rm", "--prefix", "")),  # the whole store: refused
         ("flush", 0, ("flush", "--wait")),
         ("flush", 3, ("flush", "--node", "no-such-node")),
         ("evict", 0, ("evict", "--tier", "dram", "--prefix", "nothing/", "--dry-run")),

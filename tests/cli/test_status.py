@@ -142,3 +142,50 @@ def test_a_registering_node_shows_as_starting_and_puts_say_why(spawn):
     assert put.returncode == ExitCode.UNREACHABLE
     assert "node slow-starter is starting (registering its objects with the master: 3 of " \
            "10)" in put.stderr.decode(), put.stderr
+
+
+def test_status_shows_each_namespace_whole_with_its_objects_and_bytes():
+    long_ns = "sglang/meta-llama%2FLlama-3.1-70B-Instruct/bfloat16/mha-page_first/page64/" \
+              "tp3of8/pages/"
+    reply = _reply([_node("n1", "127.0.0.1:1")])
+    reply["namespaces"] = {
+        "": {"objects": 7, "tiers": {"dram": {"objects": 7, "bytes": 7 * MiB},
+                                     "ssd": {"objects": 0, "bytes": 0}}},
+        long_ns: {"objects": 1_500, "tiers": {"dram": {"objects": 900, "bytes": 900 * MiB},
+                                              "ssd": {"objects": 1_500, "bytes": 1500 * MiB}}}}
+    text = _rendered(reply)
+    _assert_fits_and_whole(text, [long_ns])
+    assert "1,500 (DRAM 900.0 MiB, SSD 1.5 GiB)" in text
+    assert "outside every namespace" in text
+    # Without a registered namespace, status shows no namespace table at all.
+    reply["namespaces"] = {"": reply["namespaces"][""]}
+    assert "namespace" not in _rendered(reply)
+
+
+def test_rm_prefix_says_what_it_removed_and_status_counts_namespaces(spawn, tmp_path):
+    up = spawn("up", "--listen", "127.0.0.1:0", "--data", str(tmp_path / "data"),
+               "--dram", "64MiB", "--ssd", "256MiB", "--backend", "file-per-key")
+    import kvstored
+
+    with kvstored.connect(up.addr) as client:
+        client.register_namespace("eng/a/")
+        client.batch_put([f"eng/a/{i}" for i in range(5)] + ["eng/b/1"],
+                         [b"x" * 1000] * 6)
+    document = json.loads(kvstore_ok("status", "--json", master=up.addr))
+    assert document["namespaces"]["eng/a/"]["objects"] == 5
+    assert document["namespaces"][""]["objects"] == 1
+    run = kvstore("rm", "--prefix", "eng/a/", "--dry-run", master=up.addr)
+    assert run.returncode == 0 and b"would remove 5 objects" in run.stderr, run.stderr
+    run = kvstore("rm", "--prefix", "eng/a/", master=up.addr)
+    assert run.returncode == 0 and b"removed 5 objects (4.9 KiB) under 'eng/a/'" in \
+        run.stderr, run.stderr
+    run = kvstore("rm", "--prefix", "eng/a/", master=up.addr)
+    assert run.returncode == ExitCode.NOT_FOUND and b"no object under 'eng/a/'" in \
+        run.stderr, run.stderr
+    for args in (("rm", "--prefix", ""), ("rm", "k", "--prefix", "eng/"), ("rm",),
+                 ("rm", "k", "--dry-run")):
+        run = kvstore(*args, master=up.addr)
+        assert run.returncode == ExitCode.USAGE, (args, run.stderr)
+    assert json.loads(kvstore_ok("status", "--json", master=up.addr)
+                      )["namespaces"]["eng/a/"]["objects"] == 0
+    assert kvstore_ok("ls", "eng/", master=up.addr).split()[-1] == "eng/b/1"

@@ -66,6 +66,14 @@ SCENARIO: Scenario = [
     ("remove", lambda p: (f"{p}a",)),
     ("batch_remove", lambda p: ([f"{p}a", f"{p}big"],)),
     ("get", lambda p: (f"{p}a",)),
+    ("batch_put", lambda p: ([f"{p}ns/1", f"{p}ns/2"], [b"1", b"22"])),
+    ("register_namespace", lambda p: (f"{p}ns/",)),
+    ("register_namespace", lambda p: (f"{p}ns",)),                 # no '/' at its end
+    ("batch_lookup_and_lock", lambda p: ([f"{p}ns/1", f"{p}nothing"], 5.0)),
+    ("batch_unlock", lambda p: ([f"{p}ns/1", f"{p}ns/2"],)),
+    ("batch_lookup_and_lock", lambda p: ([f"{p}ns/1"], 0)),        # not a lock's length
+    ("batch_remove_prefix", lambda p: (f"{p}ns/",)),
+    ("batch_remove_prefix", lambda p: ("",)),                      # the whole store: no
 ]
 
 
@@ -198,6 +206,13 @@ def test_both_shells_give_the_same_results_and_errors(embedded, transport):  # n
     assert by_step["14:put"][1] == "NoSpaceError"
     assert by_step["17:get"] == ("ok", None)
     assert by_step["20:get"] == ("ok", None)
+    assert by_step["22:register_namespace"] == ("ok", 2)
+    assert by_step["23:register_namespace"][:2] == ("error", "BadRequestError")
+    assert by_step["24:batch_lookup_and_lock"] == ("ok", [True, False])
+    assert by_step["25:batch_unlock"] == ("ok", [True, False])
+    assert by_step["26:batch_lookup_and_lock"][:2] == ("error", "BadRequestError")
+    assert by_step["27:batch_remove_prefix"] == ("ok", 2)
+    assert by_step["28:batch_remove_prefix"][:2] == ("error", "BadRequestError")
 
 
 def test_a_trio_read_from_a_node_that_never_answers_misses_within_the_timeout(embedded):  # noqa: F811

@@ -125,14 +125,27 @@ def test_prefix_count_stops_at_the_first_missing_chunk(store, rng, managers):
     remote = manager.storage_backends[REMOTE]
     assert remote.batched_contains(keys) == 2
     connector = remote.connection
+    ours = kvstored_connector(manager)
+    stored = [ours.store_key(k) for k in keys]
+
+    def locked(key: str) -> bool:
+        return ours.io.client.call("stat", key=key)["object"]["locked_seconds"] > 0
+
+    assert not any(locked(stored[i]) for i in (0, 1, 3, 4))  # a lookup without pin
     loop = asyncio.new_event_loop()
     try:
+        # LMCache's pin is kvstored's lookup-and-lock: the two leading chunks, not the
+        # ones after the hole, are held until the retrieval reads them.
         assert loop.run_until_complete(
             connector.batched_async_contains("lookup", keys, pin=True)) == 2
+        assert [locked(stored[i]) for i in (0, 1, 3, 4)] == [True, True, False, False]
         got = loop.run_until_complete(connector.batched_get_non_blocking("lookup", keys))
         assert len(got) == 2
+        assert not any(locked(stored[i]) for i in (0, 1))
     finally:
         loop.close()
+    namespace = ours.namespace(keys[0]).prefix
+    assert ours.io.client.call("status")["namespaces"][namespace]["objects"] >= 4
 
 
 @pytest.mark.parametrize("save_chunk_meta", [True, False])

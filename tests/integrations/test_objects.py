@@ -8,7 +8,7 @@ import pytest
 
 from kvstored.client import MISSING, connect
 from kvstored.integrations.namespace import Namespace, dtype_name, escape_part
-from kvstored.integrations.objects import ObjectIO, StoreSettings, byte_view
+from kvstored.integrations.objects import DEFAULT_LOCK_TTL, ObjectIO, StoreSettings, byte_view
 from tests.integrations.conftest import start_store
 
 
@@ -93,6 +93,11 @@ def test_settings_come_from_the_engines_options(monkeypatch, tmp_path):
     assert got == StoreSettings("h:1", "tcp", 2.5, "/t")
     with pytest.raises(ValueError, match="timeout must be a number"):
         StoreSettings.from_options({"timeout": "soon"})
+    assert StoreSettings.from_options({}).lock_ttl == DEFAULT_LOCK_TTL
+    assert StoreSettings.from_options({"lock_ttl": "0"}).lock_ttl == 0.0  # no locks
+    for bad in ("-1", "nan", "later"):
+        with pytest.raises(ValueError, match="lock_ttl must be a number of seconds"):
+            StoreSettings.from_options({"lock_ttl": bad})
 
 
 def test_what_the_engine_leaves_unset_is_kvstoreds_client_configuration(monkeypatch,

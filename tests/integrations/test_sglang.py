@@ -131,6 +131,40 @@ def test_batch_exists_counts_only_the_leading_pages(store, rng):
     backend.close()
 
 
+def _locked(client, key: str) -> float:
+    return client.call("stat", key=key)["object"]["locked_seconds"]
+
+
+def test_batch_exists_locks_the_pages_it_counts_until_the_prefetch_reads_them(store, rng):
+    """The gap between SGLang's batch_exists and its prefetch's batch_get: the pages
+    counted are locked against eviction, those after the first hole are not, and the
+    read ends the locks. Namespaces are registered, so status counts the pages."""
+    pool = make_host_pool("mha", "page_first")
+    backend = attach(store.addr, pool, mla=False, layout="page_first",
+                     model="org/lock-model")
+    keys = page_hashes(rng, 4)
+    src = pool.alloc(4 * PAGE)
+    fill_random(pool, src, rng)
+    held = [0, 1, 3]
+    indices = torch.cat([src[i * PAGE:(i + 1) * PAGE] for i in held])
+    assert backend.batch_set_v1([keys[i] for i in held], indices) == [True] * 3
+    stored = backend.namespace.keys(keys)
+    with connect(store.addr) as c:
+        assert backend.batch_exists(keys) == 2
+        ttl = backend.settings.lock_ttl
+        assert [_locked(c, k) > 0 for k in (stored[0], stored[1], stored[3])] == \
+            [True, True, False]
+        assert _locked(c, stored[0]) <= ttl
+        dst = pool.alloc(2 * PAGE)
+        assert backend.batch_get_v1(keys[:2], dst) == [True, True]
+        assert [_locked(c, k) for k in stored[:2]] == [0.0, 0.0]
+        status = c.call("status")["namespaces"]
+        assert status[backend.namespace.prefix]["objects"] == 3
+        backend.clear()
+        assert c.call("status")["namespaces"][backend.namespace.prefix]["objects"] == 0
+    backend.close()
+
+
 def test_tensor_parallel_ranks_never_share_mha_pages_but_share_mla(store, rng):
     keys = page_hashes(rng, 2)
     for kind, shared in (("mha", False), ("mla", True)):

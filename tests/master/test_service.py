@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError, UnreachableError
-from kvstored.master import node_ops
+from kvstored.master import client_ops, node_ops
 from kvstored.master import nodes as nodes_module
 from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
@@ -27,7 +27,9 @@ from kvstored.protocol.master_api import (
     FlushRequest,
     HeartbeatRequest,
     KeysRequest,
+    LockRequest,
     LookupRequest,
+    NamespaceRequest,
     NodeContact,
     NodeReport,
     NodeRequest,
@@ -40,9 +42,11 @@ from kvstored.protocol.master_api import (
     RegisterObjectsRequest,
     RegisterRequest,
     Registration,
+    RemovePrefixRequest,
     StatRequest,
+    UnlockRequest,
 )
-from tests.master.harness import NODE_TOKEN, Cluster, run
+from tests.master.harness import NODE_TOKEN, Cluster, FakeNode, run
 
 MiB = 1 << 20
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -493,3 +497,204 @@ def test_housekeeping_survives_a_failing_pass(monkeypatch):
         assert master.metrics.background_errors.labels(task="housekeeping")._value.get() == 2
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# -- lookup-and-lock -------------------------------------------------------------------------
+
+async def _filled(cluster: Cluster) -> FakeNode:
+    """A node with 100 MiB of DRAM holding k0..k9 (10 MiB each, all on SSD too)."""
+    node = await cluster.node("n1", dram=100 * MiB)
+    for i in range(10):
+        await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+    await node.heartbeat(NodeReport(offloaded=Offloaded(
+        [f"k{i}" for i in range(10)], list(range(10)))))
+    return node
+
+
+def test_eviction_passes_over_a_locked_object_and_takes_it_once_unlocked():
+    async def scenario(cluster: Cluster) -> None:
+        node = await _filled(cluster)
+        client = cluster.client()
+        lock = await client.call(ops.LOCK, LockRequest(["k0", "none"], "h1", ttl=30.0))
+        assert lock.locked == [True, False] and lock.ttl == 30.0
+        # A lock counts as a use; reading the others makes k0 the coldest again.
+        await client.call(ops.LOOKUP, LookupRequest([f"k{i}" for i in range(1, 10)]))
+        table = cluster.master.cluster.table
+        assert next(iter(table.dram_lru["n1"])) == "k0"
+        # Over the high watermark: the coldest unlocked ones go; k0 stays in DRAM.
+        await node.heartbeat(dram_used=95 * MiB)
+        assert await _found(cluster, "k0", "k1", "k2") == [
+            [("n1", DRAM), ("n1", SSD)], [("n1", SSD)], [("n1", SSD)]]
+        assert (await client.call(ops.UNLOCK, UnlockRequest(["k0", "k3"], "h1"))
+                ).unlocked == [True, False]
+        # 20 MiB of k1 and k2 are on their way out: 115 MiB is 95 MiB once they go.
+        await node.heartbeat(dram_used=115 * MiB)
+        assert await _found(cluster, "k0") == [[("n1", SSD)]]
+        assert _count(cluster, "kvstored_locks_total", result="locked") == 1
+        assert _count(cluster, "kvstored_locks_total", result="miss") == 1
+        table.check()
+
+    run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def test_an_expired_lock_no_longer_holds_its_object():
+    async def scenario(cluster: Cluster) -> None:
+        node = await _filled(cluster)
+        client = cluster.client()
+        await client.call(ops.LOCK, LockRequest(["k0"], "h1", ttl=0.2))
+        # Each heartbeat is over the high watermark by what is not on its way out yet;
+        # until the lock expires the plans pass over k0, after it k0 goes too.
+        state = cluster.master.cluster.nodes["n1"]
+        with trio.fail_after(10):
+            while (await _found(cluster, "k0")) != [[("n1", SSD)]]:
+                await node.heartbeat(dram_used=95 * MiB + state.dram_given_up())
+                await trio.sleep(0.02)
+        assert cluster.master.cluster.table.objects["k0"].locks is None
+
+    run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})
+
+
+def test_the_holders_read_ends_its_lock_and_a_lock_is_cut_to_max_lock_ttl():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        await node.commit(("a", 10, 1, 0), ("b", 10, 2, 4096), ("c", 10, 3, 8192))
+        client = cluster.client()
+        lock = await client.call(ops.LOCK, LockRequest(["a", "none", "c"], "h1", ttl=600.0,
+                                                       leading=True))
+        assert lock.locked == [True, False, False] and lock.ttl == 2.0  # c: after a miss
+        objects = cluster.master.cluster.table.objects
+        assert objects["a"].locks is not None
+        assert objects["c"].locks is None
+        await client.call(ops.LOOKUP, LookupRequest(["a"], holder="h2"))  # not the holder
+        assert objects["a"].locks is not None
+        await client.call(ops.LOOKUP, LookupRequest(["a"], lease=False, holder="h1"))
+        assert objects["a"].locks is not None  # a lookup without a lease reads nothing
+        await client.call(ops.LOOKUP, LookupRequest(["a"], holder="h1"))
+        assert objects["a"].locks is None
+        with pytest.raises(BadRequestError, match="holder"):
+            await client.call(ops.LOCK, LockRequest(["a"], "", ttl=1.0))
+
+    run(scenario, max_lock_ttl=2.0)
+
+
+# -- removal of a prefix, and namespaces --------------------------------------------------
+
+def test_removing_a_prefix_cancels_puts_in_flight_and_keeps_those_that_start_later():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        client = cluster.client()
+        await node.commit(("p/done", 10, 1, 0), ("q/other", 10, 2, 4096))
+        # A put of p/inflight has its target (so it started) but is not committed yet.
+        reply = await client.call(ops.PUT_TARGET, PutTargetRequest(["p/inflight"], [10]))
+        assert reply.targets == ["n1"]
+        dry = await client.call(ops.REMOVE_PREFIX, RemovePrefixRequest("p/", dry_run=True))
+        assert (dry.removed, dry.bytes, dry.cancelled, dry.dry_run) == (1, 10, 0, True)
+        gone = await client.call(ops.REMOVE_PREFIX, RemovePrefixRequest("p/"))
+        assert (gone.removed, gone.bytes, gone.cancelled) == (1, 10, 1)
+        # The put that started before the removal commits after it: refused, so it does
+        # not resurrect under the removed prefix.
+        assert await node.commit(("p/inflight", 10, 3, 8192)) == [False]
+        # One that starts after the removal lands.
+        assert (await client.call(ops.PUT_TARGET, PutTargetRequest(["p/inflight"], [10]))
+                ).targets == ["n1"]
+        assert await node.commit(("p/inflight", 10, 3, 8192)) == [True]
+        assert await _found(cluster, "p/done", "p/inflight", "q/other") == [
+            [], [("n1", DRAM)], [("n1", DRAM)]]
+        assert await node.heartbeat() == [DropTask(DRAM, ["p/done"], [0])]
+        assert _count(cluster, "kvstored_prefix_removed_objects_total") == 1
+        with pytest.raises(BadRequestError, match="prefix"):
+            await client.call(ops.REMOVE_PREFIX, RemovePrefixRequest(""))
+        cluster.master.cluster.table.check()
+
+    run(scenario, policy={"offload": "watermark"})
+
+
+def test_a_removal_in_chunks_leaves_what_was_put_while_it_ran(monkeypatch):
+    monkeypatch.setattr(client_ops, "REMOVE_PREFIX_CHUNK", 4)
+    paused, resume = trio.Event(), trio.Event()
+
+    async def between_chunks() -> None:
+        paused.set()
+        await resume.wait()
+
+    monkeypatch.setattr(client_ops, "between_chunks", between_chunks)
+
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        client = cluster.client()
+        await node.commit(*[(f"p/{i:02d}", 1, 1, i * 4096) for i in range(20)])
+        await client.call(ops.PUT_TARGET, PutTargetRequest(["p/00x"], [1]))
+        removed: list[int] = []
+
+        async def remove() -> None:
+            removed.append((await cluster.client().call(
+                ops.REMOVE_PREFIX, RemovePrefixRequest("p/"))).removed)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(remove)
+            await paused.wait()  # the first chunk is gone; the removal waits here
+            table = cluster.master.cluster.table
+            assert len(table.keys_with_prefix("p/", None, 100)) == 16
+            # Committed now, but started before the removal: refused.
+            assert await node.commit(("p/00x", 1, 1, 50 * 4096)) == [False]
+            # Started and committed while the removal runs: kept, though the removal
+            # has yet to visit where it sorts.
+            await client.call(ops.PUT_TARGET, PutTargetRequest(["p/99"], [1]))
+            assert await node.commit(("p/99", 1, 1, 99 * 4096)) == [True]
+            resume.set()
+        assert removed == [20]
+        assert cluster.master.cluster.table.keys_with_prefix("p/", None, 100) == ["p/99"]
+        cluster.master.cluster.table.check()
+
+    run(scenario)
+
+
+def test_namespaces_show_their_usage_in_status_and_metrics():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        client = cluster.client()
+        await node.commit(("eng/a/1", 10, 1, 0), ("eng/b/1", 20, 2, 4096), ("loose", 5, 3,
+                                                                             8192))
+        assert (await client.call(ops.ADD_NAMESPACE, NamespaceRequest("eng/a/"))).objects == 1
+        assert (await client.call(ops.ADD_NAMESPACE, NamespaceRequest("eng/b/"))).objects == 1
+        await node.commit(("eng/a/2", 30, 4, 12288))
+        await node.heartbeat(NodeReport(offloaded=Offloaded(["eng/a/2"], [4])))
+        with pytest.raises(BadRequestError, match="ending in '/'"):
+            await client.call(ops.ADD_NAMESPACE, NamespaceRequest("eng/c"))
+        status = await client.call(ops.STATUS, Empty())
+        view = {ns: (s.objects, s.tiers["dram"].bytes, s.tiers["ssd"].bytes)
+                for ns, s in status.namespaces.items()}
+        assert view == {"": (1, 5, 0), "eng/a/": (2, 40, 30), "eng/b/": (1, 20, 0)}
+        cluster.housekeeping()
+        assert _count(cluster, "kvstored_namespace_objects", namespace="eng/a/") == 2
+        assert _count(cluster, "kvstored_namespace_tier_bytes", namespace="eng/a/",
+                      tier="ssd") == 30
+        assert _count(cluster, "kvstored_namespace_tier_objects", namespace="eng/b/",
+                      tier="dram") == 1
+        await client.call(ops.REMOVE_PREFIX, RemovePrefixRequest("eng/a/"))
+        cluster.housekeeping()
+        assert _count(cluster, "kvstored_namespace_objects", namespace="eng/a/") == 0
+
+    run(scenario)
+
+
+def test_a_last_copy_locked_while_its_eviction_waits_for_its_offload_stays_in_dram():
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1", dram=100 * MiB)
+        for i in range(10):
+            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        # DRAM-only objects: the coldest two go to SSD first, to leave DRAM once there.
+        assert await node.heartbeat(dram_used=95 * MiB) == [
+            OffloadTask(["k0", "k1"], urgent=True)]
+        client = cluster.client()
+        assert (await client.call(ops.LOCK, LockRequest(["k0"], "h1", ttl=30.0))).locked \
+            == [True]
+        tasks = await node.heartbeat(NodeReport(offloaded=Offloaded(["k0", "k1"], [0, 1])),
+                                     dram_used=95 * MiB)
+        assert DropTask(DRAM, ["k1"], [10 * MiB]) in tasks
+        assert not any(isinstance(t, DropTask) and "k0" in t.keys for t in tasks)
+        assert await _found(cluster, "k0") == [[("n1", DRAM), ("n1", SSD)]]
+        assert "k0" not in cluster.master.cluster.nodes["n1"].evict_after_offload
+        cluster.master.cluster.table.check()
+
+    run(scenario, policy={"offload": "watermark", "offload_watermark": 0.99})

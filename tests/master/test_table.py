@@ -1,5 +1,6 @@
-"""The master's object table: write-once commits, leases, removal, node loss, listing,
-with the invariants checked after every mutation."""
+"""The master's object table: write-once commits, leases, locks, removal (cancelled puts
+included), node loss, listing and namespaces, with the invariants checked after every
+mutation."""
 
 from __future__ import annotations
 
@@ -66,6 +67,81 @@ def test_prefix_listing_pages_in_order():
     assert [k for page in pages for k in page] == [f"p/{i:02d}" for i in range(25)]
 
 
+def test_a_lock_ends_at_its_holders_read_its_unlock_or_its_expiry():
+    t = ObjectTable()
+    for key in ("read", "unlocked", "expires"):
+        t.commit(key, "n1", DRAM, 10, 1, 0, now=0)
+    assert t.lock("nothing", "h1", now=1, ttl=5) is None
+    for key in ("read", "unlocked", "expires"):
+        assert t.lock(key, "h1", now=1, ttl=5) is not None
+        assert t.objects[key].locked(now=5.9)
+    t.lookup("read", now=2, lease_ttl=5, holder="h2")  # another holder's read
+    assert t.objects["read"].locked(now=2)
+    t.lookup("read", now=2, lease_ttl=5, holder="h1")  # the read the lock was for
+    assert not t.objects["read"].locked(now=2)
+    assert not t.unlock("unlocked", "h2", now=2)  # not h2's lock
+    assert t.unlock("unlocked", "h1", now=2)
+    assert not t.objects["unlocked"].locked(now=2)
+    assert not t.unlock("unlocked", "h1", now=2)  # once
+    assert not t.objects["expires"].locked(now=6.1)
+    assert t.objects["expires"].locks is None  # forgotten, not kept as garbage
+    t.check()
+
+
+def test_locks_of_two_holders_are_independent_and_a_lock_is_never_shortened():
+    t = ObjectTable()
+    t.commit("k", "n1", DRAM, 10, 1, 0, now=0)
+    t.lock("k", "h1", now=0, ttl=10)
+    t.lock("k", "h1", now=1, ttl=2)  # a shorter lock of the same holder keeps the longer
+    t.lock("k", "h2", now=1, ttl=2)
+    assert t.unlock("k", "h2", now=2)
+    assert t.objects["k"].locked(now=9) and not t.objects["k"].locked(now=10.5)
+
+
+def test_a_put_in_flight_when_its_prefix_is_removed_never_lands():
+    t = ObjectTable()
+    assert t.reserve("p/old", "n1", 10, now=0, timeout=30)
+    assert t.reserve("q/other", "n1", 10, now=0, timeout=30)
+    assert t.cancel_pending("p/") == 1
+    assert not t.reserve("p/old", "n1", 10, now=1, timeout=30)  # still being put
+    assert not t.commit("p/old", "n1", DRAM, 10, 1, 0, now=1)   # its commit is refused
+    assert "p/old" not in t.objects
+    assert t.reserve("p/old", "n1", 10, now=2, timeout=30)       # a new put may go now
+    assert t.commit("p/old", "n1", DRAM, 10, 1, 0, now=2)
+    assert t.commit("q/other", "n1", DRAM, 10, 1, 4096, now=2)   # other prefixes: untouched
+    t.check()
+
+
+def test_sequence_numbers_order_objects_by_when_their_put_started():
+    t = ObjectTable()
+    assert t.reserve("early", "n1", 1, now=0, timeout=30)
+    fence = t.next_seq()
+    assert t.reserve("late", "n1", 1, now=0, timeout=30)
+    t.commit("late", "n1", DRAM, 1, 1, 0, now=1)
+    t.commit("early", "n1", DRAM, 1, 1, 4096, now=2)   # committed last, started first
+    assert t.objects["early"].seq < fence < t.objects["late"].seq
+
+
+def test_namespaces_count_objects_and_bytes_per_tier_by_the_longest_prefix():
+    t = ObjectTable()
+    t.commit("a/x", "n1", DRAM, 10, 1, 0, now=0)
+    t.commit("a/b/y", "n1", DRAM, 20, 1, 4096, now=0)
+    t.add_replica("a/b/y", "n1", SSD)
+    t.commit("c", "n1", SSD, 5, 1, -1, now=0)
+    assert t.add_namespace("a/b/") == 1        # counts what is there already
+    assert t.add_namespace("a/") == 1          # a/b/y stays in the longer one
+    assert t.add_namespace("a/") == 1          # idempotent
+    t.commit("a/b/z", "n1", DRAM, 30, 1, 8192, now=1)
+    usage = {ns: (u.objects, u.usage()[DRAM].bytes, u.usage()[SSD].bytes)
+             for ns, u in t.namespaces.items()}
+    assert usage == {"": (1, 0, 5), "a/": (1, 10, 0), "a/b/": (2, 50, 20)}
+    t.mark_removing("a/b/z", "n1", DRAM)       # a replica on its way out is not counted
+    t.remove("a/x")
+    assert t.namespaces["a/b/"].usage()[DRAM].bytes == 20
+    assert t.namespaces["a/"].objects == 0
+    t.check()
+
+
 class TableMachine(RuleBasedStateMachine):
     """Random operations against a plain model; invariants after every step."""
 
@@ -75,7 +151,7 @@ class TableMachine(RuleBasedStateMachine):
         self.model: dict[str, set[tuple[str, str]]] = {}
         self.now = 0.0
 
-    keys = st.sampled_from([f"k{i}" for i in range(6)])
+    keys = st.sampled_from(["k0", "a/k1", "a/b/k2", "a/b/k3", "b/k4", "k5"])
     nodes = st.sampled_from(["n1", "n2", "n3"])
     tiers = st.sampled_from([DRAM, SSD])
 
@@ -129,7 +205,18 @@ class TableMachine(RuleBasedStateMachine):
         readable = key in self.model and self.table.objects[key].readable()
         assert (found is not None) == bool(readable)
 
-    @rule(prefix=st.sampled_from(["", "k", "k1", "x"]))
+    @rule(key=keys, holder=st.sampled_from(["h1", "h2"]))
+    def lock(self, key, holder):
+        self.now += 1
+        found = self.table.lock(key, holder, self.now, 3)
+        readable = key in self.model and self.table.objects[key].readable()
+        assert (found is not None) == bool(readable)
+
+    @rule(prefix=st.sampled_from(["a/", "a/b/", "b/"]))
+    def namespace(self, prefix):
+        self.table.add_namespace(prefix)
+
+    @rule(prefix=st.sampled_from(["", "k", "a/", "a/b/k2", "x"]))
     def listing(self, prefix):
         assert self.table.keys_with_prefix(prefix, None, 100) == sorted(
             k for k in self.model if k.startswith(prefix))
