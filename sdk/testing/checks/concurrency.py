@@ -93,8 +93,9 @@ def concurrent_same_key(kit: Kit) -> None:
 
 
 #: How long a round of the opposite-order check may take before it counts as a deadlock:
-#: a round takes well under a second even on a loaded machine (0.1 s at a load of 14 on
-#: two CPUs), so this is generous, and it is paid only by a backend that hangs.
+#: a round takes under a second even on a loaded machine (file-per-key, which fsyncs
+#: every file: 0.6 s at a load of 14 on two CPUs), so this is generous, and it is paid
+#: only by a backend that hangs.
 DEADLOCK_TIMEOUT = 10.0
 
 #: Rounds of the opposite-order race, and the new keys each round's batches share.
