@@ -34,8 +34,10 @@ demo: setup
 
 # Three workers on CI's two vCPUs: most of the suite waits on fsync, child processes and
 # daemons, so a third worker fills the idle CPU. Tests of one module or class share a
-# worker (--dist loadscope), so module fixtures are built once. PYTEST_ARGS= runs serially.
-PYTEST_ARGS ?= -n 3 --dist loadscope
+# worker (--dist loadscope), so module fixtures are built once; tests/conftest.py hands out
+# the scopes with slow tests first, so xdist must not re-sort them (--no-loadscope-reorder).
+# PYTEST_ARGS= runs serially.
+PYTEST_ARGS ?= -n 3 --dist loadscope --no-loadscope-reorder
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
 test: setup engines
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \

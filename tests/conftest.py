@@ -5,6 +5,9 @@ into a failure: CI has both, so a test that skips there hides a broken feature.
 
 ``rng`` is every test's random source: its seed is logged, and ``KVSTORED_TEST_SEED``
 replays a failure with the seed it logged.
+
+Under ``make test`` (xdist, ``--dist loadscope``) the longest work goes out first: see
+:func:`pytest_collection_modifyitems`.
 """
 
 from __future__ import annotations
@@ -99,6 +102,34 @@ def run_threads(calls: Iterable[Callable[[], object]], *,
         stop.set()
     join(others)
     return raised
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit ``--dist loadscope`` gives one worker: a test's class, else its module
+    (pytest-xdist's own rule: the node id up to its last ``::``)."""
+    return nodeid.rsplit("::", 1)[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadscope``, hand out the scopes holding a test marked ``slow``
+    first, then the others by their number of tests, most first.
+
+    xdist's own order (by number of tests; the Makefile turns it off with
+    ``--no-loadscope-reorder``) sends a module of one or two long tests (a replay
+    measured against its prediction, the documented commands, the SDK tutorial's kit
+    run: a minute or more each) out last, and the run then waits on that one worker
+    while the others are idle. Largest first leaves only short scopes for the end.
+    The order inside a scope is kept, and is the same on every worker (xdist requires
+    it)."""
+    if getattr(config.option, "dist", "no") != "loadscope":
+        return
+    scopes: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        scopes.setdefault(xdist_scope(item.nodeid), []).append(item)
+    ordered = sorted(scopes.values(), key=lambda group: (
+        not any(item.get_closest_marker("slow") for item in group), -len(group)))
+    items[:] = [item for group in ordered for item in group]
 
 
 @pytest.fixture

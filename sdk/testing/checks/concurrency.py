@@ -16,10 +16,12 @@ from kvstored.sdk.testing.checks._common import (
     check,
     describe,
     make_items,
+    write_all,
 )
 from kvstored.sdk.testing.kit import Kit, payload, size_for
 from kvstored.sdk.types import (
     WriteOutcome,
+    WriteResult,
 )
 
 # -- concurrency -------------------------------------------------------------------------
@@ -91,8 +93,21 @@ def concurrent_same_key(kit: Kit) -> None:
 
 
 #: How long a round of the opposite-order check may take before it counts as a deadlock:
-#: generous, since a loaded machine is slow, and paid only by a backend that hangs.
-DEADLOCK_TIMEOUT = 20.0
+#: a round takes under a second even on a loaded machine (file-per-key, which fsyncs
+#: every file: 0.6 s at a load of 14 on two CPUs), so this is generous, and it is paid
+#: only by a backend that hangs.
+DEADLOCK_TIMEOUT = 10.0
+
+#: Rounds of the opposite-order race, and the new keys each round's batches share.
+RACE_ROUNDS, RACE_KEYS = 8, 32
+
+#: Stored keys put before each new key of a race batch. They cost a backend no I/O (it
+#: answers EXISTS from its index) but make claiming a batch's keys take long enough
+#: (thousands of entries) that the two writers are claiming at the same time even when
+#: one of them gets a CPU a few milliseconds late on a loaded machine; without them a
+#: batch of new keys only is claimed in well under a millisecond, and a backend that
+#: deadlocks is caught in about half the rounds instead of nearly all.
+RACE_PADDING = 256
 
 
 @check(Clause.BLOCKING)
@@ -100,35 +115,52 @@ def opposite_order_batches(kit: Kit) -> None:
     """Two threads writing overlapping multi-key batches in opposite orders both finish
     (no deadlock), and each key ends up written exactly once."""
     backend = kit.open()
-    for round_number in range(8):
-        keys = [f"oo{round_number}/{i}" for i in range(256)]
-        results = _race(kit, backend, {"forward": keys, "backward": keys[::-1]},
-                        f"round {round_number}")
-        for n, key in enumerate(keys):
-            got = sorted([results["forward"][n].outcome.value,
-                          results["backward"][len(keys) - 1 - n].outcome.value])
-            assert got == ["exists", "written"], \
-                f"round {round_number}: {key!r} was {got} by the two writers"
-        for key in keys[::37]:
+    stored = [(f"oo-stored/{i}", payload(f"oo-stored/{i}", 512)) for i in range(8)]
+    write_all(backend, stored)
+    padding = stored * (RACE_PADDING // len(stored))
+    for round_number in range(RACE_ROUNDS):
+        keys = [f"oo{round_number}/{i}" for i in range(RACE_KEYS)]
+        new = [(k, payload(k, 512)) for k in keys]
+        batches = {"forward": [x for item in new for x in (*padding, item)],
+                   "backward": [x for item in new[::-1] for x in (*padding, item)]}
+        results = _race(kit, backend, batches, f"round {round_number}")
+        outcomes: dict[str, list[str]] = {key: [] for key in keys}
+        for name, got in results.items():
+            assert len(got) == len(batches[name]), \
+                f"round {round_number}: {name} got {len(got)} results for " \
+                f"{len(batches[name])} items"
+            for (key, _), result in zip(batches[name], got):
+                if key in outcomes:
+                    outcomes[key].append(result.outcome.value)
+                elif result.outcome is not WriteOutcome.EXISTS:
+                    raise AssertionError(f"round {round_number}: {name} wrote {key!r}, "
+                                         f"stored before the race, again: {result}")
+        for key, got in outcomes.items():
+            assert sorted(got) == ["exists", "written"], \
+                f"round {round_number}: {key!r} was {sorted(got)} by the two writers"
+        for key in keys[::7]:
             kit.assert_value(backend, key, payload(key, 512))
+    for key, value in stored:
+        kit.assert_value(backend, key, value)
 
 
-def _race(kit: Kit, backend, orders: dict[str, list[str]], what: str) -> dict[str, list]:
-    """Write the batches of ``orders`` from one thread each, started together; their
-    results by name. Fails (without hanging) if they do not finish in time."""
-    start = threading.Barrier(len(orders))
-    results: dict[str, list] = {}
+def _race(kit: Kit, backend, batches: dict[str, list[tuple[str, bytes]]],
+          what: str) -> dict[str, list[WriteResult]]:
+    """Write ``batches`` from one thread each, started together; their results by name.
+    Fails (without hanging) if they do not finish in time."""
+    start = threading.Barrier(len(batches))
+    results: dict[str, list[WriteResult]] = {}
     failures: list[str] = []
 
     def writer(name: str) -> None:
         try:
             start.wait()
-            results[name] = backend.batch_write([(k, payload(k, 512)) for k in orders[name]])
+            results[name] = backend.batch_write(batches[name])
         except Exception as exc:  # reported below
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=writer, args=(name,), daemon=True,
-                                name=f"kit-{name}") for name in orders]
+                                name=f"kit-{name}") for name in batches]
     # Hand the interpreter between threads every microsecond instead of every 5 ms, so
     # that the writers interleave even where claiming a batch's keys takes no I/O at all
     # (one writer would otherwise claim all its keys before the other starts).

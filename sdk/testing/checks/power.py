@@ -39,10 +39,16 @@ from kvstored.sdk.testing.powerloss import (
 )
 from kvstored.sdk.types import ReadStatus
 
-#: The capacity the power checks open a backend with unless the options give one: a
-#: backend that preallocates its volume does so through glibc's emulation on FUSE (one
-#: write per 4 KiB), so a smaller volume keeps the checks quick.
-POWER_CAPACITY = 32 * MiB
+#: The capacity the power and fault checks open a backend with unless the options give
+#: one: a backend that preallocates its volume does so through glibc's emulation on FUSE
+#: (one write per 4 KiB, 2 s for 32 MiB on a loaded machine), so the volume is only as
+#: large as what the check writes needs. The ``hold`` and ``delete-last`` children write
+#: at most 2.4 MB, the fault checks under 3 MB.
+POWER_CAPACITY = 8 * MiB
+#: The same for the ``churn`` child, which writes until the cut: on a loaded machine that
+#: can come a dozen batches (up to 10 MB) after the ones the kit waited for, and nothing
+#: acknowledged may have been evicted to make room.
+CHURN_CAPACITY = 32 * MiB
 #: Batches the child must have acknowledged before a cut in the middle of its writes.
 ACKED_BEFORE_CUT = 4
 #: The cut during a store's creation replaces one of its last this many changes.
@@ -100,8 +106,9 @@ def _seed() -> int:
     return int(fixed) if fixed else random.SystemRandom().randrange(2**32)
 
 
-def _power_spec(kit: Kit) -> BackendSpec:
-    return BackendSpec(kit.spec.target, {"capacity": POWER_CAPACITY, **kit.spec.options})
+def _power_spec(kit: Kit, program: str) -> BackendSpec:
+    capacity = CHURN_CAPACITY if program == "churn" else POWER_CAPACITY
+    return BackendSpec(kit.spec.target, {"capacity": capacity, **kit.spec.options})
 
 
 @contextmanager
@@ -123,7 +130,7 @@ def cut_child(kit: Kit, mount: PowerLossMount, store: str, program: str, surviva
     ``ready(lines printed after OPEN)`` (or, with ``arm``, in place of the ``arm``-th
     operation that changes something, whatever the child is doing), kill the child and
     power on again."""
-    spec = _power_spec(kit)
+    spec = _power_spec(kit, program)
     seed = _seed()
     rng = random.Random(seed)
     cut = PowerCut(mount.mountpoint / store, spec, seed, survival,
