@@ -285,7 +285,8 @@ def _ssd(store: Any, buffers: Any, size: int, count: int, segment: int
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mode in ("remote", "ssd"):
         os.environ["MC_STORE_MEMCPY"] = "0"  # see the module docstring
-    from mooncake.store import MooncakeDistributedStore
+    # The [bench] extra: absent from a plain install, where probe() has said so already.
+    from mooncake.store import MooncakeDistributedStore  # pyright: ignore[reportMissingImports]
 
     store = MooncakeDistributedStore()
     slots = BATCH * args.size
