@@ -16,7 +16,8 @@ import errno
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import click
@@ -52,6 +53,25 @@ class RunStart:
                         # how much there was (1-minute load average, before and after).
                         "load_average": [round(self.load_before, 2),
                                          round(os.getloadavg()[0], 2)]}}
+
+
+def run_outputs(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options where a benchmark keeps its stores and writes its results:
+    ``--workdir``, ``--json-out`` (bench-results/NAME.json) and ``--markdown-out``."""
+    options = (
+        click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+                     help="Where the daemons keep their data and logs [default: a temporary "
+                          "directory, removed afterwards]."),
+        click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
+                     default=Path(f"bench-results/{name}.json"), show_default=True),
+        click.option("--markdown-out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Also write the tables as markdown (for docs/benchmarks.md)."))
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
 
 
 def say(message: str) -> None:

@@ -45,7 +45,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, say
+from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, run_outputs, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.store_kvstored import KvstoredDaemon
 from kvstored.capabilities import probe_engine
@@ -205,13 +205,7 @@ def _page_bytes(geometry: dict[str, int]) -> int:
 @click.option("--runners", default=",".join(RUNNERS), show_default=True,
               help="Comma-separated runners to measure.")
 @click.option("--backend", default="bucket", show_default=True, help="kvstored's SSD backend.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the stores keep their data and logs [default: a temporary "
-                   "directory, removed afterwards].")
-@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("bench-results/engines.json"), show_default=True)
-@click.option("--markdown-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the table as markdown (for docs/benchmarks.md).")
+@run_outputs("engines")
 def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_dim: int,
                     batch: int, rounds: int, runners: str, backend: str,
                     workdir: Path | None, json_out: Path, markdown_out: Path | None) -> None:

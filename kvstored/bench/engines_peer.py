@@ -90,7 +90,7 @@ def _storage_config(args: argparse.Namespace, model: str) -> Any:
                  "device_name": "", "local_hostname": "127.0.0.1",
                  "global_segment_size": segment, "check_server": False}
     else:
-        extra = {"file_storage_path": args.file_dir}
+        extra = {}  # HiCacheFile's directory: the environment, set in run()
     return HiCacheStorageConfig(
         tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
@@ -114,7 +114,7 @@ class _Controller:
 
     def __init__(self, backend: Any, pool: Any) -> None:
         self.storage_backend = backend
-        self.storage_host_pool = self.mem_pool_host = pool
+        self.storage_host_pool = pool
         self.page_size = pool.page_size
 
 
@@ -212,6 +212,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # every get then fails (see kvstored.bench.mooncake_peer).
         os.environ["MC_STORE_MEMCPY"] = "0"
     if args.runner.startswith("sglang-file"):
+        # HiCacheFile prefers this variable to its extra_config, so setting it is the one
+        # way a caller's own setting cannot send the run elsewhere.
         os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = args.file_dir
     pool = _host_pool(args)
     backend_name = RUNNERS[args.runner]

@@ -37,7 +37,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, say
+from kvstored.bench import BenchError, RunStart, goal_line, ratio_verdict, run_outputs, say
 from kvstored.bench.mooncake_peer import MooncakeCluster, probe
 from kvstored.bench.raw_peers import MemcpyTarget, RawSocketServer, RawSocketTarget
 from kvstored.bench.store_kvstored import KvstoredRunner
@@ -324,13 +324,7 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
               help="Repeat everything; each figure is the median over the rounds.")
 @click.option("--backend", default="bucket", show_default=True, help="kvstored's SSD backend.")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the daemons keep their data and logs [default: a temporary "
-                   "directory, removed afterwards].")
-@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("bench-results/store.json"), show_default=True)
-@click.option("--markdown-out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the tables as markdown (for docs/benchmarks.md).")
+@run_outputs("store")
 def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
                   workdir: Path | None, json_out: Path, markdown_out: Path | None) -> None:
     """kvstored's data path against Mooncake Store, a raw socket and memcpy.
