@@ -348,3 +348,125 @@ def test_the_cache_controller_backs_up_and_prefetches_through_kvstored(controlle
     for i in range(pages):
         got = int(operation.host_indices[i * PAGE])
         assert page_bytes(host, got) == page_bytes(host, int(src[i * PAGE]))
+
+
+# -- hybrid models: side pools through the v2 calls ---------------------------------------
+
+def make_mamba_pool(slots: int = 16):
+    """SGLang's Mamba state host pool (page_first, the layout its zero-copy path takes)
+    over CPU state tensors: a temporal state and one conv state per layer."""
+    device_info, pool_host_mamba = engine("sglang", "sglang.srt.mem_cache.device_pool_info",
+                                          "sglang.srt.mem_cache.pool_host.mamba")
+    info = device_info.MambaStateBufferInfo(
+        temporal=torch.zeros(LAYERS, slots, 4, 8, dtype=torch.float32),
+        conv=(torch.zeros(LAYERS, slots, 3, 16, dtype=torch.bfloat16),))
+    return pool_host_mamba.MambaPoolHost(info, 2.0, 0, device_capacity=slots,
+                                         pin_memory=False, layout="page_first")
+
+
+def fill_pool(pool, rng) -> None:
+    """Random bytes into every tensor a hybrid pool exposes for storage."""
+    for tensor in pool.get_hybrid_pool_buffer():
+        flat = tensor.reshape(-1).view(torch.uint8)
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        flat[:] = torch.randint(0, 256, (flat.numel(),), dtype=torch.uint8, generator=gen)
+
+
+def state_bytes(pool, slot: int) -> bytes:
+    return pool.get_data_page(slot, flat=True).contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def transfer(name, keys, indices, policy=None):
+    names = hicache_storage
+    return names.PoolTransfer(name=name, host_indices=indices, keys=keys,
+                              hit_policy=policy or names.PoolHitPolicy.ALL_PAGES)
+
+
+def test_mamba_states_ride_beside_the_kv_pages_and_gate_the_prefix(store, rng):
+    """A hybrid model's Mamba pool, registered as SGLang's hybrid controller registers it:
+    its per-page states are stored zero-copy through batch_set_v2 and come back byte for
+    byte through batch_get_v2; batch_exists_v2 restores only the prefixes whose trailing
+    state is stored, with the holes SGLang's contract allows."""
+    names = hicache_storage
+    kv_pool, mamba = make_host_pool("mha", "page_first"), make_mamba_pool()
+    backend = attach(store.addr, kv_pool, mla=False, layout="page_first",
+                     model="org/hybrid-model")
+    backend.register_mem_host_pool_v2(kv_pool, names.PoolName.KV)
+    backend.register_mem_host_pool_v2(mamba, names.PoolName.MAMBA)
+    pages = 4
+    keys = page_hashes(rng, pages)
+    src = kv_pool.alloc(pages * PAGE)
+    fill_random(kv_pool, src, rng)
+    fill_pool(mamba, rng)
+    states = mamba.alloc(pages)
+    assert backend.batch_set_v1(keys, src) == [True] * pages
+    # States exist at the ends of prefixes 2 and 4 only (the radix cache stores the
+    # state of the pages where a request ended).
+    stored = backend.batch_set_v2([transfer(names.PoolName.MAMBA, [keys[1], keys[3]],
+                                            states[[1, 3]])])
+    assert stored == {"mamba": [True, True]}
+
+    trailing = names.PoolHitPolicy.TRAILING_PAGES
+    found = backend.batch_exists_v2(keys, [transfer(names.PoolName.MAMBA, keys[-1:], None,
+                                                    trailing)])
+    assert found.kv_hit_pages == 4
+    assert found.restorable_prefix_pages == [2, 4]
+    assert found.extra_pool_hit_pages == {"kv": 4, "mamba": 4}
+    # One page whose state is missing cuts the prefix to the stop before it.
+    assert backend.batch_exists_v2(keys[:3], [transfer(names.PoolName.MAMBA, keys[2:3], None,
+                                                       trailing)]).kv_hit_pages == 2
+
+    slots = mamba.alloc(2)
+    got = backend.batch_get_v2([transfer(names.PoolName.MAMBA, [keys[3], keys[2]], slots)])
+    assert got == {"mamba": [True, False]}
+    assert state_bytes(mamba, int(slots[0])) == state_bytes(mamba, int(states[3]))
+    with connect(store.addr) as client:
+        listed = client.call("list", prefix=backend._side_pools["mamba"].namespace.prefix,
+                             after=None, limit=10)["keys"]
+    assert [k.rsplit("/", 1)[1] for k in listed] == sorted([keys[1], keys[3]])
+    assert "/tp0of1/pages/pool-mamba/" in listed[0]
+    backend.close()
+
+
+def test_an_all_pages_side_pool_cuts_the_prefix_at_its_first_hole(store, rng):
+    """A side pool every page needs (as a DSA indexer or draft pool is): its hole ends the
+    prefix; its pages move in the same batch as the KV pages, each pool in its own
+    namespace, and a pool SGLang never registered is a clean miss."""
+    names = hicache_storage
+    kv_pool, draft = make_host_pool("mha", "page_first"), make_host_pool("mha", "page_first")
+    backend = attach(store.addr, kv_pool, mla=False, layout="page_first",
+                     model="org/draft-model")
+    backend.register_mem_host_pool_v2(draft, names.PoolName.DRAFT)
+    keys = page_hashes(rng, 3)
+    kv_src, draft_src = kv_pool.alloc(3 * PAGE), draft.alloc(3 * PAGE)
+    fill_random(kv_pool, kv_src, rng)
+    fill_random(draft, draft_src, rng)
+    held = torch.cat([draft_src[:PAGE], draft_src[2 * PAGE:]])
+    result = backend.batch_set_v2([transfer(names.PoolName.KV, keys, kv_src),
+                                   transfer(names.PoolName.DRAFT, [keys[0], keys[2]], held)])
+    assert result == {"kv": [True] * 3, "draft": [True, True]}
+    found = backend.batch_exists_v2(keys, [transfer(names.PoolName.DRAFT, keys, None)])
+    assert (found.kv_hit_pages, found.extra_pool_hit_pages) == (1, {"kv": 3, "draft": 1})
+
+    dst = draft.alloc(PAGE)
+    assert backend.batch_get_v2([transfer(names.PoolName.DRAFT, keys[:1], dst)]) == \
+        {"draft": [True]}
+    assert page_bytes(draft, int(dst[0])) == page_bytes(draft, int(draft_src[0]))
+    # Never registered, and indices that do not cover the pages: misses, not errors.
+    assert backend.batch_get_v2([transfer(names.PoolName.SWA, keys[:1], dst)]) == \
+        {"swa": [False]}
+    assert backend.batch_get_v2([transfer(names.PoolName.DRAFT, keys[:2], dst)]) == \
+        {"draft": [False, False]}
+    backend.close()
+
+
+def test_mamba_states_of_an_mla_model_stay_per_rank(store, rng):
+    """An MLA model's KV pages are shared by the TP ranks, but its Mamba states are each
+    rank's own: their keys carry the rank."""
+    names = hicache_storage
+    backend = attach(store.addr, make_host_pool("mla", "page_first"), mla=True,
+                     layout="page_first", tp_rank=1, tp_size=2, model="org/mla-hybrid")
+    backend.register_mem_host_pool_v2(make_mamba_pool(), names.PoolName.MAMBA)
+    assert "/tp-shared/pages/" in backend.namespace.prefix
+    assert backend._side_pools["mamba"].namespace.prefix.endswith("/tp1of2/pages/pool-mamba/")
+    backend.close()
