@@ -11,7 +11,10 @@ when it opens:
 
 Either way the lock is held until :meth:`StoreLock.release`, and the kernel drops it when
 the process dies. A lock that is taken is reported as :class:`BackendBusyError` naming the
-holder, read from ``/proc/locks`` (its pid and command line) where it can be known.
+holder, read from ``/proc/locks`` (its pid and command line) where it can be known. Only a
+holder that is exiting (a restart: the old process on its way out) is waited for, on its
+pidfd, for as long as the caller allows; a live holder is refused at once, since it may
+keep the store for days, and so is one that cannot be seen (another pid namespace).
 
 The lock lives on its own descriptor, which is never handed to the io engine: an io_uring
 request may keep a reference to the file it used for a moment after it completed, and a
@@ -26,6 +29,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
+import signal
 import time
 from pathlib import Path
 
@@ -56,8 +61,11 @@ class StoreLock:
     def acquire(cls, path: str | os.PathLike, *, shared: bool = False, what: str = "store",
                 wait: float = 0.0, create: bool | None = None,
                 flags: int = 0) -> StoreLock:
-        """Lock ``path`` (exclusively, or ``shared``), retrying for ``wait`` seconds.
+        """Lock ``path`` (exclusively, or ``shared``).
 
+        A lock held by a process whose exit has begun is waited for, ``wait`` seconds at
+        the most, until that process is gone; one held by a live process (this one
+        included) is refused at once, as waiting would not free it.
         ``create`` (default: not ``shared``) creates the lock file 0600 when it is
         missing; without it a missing file gives a lock that holds nothing. ``flags`` are
         added to ``os.open`` (``O_EXCL`` for a block device). Raises
@@ -78,31 +86,101 @@ class StoreLock:
         except OSError as exc:
             raise from_oserror(exc, path=path, action=f"opening the lock of the {what}") \
                 from exc
+        try:
+            return cls._take(path, fd, shared, what, wait)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _take(cls, path: Path, fd: int, shared: bool, what: str, wait: float) -> StoreLock:
+        """``flock`` the open ``fd``; see :meth:`acquire`. Waits only for a holder whose
+        exit has begun, on its pidfd (no polling); any other holder is refused at once."""
         deadline = time.monotonic() + wait
+        looked_again = False
+        waited_for: set[int] = set()
         while True:
             try:
                 fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 return cls(path, fd, shared)
             except OSError as exc:
-                busy = exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-                if busy and time.monotonic() < deadline:
-                    time.sleep(0.02)  # a holder that is exiting; polled with a deadline
-                    continue
-                pid, holder = lock_holder(fd) if busy else (None, None)
-                os.close(fd)
-                if not busy:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise from_oserror(exc, path=path, action=f"locking the {what}") from exc
-                raise BackendBusyError(
-                    f"the {what} is in use by {holder or 'another process'}; two processes "
-                    "must not share one store: stop it first (or, for a running node, use "
-                    "its live view: kvstore mount, kvstore recover --node)", path=path,
-                    holder=holder, pid=pid) from None
+            pid, holder = lock_holder(fd)
+            if pid is None and not looked_again:
+                looked_again = True  # released between the flock and /proc/locks?
+                continue
+            if pid in waited_for:
+                # Its holder is gone and the lock is not: a child inherited the descriptor.
+                raise _busy(what, path, "a process that inherited the lock's descriptor "
+                            f"from pid {pid}, which has exited", None)
+            remaining = deadline - time.monotonic()
+            if pid is None or pid == os.getpid() or remaining <= 0 or not _exiting(pid):
+                raise _busy(what, path, holder, pid)
+            if not _await_exit(pid, remaining):
+                raise _busy(what, path, f"{holder}, which is exiting but did not let go of it "
+                            f"within {wait:g} s", pid)
+            waited_for.add(pid)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)
+
+
+def _busy(what: str, path: Path, holder: str | None, pid: int | None) -> BackendBusyError:
+    return BackendBusyError(
+        f"the {what} is in use by {holder or 'another process'}; two processes must not "
+        "share one store: stop it first (or, for a running node, use its live view: "
+        "kvstore mount, kvstore recover --node)", path=path, holder=holder, pid=pid)
+
+
+#: ``PF_EXITING`` in the flags of ``/proc/PID/stat``: the kernel has begun the exit.
+_PF_EXITING = 0x4
+#: SIGKILL's bit in the pending-signal masks of ``/proc/PID/status``.
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether ``pid`` has exited or is on its way out (a zombie, its main thread in the
+    kernel's exit, or a SIGKILL pending): its descriptors, and so its locks, are about to
+    be closed. A live process that merely has the store open is not waited for: it may
+    hold it for days."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read().splitlines()
+    except FileNotFoundError:
+        return True  # already reaped
+    except OSError:
+        return False  # not ours to look at: refuse rather than guess
+    fields = stat[stat.rfind(b")") + 2:].split()  # after the command, which may hold spaces
+    try:
+        if fields[0] in (b"Z", b"X") or int(fields[6]) & _PF_EXITING:
+            return True
+        pending = [int(line.split()[1], 16) for line in status
+                   if line.startswith((b"SigPnd:", b"ShdPnd:"))]
+    except (IndexError, ValueError):
+        return False
+    return any(mask & _SIGKILL_BIT for mask in pending)
+
+
+def _await_exit(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``pid`` to be gone, on its pidfd (readable once
+    every thread of it has exited, after its descriptors were closed). True when it is."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # no pidfd (Linux < 5.3): nothing to wait on, so refuse
+    try:
+        readable, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(pidfd)
 
 
 def lock_holder(fd: int) -> tuple[int | None, str | None]:

@@ -7,9 +7,11 @@ O_DIRECT on as it is by default for block devices. Where the machine has no loop
 those classes skip, saying why.
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -39,11 +41,20 @@ def detach_loop(device: str) -> None:
     subprocess.run(["losetup", "--detach", device], capture_output=True, timeout=30)
 
 
+@contextlib.contextmanager
+def loop_attached(image) -> Iterator[str]:
+    """:func:`attach_loop`, detached again when the block ends."""
+    device = attach_loop(image)
+    try:
+        yield device
+    finally:
+        detach_loop(device)
+
+
 @pytest.fixture
 def loop_device(tmp_path):
-    device = attach_loop(tmp_path / "loop.img")
-    yield device
-    detach_loop(device)
+    with loop_attached(tmp_path / "loop.img") as device:
+        yield device
 
 
 class TestNvmeofFilePosix(RemoveVolumes, BackendConformance):

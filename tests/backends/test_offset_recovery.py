@@ -322,10 +322,7 @@ def test_capacity_mismatch_is_refused(store_dir):
     open_offset(store_dir, capacity=None).close()  # none means "as formatted"
 
 
-def test_second_opener_is_refused(store_dir, monkeypatch):
-    import kvstored.backends.stamp as stamp_module
-
-    monkeypatch.setattr(stamp_module, "LOCK_WAIT", 0.1)
+def test_second_opener_is_refused(store_dir):
     backend = open_offset(store_dir)
     with pytest.raises(BackendBusyError, match="in use by this process"):
         open_offset(store_dir)

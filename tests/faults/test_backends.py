@@ -318,10 +318,9 @@ def test_damaged_offset_volume_is_refused_then_rebuilt(tmp_path, stopped_store, 
 
 
 def test_nvmeof_device_with_a_lost_superblock_is_refused_then_rebuilt(tmp_path):
-    from tests.backends.test_nvmeof_conformance import attach_loop, detach_loop
+    from tests.backends.test_nvmeof_conformance import loop_attached
 
-    device = attach_loop(tmp_path / "loop.img")
-    try:
+    with loop_attached(tmp_path / "loop.img") as device:
         backend = open_backend("nvmeof", tmp_path / "ssd", device=device)
         items = [(f"d{i}", payload(f"d{i}", 7000)) for i in range(30)]
         assert all(r.ok for r in backend.batch_write(items))
@@ -344,8 +343,6 @@ def test_nvmeof_device_with_a_lost_superblock_is_refused_then_rebuilt(tmp_path):
                    for p in backend.check().problems)
         backend.close()
         open_backend("nvmeof", tmp_path / "ssd", device=device).close()
-    finally:
-        detach_loop(device)
 
 
 # -- item 12: a damaged or missing stamp -----------------------------------------------------

@@ -62,6 +62,18 @@ async def _found(cluster: Cluster, *keys: str) -> list[list[tuple[str, Tier]]]:
     return out
 
 
+async def _filled(cluster: Cluster, *, on_ssd: bool = True) -> FakeNode:
+    """A node with 100 MiB of DRAM holding k0..k9 (10 MiB each; all on SSD too, unless
+    not ``on_ssd``: then DRAM is their only copy)."""
+    node = await cluster.node("n1", dram=100 * MiB)
+    for i in range(10):
+        await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+    if on_ssd:
+        await node.heartbeat(NodeReport(offloaded=Offloaded(
+            [f"k{i}" for i in range(10)], list(range(10)))))
+    return node
+
+
 async def _poll(condition, what: str, timeout: float = 10.0) -> None:
     with trio.fail_after(timeout):
         while not condition():
@@ -217,9 +229,7 @@ def test_stat_shows_every_replica_and_its_state():
 
 def test_dram_pressure_offloads_last_copies_first_and_drops_them_once_on_ssd():
     async def scenario(cluster: Cluster) -> None:
-        node = await cluster.node("n1", dram=100 * MiB)
-        for i in range(10):
-            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        node = await _filled(cluster, on_ssd=False)
         # 95 MiB used, above the high watermark (90%): down to 80 MiB, least recent
         # first; no object has another copy, so they are offloaded now, dropped later.
         tasks = await node.heartbeat(dram_used=95 * MiB)
@@ -241,11 +251,7 @@ def _count(cluster: Cluster, name: str, **labels: str) -> float:
 
 def test_a_leased_victim_stops_taking_leases_and_is_freed_when_its_lease_ends():
     async def scenario(cluster: Cluster) -> None:
-        node = await cluster.node("n1", dram=100 * MiB)
-        for i in range(10):
-            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
-        await node.heartbeat(NodeReport(offloaded=Offloaded(
-            [f"k{i}" for i in range(10)], list(range(10)))))
+        node = await _filled(cluster)
         # Every object read in order, each read leasing it for 5 s.
         await cluster.client().call(ops.LOOKUP, LookupRequest([f"k{i}" for i in range(10)]))
         # k0 and k1, the least recently read, are the victims, leased or not; their DRAM
@@ -270,9 +276,7 @@ def test_a_leased_victim_stops_taking_leases_and_is_freed_when_its_lease_ends():
 
 def test_a_dram_eviction_that_waited_for_its_offload_is_counted_when_it_lands():
     async def scenario(cluster: Cluster) -> None:
-        node = await cluster.node("n1", dram=100 * MiB)
-        for i in range(10):
-            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        node = await _filled(cluster, on_ssd=False)
         assert await node.heartbeat(dram_used=95 * MiB) == [
             OffloadTask(["k0", "k1"], urgent=True)]
         assert _count(cluster, "kvstored_evictions_total", tier="dram") == 0
@@ -501,16 +505,6 @@ def test_housekeeping_survives_a_failing_pass(monkeypatch):
 
 # -- lookup-and-lock -------------------------------------------------------------------------
 
-async def _filled(cluster: Cluster) -> FakeNode:
-    """A node with 100 MiB of DRAM holding k0..k9 (10 MiB each, all on SSD too)."""
-    node = await cluster.node("n1", dram=100 * MiB)
-    for i in range(10):
-        await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
-    await node.heartbeat(NodeReport(offloaded=Offloaded(
-        [f"k{i}" for i in range(10)], list(range(10)))))
-    return node
-
-
 def test_eviction_passes_over_a_locked_object_and_takes_it_once_unlocked():
     async def scenario(cluster: Cluster) -> None:
         node = await _filled(cluster)
@@ -680,9 +674,7 @@ def test_namespaces_show_their_usage_in_status_and_metrics():
 
 def test_a_last_copy_locked_while_its_eviction_waits_for_its_offload_stays_in_dram():
     async def scenario(cluster: Cluster) -> None:
-        node = await cluster.node("n1", dram=100 * MiB)
-        for i in range(10):
-            await node.commit((f"k{i}", 10 * MiB, i, i * 10 * MiB))
+        node = await _filled(cluster, on_ssd=False)
         # DRAM-only objects: the coldest two go to SSD first, to leave DRAM once there.
         assert await node.heartbeat(dram_used=95 * MiB) == [
             OffloadTask(["k0", "k1"], urgent=True)]

@@ -136,14 +136,10 @@ def test_not_persistent_is_not_applicable(tmp_path):
 def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
     """nvmeof on a loop device writes to the device, not through the file system the
     faults are injected into: the checks say so, naming the device, rather than pass."""
-    from tests.backends.test_nvmeof_conformance import attach_loop, detach_loop
+    from tests.backends.test_nvmeof_conformance import loop_attached
 
     require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    device = attach_loop(tmp_path / "loop.img")
-    try:
-        outcomes = run_kit("nvmeof", {"engine": "posix", "device": device},
-                           directory=tmp_path, names={"faults_eio_per_item"})
-    finally:
-        detach_loop(device)
-    [outcome] = outcomes
+    with loop_attached(tmp_path / "loop.img") as device:
+        [outcome] = run_kit("nvmeof", {"engine": "posix", "device": device},
+                            directory=tmp_path, names={"faults_eio_per_item"})
     assert outcome.not_applicable and device in outcome.not_applicable, outcome

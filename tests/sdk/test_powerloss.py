@@ -309,15 +309,11 @@ def test_without_fuse_the_checks_fail_when_fuse_is_required(tmp_path):
 def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
     """nvmeof on a loop device writes to the device, not through the power-loss file
     system: the checks must say so rather than pass."""
-    from tests.backends.test_nvmeof_conformance import attach_loop, detach_loop
+    from tests.backends.test_nvmeof_conformance import loop_attached
 
     require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    device = attach_loop(tmp_path / "loop.img")
-    try:
-        outcomes = run_kit("nvmeof", {"engine": "posix", "device": device},
-                           directory=tmp_path, names={"power_cut_keeps_acknowledged"})
-    finally:
-        detach_loop(device)
-    [outcome] = outcomes
+    with loop_attached(tmp_path / "loop.img") as device:
+        [outcome] = run_kit("nvmeof", {"engine": "posix", "device": device},
+                            directory=tmp_path, names={"power_cut_keeps_acknowledged"})
     reason = why_not_applicable(outcome)
     assert reason and device in reason, outcome

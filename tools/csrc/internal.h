@@ -32,6 +32,21 @@ void *ws_get(sim_workspace *ws, int which, size_t bytes, int zero);
 /* Grow a buffer to `bytes`, keeping its contents; NULL when out of memory. */
 void *ws_grow(sim_workspace *ws, int which, size_t bytes);
 
+/* The slot pool of a policy's cache `c`: slots 1.. of `c->s` (0 is the nil link), `fresh`
+ * the next never-used one (it starts at 1), `free_head` the freed ones, reused first. The
+ * free list runs through the slot field `link`, which means something else while the
+ * slot is in use. The caller never takes more slots than the array holds. */
+#define SLOT_TAKE(c, link) \
+    ((c)->free_head ? slot_pop(&(c)->free_head, (c)->s[(c)->free_head].link) : (c)->fresh++)
+#define SLOT_GIVE(c, slot, link) \
+    do { (c)->s[slot].link = (c)->free_head; (c)->free_head = (slot); } while (0)
+
+static inline uint32_t slot_pop(uint32_t *head, uint32_t next) {
+    uint32_t slot = *head;
+    *head = next;
+    return slot;
+}
+
 /* The per-request bookkeeping every policy shares: warm-up, measurement, progress. */
 typedef struct {
     const sim_trace *t;

@@ -95,13 +95,7 @@ static void set_key(opt_cache *c, uint32_t slot, uint32_t key) {
 }
 
 static void insert(opt_cache *c, uint32_t node, uint32_t key) {
-    uint32_t slot;
-    if (c->free_head) {
-        slot = c->free_head;
-        c->free_head = c->s[slot].pos;
-    } else {
-        slot = c->fresh++;
-    }
+    uint32_t slot = SLOT_TAKE(c, pos);
     opt_slot *x = &c->s[slot];
     x->node = node;
     x->key = key;
@@ -145,8 +139,7 @@ static uint32_t evict(opt_cache *c, uint32_t candidate) {
     uint32_t slot = c->heap[at].slot, node = c->heap[at].node;
     heap_remove(c, slot);
     c->slot_of[node] = 0;
-    c->s[slot].pos = c->free_head;
-    c->free_head = slot;
+    SLOT_GIVE(c, slot, pos);
     c->used--;
     c->evictions++;
     uint32_t up = c->parent[node];

@@ -142,13 +142,7 @@ void plru_touch(plru *t, uint32_t slot) {
 }
 
 void plru_insert(plru *t, uint32_t node) {
-    uint32_t slot;
-    if (t->free_head) {
-        slot = t->free_head;
-        t->free_head = t->s[slot].next;
-    } else {
-        slot = t->fresh++;
-    }
+    uint32_t slot = SLOT_TAKE(t, next);
     plru_slot *x = &t->s[slot];
     x->node = node;
     x->key = ++t->clock;
@@ -184,8 +178,7 @@ uint32_t plru_evict(plru *t) {
     }
     uint32_t node = t->s[victim].node;
     t->slot_of[node] = 0;
-    t->s[victim].next = t->free_head;
-    t->free_head = victim;
+    SLOT_GIVE(t, victim, next);
     t->used--;
     t->evictions++;
     uint32_t up = t->parent[node];

@@ -127,13 +127,7 @@ static void ghost_remember(s3_cache *c, uint32_t node) {
 }
 
 static int insert(s3_cache *c, uint32_t node) {
-    uint32_t slot;
-    if (c->free_head) {
-        slot = c->free_head;
-        c->free_head = c->s[slot].free_next;
-    } else {
-        slot = c->fresh++;
-    }
+    uint32_t slot = SLOT_TAKE(c, free_next);
     s3_slot *x = &c->s[slot];
     x->node = node;
     x->freq = 0;
@@ -162,8 +156,7 @@ static int release(s3_cache *c, uint32_t slot, int from_small) {
     dequeue(c, slot);
     x->gen++;
     c->slot_of[node] = 0;
-    x->free_next = c->free_head;
-    c->free_head = slot;
+    SLOT_GIVE(c, slot, free_next);
     c->used--;
     c->evictions++;
     if (from_small) ghost_remember(c, node);

@@ -63,7 +63,8 @@ class FlatDirBackend(StorageBackend):
                          on_evict=on_evict)
         self.root = Path(path)
         make_private_dirs(self.root / "quarantine")
-        # One process per store: a second open waits a moment, then BackendBusyError.
+        # One process per store: a second open is refused with BackendBusyError (after
+        # waiting up to 5 s for a holder that is exiting).
         self._dir_lock = StoreLock.acquire(self.root / LOCK_NAME, what="flatdir store",
                                            wait=5.0)
         self._lock = threading.Lock()
