@@ -9,7 +9,8 @@ For each backend named (file-per-key and bucket by default), on a fresh store:
 2. **The master's memory per object:** the growth of the master process's resident set
    (VmRSS) from before the first put to after the flush, over the objects it then holds,
    with the replicas it holds per tier (an object put and flushed has a DRAM and an SSD
-   replica until DRAM evicts it).
+   replica until DRAM evicts it); and the disk the node's store then takes (allocated
+   blocks of every file under its data directory), per object.
 3. **Lookup latency:** single-key ``lookup`` and ``exists`` requests to the master for
    random keys, timed by the client (one TCP round trip each), at the first thousand
    objects and again at ``--objects``: the growth between the two is what the table's
@@ -241,6 +242,18 @@ def put_objects(client: kvstored.Client, first: int, end: int, value: bytes,
     return (end - first) / (time.perf_counter() - started)
 
 
+def disk_usage(directory: Path) -> int:
+    """Bytes allocated to the files under ``directory`` (their blocks, not their sizes)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass  # removed while walked (a bucket evicted, a temporary index)
+    return total
+
+
 def _percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"p50_us": ordered[len(ordered) // 2] * 1e6,
@@ -341,8 +354,12 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
                   "replicas": {tier: status["tiers"][tier]["objects"]
                                for tier in ("dram", "ssd")},
                   "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
+        disk = disk_usage(work / "data")
+        store_disk = {"bytes": disk, "bytes_per_object": disk / max(1, status["objects"])}
         say(f"{backend}: master {master['bytes_per_object']:.0f} B per object "
-            f"({format_size(rss_full)} resident at {status['objects']:,} objects)")
+            f"({format_size(rss_full)} resident at {status['objects']:,} objects); "
+            f"store on disk {format_size(disk)}, {store_disk['bytes_per_object']:.0f} B "
+            f"per object")
         lookups_full = [time_lookups(store.client, objects, seed=r) for r in range(rounds)]
         recoveries = []
         for r in range(rounds):
@@ -361,7 +378,7 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
             say(f"{backend}: {processes} client process(es): "
                 f"{client_figures[str(processes)]['median']['ops_per_s']:.0f} gets/s"
                 + (f"; WARNING: {misses} gets of stored keys missed" if misses else ""))
-        return {"put_objects_per_s": put_rate, "master": master,
+        return {"put_objects_per_s": put_rate, "master": master, "disk": store_disk,
                 "lookup": {f"at_{small}": _median_of(lookups_small),
                            f"at_{objects}": _median_of(lookups_full)},
                 "recovery": {"rounds_s": recoveries, "median_s": statistics.median(recoveries),

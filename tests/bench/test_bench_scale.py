@@ -35,6 +35,8 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
     assert master["rss_full"] > master["rss_empty"] > 0
     # A Python master cannot hold an object in less than its key, nor in megabytes.
     assert 20 < master["bytes_per_object"] < 1 << 20
+    # Each record takes at least its value on disk.
+    assert result["disk"]["bytes_per_object"] >= 100
     assert set(result["lookup"]) == {"at_1000", f"at_{objects}"}
     for figures in result["lookup"].values():
         for op in ("lookup", "exists"):
