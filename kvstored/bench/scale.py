@@ -9,7 +9,8 @@ For each backend named (file-per-key and bucket by default), on a fresh store:
 2. **The master's memory per object:** the growth of the master process's resident set
    (VmRSS) from before the first put to after the flush, over the objects it then holds,
    with the replicas it holds per tier (an object put and flushed has a DRAM and an SSD
-   replica until DRAM evicts it).
+   replica until DRAM evicts it); and the disk the node's store then takes (allocated
+   blocks of every file under its data directory), per object.
 3. **Lookup latency:** single-key ``lookup`` and ``exists`` requests to the master for
    random keys, timed by the client (one TCP round trip each), at the first thousand
    objects and again at ``--objects``: the growth between the two is what the table's
@@ -20,6 +21,14 @@ For each backend named (file-per-key and bucket by default), on a fresh store:
 5. **Clients:** 1, 2 and 4 client processes (``--clients``) each get random keys of the
    store, one key per request, for ``--seconds``; the total and per-process rates and the
    median latency are recorded.
+
+With ``--metadata-only`` no node and no value is involved: an inventory node (bench/
+inventory.py) registers ``--objects`` objects' metadata with the master through the ops
+and batches of a recovering node, first the thousand of the small table, then all of
+them (a re-registration: the master drops the node's objects and takes the whole
+inventory again, timed), and phases 2 and 3 are measured on that master. This reaches
+table sizes whose values would not fit this machine's disk or time; the recovery figure
+it gives is the master's share of one (registration), not a node's (its backend's scan).
 
 Latency, recovery and client figures are taken ``--rounds`` times; each figure is the
 median of its rounds. The load average is recorded before and after, for the machine is
@@ -51,9 +60,10 @@ import numpy as np
 
 import kvstored
 from kvstored.bench import BenchError, say
+from kvstored.bench.inventory import InventoryNode
 from kvstored.processes import stop_process
 from kvstored.sdk.units import format_size, parse_size
-from kvstored.security import create_token_file
+from kvstored.security import create_token_file, read_token_file
 
 BACKENDS = ("file-per-key", "bucket")
 PUT_BATCH = 1024
@@ -71,6 +81,9 @@ LOOKUPS = 2000
 #: Bytes of memory the benchmark assumes per object for master, node and client together,
 #: to refuse a run the machine cannot hold (1M objects measured well under this).
 BUDGET_PER_OBJECT = 4096
+#: The same for --metadata-only: the master alone holds the objects (about 550-770 bytes
+#: each was measured), the benchmark streams the inventory in chunks.
+METADATA_BUDGET_PER_OBJECT = 768
 #: Never use more than this much memory, whatever the machine has free.
 MEMORY_CAP = 8 << 30
 MASTER_BANNER = re.compile(r"^kvstored master: listening on ([\d.]+):(\d+)")
@@ -163,6 +176,8 @@ class Store:
     backend: str
     dram: int
     ssd: int
+    #: False: a master alone (``--metadata-only``; its inventory node comes from outside).
+    with_node: bool = True
     master: _Daemon = field(init=False)
     node: _Daemon | None = field(init=False, default=None)
 
@@ -175,9 +190,11 @@ class Store:
                        "--node-token-file", str(self.node_token_file)]
         self.master = _Daemon(["master", "--listen", "127.0.0.1:0", *self.tokens],
                               MASTER_BANNER, self.work / "master.log")
-        node = self.start_node()
         #: A node's start on an empty store: the floor under every recovery time.
-        self.empty_start_s = self.wait_registered(0, timeout=120) - node.started
+        self.empty_start_s = 0.0
+        if self.with_node:
+            node = self.start_node()
+            self.empty_start_s = self.wait_registered(0, timeout=120) - node.started
         self.client = self.connect()
 
     def start_node(self) -> _Daemon:
@@ -239,6 +256,18 @@ def put_objects(client: kvstored.Client, first: int, end: int, value: bytes,
                 say(f"  {first + done:,} objects put and flushed "
                     f"({done / (time.perf_counter() - started):.0f}/s)")
     return (end - first) / (time.perf_counter() - started)
+
+
+def disk_usage(directory: Path) -> int:
+    """Bytes allocated to the files under ``directory`` (their blocks, not their sizes)."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass  # removed while walked (a bucket evicted, a temporary index)
+    return total
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -312,6 +341,46 @@ def run_clients(store: Store, processes: int, objects: int, seconds: float,
             "misses": sum(f["misses"] for f in figures), "gets": total}
 
 
+def measure_metadata(work: Path, objects: int, value_size: int, rounds: int,
+                     say: Callable[[str], None]) -> dict[str, Any]:
+    """Phases 2 and 3 on a master whose objects an inventory node registered (see the
+    module docstring), and the time that registration took."""
+    store = Store(work, "none", dram=0, ssd=0, with_node=False)
+    inventory = None
+    try:
+        assert store.master.address is not None
+        host, port = store.master.address.rsplit(":", 1)
+        inventory = InventoryNode((host, int(port)), read_token_file(store.node_token_file),
+                                  "scale-inventory", key_of)
+        rss_empty = store.master.rss()
+        small = min(SMALL_TABLE, objects)
+        inventory.register(small, value_size)
+        lookups_small = [time_lookups(store.client, small, seed=r) for r in range(rounds)]
+        say(f"metadata: registering {objects:,} objects' metadata ...")
+        register_s = inventory.register(objects, value_size)
+        status = store.status()
+        rss_full = store.master.rss()
+        master = {"rss_empty": rss_empty, "rss_full": rss_full, "objects": status["objects"],
+                  "replicas": {tier: status["tiers"][tier]["objects"]
+                               for tier in ("dram", "ssd")},
+                  "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
+        if status["objects"] != objects:
+            raise BenchError(f"the master holds {status['objects']:,} objects, not "
+                             f"{objects:,}")
+        say(f"metadata: registered in {register_s:.1f} s ({objects / register_s:.0f}/s); "
+            f"master {master['bytes_per_object']:.0f} B per object "
+            f"({format_size(rss_full)} resident)")
+        lookups_full = [time_lookups(store.client, objects, seed=r) for r in range(rounds)]
+        return {"mode": "metadata-only", "master": master,
+                "register": {"seconds": register_s, "objects_per_s": objects / register_s},
+                "lookup": {f"at_{small}": _median_of(lookups_small),
+                           f"at_{objects}": _median_of(lookups_full)}}
+    finally:
+        if inventory is not None:
+            inventory.close()
+        store.close()
+
+
 def _median_of(rounds: list[Any]) -> Any:
     """The median of each number over rounds of like-shaped dicts."""
     first = rounds[0]
@@ -341,8 +410,12 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
                   "replicas": {tier: status["tiers"][tier]["objects"]
                                for tier in ("dram", "ssd")},
                   "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
+        disk = disk_usage(work / "data")
+        store_disk = {"bytes": disk, "bytes_per_object": disk / max(1, status["objects"])}
         say(f"{backend}: master {master['bytes_per_object']:.0f} B per object "
-            f"({format_size(rss_full)} resident at {status['objects']:,} objects)")
+            f"({format_size(rss_full)} resident at {status['objects']:,} objects); "
+            f"store on disk {format_size(disk)}, {store_disk['bytes_per_object']:.0f} B "
+            f"per object")
         lookups_full = [time_lookups(store.client, objects, seed=r) for r in range(rounds)]
         recoveries = []
         for r in range(rounds):
@@ -361,7 +434,7 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
             say(f"{backend}: {processes} client process(es): "
                 f"{client_figures[str(processes)]['median']['ops_per_s']:.0f} gets/s"
                 + (f"; WARNING: {misses} gets of stored keys missed" if misses else ""))
-        return {"put_objects_per_s": put_rate, "master": master,
+        return {"put_objects_per_s": put_rate, "master": master, "disk": store_disk,
                 "lookup": {f"at_{small}": _median_of(lookups_small),
                            f"at_{objects}": _median_of(lookups_full)},
                 "recovery": {"rounds_s": recoveries, "median_s": statistics.median(recoveries),
@@ -384,6 +457,10 @@ def _table(report: dict[str, Any]) -> str:
         lookups = " ".join(f"{at}: lookup p50 {f['lookup']['p50_us']:.0f} us "
                            f"exists p50 {f['exists']['p50_us']:.0f} us"
                            for at, f in r["lookup"].items())
+        if r.get("mode") == "metadata-only":
+            lines.append(f"{backend}: {r['master']['bytes_per_object']:.0f} B/object in the "
+                         f"master; {lookups}; registration {r['register']['seconds']:.1f} s")
+            continue
         clients = ", ".join(f"{n}: {c['median']['ops_per_s']:.0f}/s"
                             for n, c in r["clients"].items())
         lines.append(f"{backend}: {r['master']['bytes_per_object']:.0f} B/object in the "
@@ -406,10 +483,15 @@ def _table(report: dict[str, Any]) -> str:
               help="Rounds of the latency, recovery and client phases; medians reported.")
 @click.option("--dir", "work_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the stores' data goes [default: a temporary directory, removed].")
+@click.option("--metadata-only", is_flag=True,
+              help="No node and no values: register the objects' metadata with the master "
+                   "as a recovering node does, and measure the master alone (memory, "
+                   "lookups, registration).")
 @click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("bench-results/scale.json"), show_default=True)
 def scale_command(objects: int, value_size: str, backends: str, clients: str, seconds: float,
-                  rounds: int, work_dir: Path | None, json_out: Path) -> None:
+                  rounds: int, work_dir: Path | None, metadata_only: bool,
+                  json_out: Path) -> None:
     """The master's memory per object and lookup latency, a node's recovery time, and
     throughput by client processes, at --objects objects on one store.
 
@@ -432,7 +514,7 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
     backend_names = [b.strip() for b in backends.split(",") if b.strip()]
     if not backend_names:
         raise click.BadParameter("name at least one backend", param_hint="--backends")
-    needed = objects * BUDGET_PER_OBJECT
+    needed = objects * (METADATA_BUDGET_PER_OBJECT if metadata_only else BUDGET_PER_OBJECT)
     allowed = min(MEMORY_CAP, _available_memory() // 2)
     if needed > allowed:
         raise BenchError(f"{objects:,} objects may need {format_size(needed)} of memory; this "
@@ -443,7 +525,7 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
         temporary = Path(tempfile.mkdtemp(prefix="kvstored-bench-scale-"))
         work_dir = temporary
     work_dir.mkdir(parents=True, exist_ok=True)
-    disk_needed = objects * (value_bytes + SSD_PER_OBJECT)
+    disk_needed = 0 if metadata_only else objects * (value_bytes + SSD_PER_OBJECT)
     if shutil.disk_usage(work_dir).free < disk_needed:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -452,14 +534,18 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
                          f"Pass --dir elsewhere or fewer --objects.")
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
+    if metadata_only:
+        backend_names = ["metadata-only"]
     try:
         for backend in backend_names:
             work = work_dir / backend
             if work.exists():
                 shutil.rmtree(work)
             work.mkdir(parents=True)
-            results[backend] = measure_backend(backend, work, objects, value_bytes, rounds,
-                                               client_counts, seconds, say)
+            results[backend] = (
+                measure_metadata(work, objects, value_bytes, rounds, say) if metadata_only
+                else measure_backend(backend, work, objects, value_bytes, rounds,
+                                     client_counts, seconds, say))
             shutil.rmtree(work, ignore_errors=True)  # the next backend needs the room
     finally:
         if temporary is not None:
@@ -467,8 +553,10 @@ def scale_command(objects: int, value_size: str, backends: str, clients: str, se
     report = {
         "benchmark": "scale",
         "command": (f"kvstore bench scale --objects {objects} --value-size {value_size} "
-                    f"--backends {','.join(backend_names)} --clients {clients} "
-                    f"--seconds {seconds:g} --rounds {rounds}"),
+                    + ("--metadata-only " if metadata_only else
+                       f"--backends {','.join(backend_names)} --clients {clients} "
+                       f"--seconds {seconds:g} ")
+                    + f"--rounds {rounds}"),
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "python": platform.python_version(),

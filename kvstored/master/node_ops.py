@@ -126,7 +126,7 @@ class NodeOps:
             cluster.queue_offload(node, [m.key for m in cluster.table.on_node(node.node_id, DRAM)
                                          if not m.has_other_copy(node.node_id, DRAM)])
         log.info("node %s registered: %d objects", node.node_id,
-                 len(cluster.table.node_keys.get(node.node_id, ())))
+                 cluster.table.count_on(node.node_id))
         return Empty()
 
     # -- puts ------------------------------------------------------------------------------

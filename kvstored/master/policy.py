@@ -86,7 +86,9 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float
         return used + promote_bytes - low if used + promote_bytes > high else must_free
 
     freed = 0
-    for key in list(lru):
+    # Copied (eviction changes the LRU) only when something is to be freed: a copy of
+    # every DRAM key each heartbeat was most of a busy master's time.
+    for key in list(lru) if need() > 0 else ():
         if freed >= need():
             break
         meta = table.objects[key]

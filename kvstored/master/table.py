@@ -142,8 +142,10 @@ class ObjectTable:
 
     Besides ``objects`` it keeps, updated on every replica change so that no periodic
     pass has to scan the table: per-node DRAM recency (``dram_lru``), the keys each node
-    holds (``node_keys``), per-tier totals of complete replicas (``usage``), and the keys
-    in sorted order (for listings that stream page by page while puts go on).
+    holds per tier (``tier_keys``, so that what one node holds in one tier costs what it
+    returns: a flush walks a node's few DRAM objects, not its million SSD ones), per-tier
+    totals of complete replicas (``usage``), and the keys in sorted order (for listings
+    that stream page by page while puts go on).
     """
 
     def __init__(self) -> None:
@@ -151,8 +153,8 @@ class ObjectTable:
         self.pending: dict[str, Pending] = {}
         # node -> keys with a complete DRAM replica there, least recently used first.
         self.dram_lru: dict[str, OrderedDict[str, None]] = {}
-        # node -> keys with any replica there.
-        self.node_keys: dict[str, set[str]] = {}
+        # node -> tier -> keys with a replica (complete or removing) in that tier there.
+        self.tier_keys: dict[str, dict[Tier, set[str]]] = {}
         self.sorted_keys: SortedList = SortedList()
         self._tier_objects = dict.fromkeys(Tier, 0)
         self._tier_bytes = dict.fromkeys(Tier, 0)
@@ -183,7 +185,10 @@ class ObjectTable:
 
     def _attach(self, meta: ObjectMeta, replica: Replica) -> None:
         meta.replicas.append(replica)
-        self.node_keys.setdefault(replica.node, set()).add(meta.key)
+        tiers = self.tier_keys.get(replica.node)
+        if tiers is None:
+            tiers = self.tier_keys[replica.node] = {t: set() for t in Tier}
+        tiers[replica.tier].add(meta.key)
         if replica.state == COMPLETE:
             self._counted(meta, replica, +1)
 
@@ -191,8 +196,10 @@ class ObjectTable:
         meta.replicas.remove(replica)
         if replica.state == COMPLETE:
             self._counted(meta, replica, -1)
-        if not any(r.node == replica.node for r in meta.replicas):
-            self.node_keys.get(replica.node, set()).discard(meta.key)
+        # A replica is unique per (node, tier) (check() asserts it).
+        tiers = self.tier_keys.get(replica.node)
+        if tiers is not None:
+            tiers[replica.tier].discard(meta.key)
 
     def _forget(self, meta: ObjectMeta) -> None:
         for replica in list(meta.replicas):
@@ -364,14 +371,14 @@ class ObjectTable:
     def drop_node(self, node: str) -> list[str]:
         """Forget every replica on ``node``; returns the keys that vanished with it."""
         gone = []
-        for key in list(self.node_keys.pop(node, ())):
+        for key in self.keys_on(node):
             meta = self.objects[key]
             for replica in [r for r in meta.replicas if r.node == node]:
                 self._detach(meta, replica)
             if not meta.replicas:
                 self._forget(meta)
                 gone.append(key)
-        self.node_keys.pop(node, None)
+        self.tier_keys.pop(node, None)
         self.dram_lru.pop(node, None)
         for key in [k for k, p in self.pending.items() if p.node == node]:
             del self.pending[key]
@@ -391,11 +398,29 @@ class ObjectTable:
                 break
         return out
 
+    def keys_on(self, node: str, tier: Tier | None = None) -> list[str]:
+        """The keys with a replica (complete or removing) on ``node``, in ``tier`` or in
+        any; a copy, so the caller may change the table while it walks them. Costs what
+        it returns."""
+        tiers = self.tier_keys.get(node)
+        if tiers is None:
+            return []
+        if tier is not None:
+            return list(tiers[tier])
+        return list(set().union(*tiers.values()))
+
+    def count_on(self, node: str) -> int:
+        """How many objects have a replica on ``node``."""
+        tiers = self.tier_keys.get(node)
+        if tiers is None:
+            return 0
+        dram, ssd = tiers[DRAM], tiers[SSD]
+        small, large = (dram, ssd) if len(dram) <= len(ssd) else (ssd, dram)
+        return len(large) + sum(1 for key in small if key not in large)
+
     def on_node(self, node: str, tier: Tier | None = None) -> Iterator[ObjectMeta]:
-        for key in list(self.node_keys.get(node, ())):
-            meta = self.objects[key]
-            if tier is None or meta.replica(node, tier) is not None:
-                yield meta
+        for key in self.keys_on(node, tier):
+            yield self.objects[key]
 
     # -- namespaces --------------------------------------------------------------------
 
@@ -465,15 +490,17 @@ class ObjectTable:
                     f"LRU of {node} lists {key!r} without a DRAM replica"
         for key in self.pending:
             assert key not in self.objects, f"{key!r} is both pending and committed"
-        holders: dict[str, set[str]] = {}
+        holders: dict[tuple[str, Tier], set[str]] = {}
         objects, sizes = dict.fromkeys(Tier, 0), dict.fromkeys(Tier, 0)
         for key, meta in self.objects.items():
             for r in meta.replicas:
-                holders.setdefault(r.node, set()).add(key)
+                holders.setdefault((r.node, r.tier), set()).add(key)
                 if r.state == COMPLETE:
                     objects[r.tier] += 1
                     sizes[r.tier] += meta.size
-        assert {n: k for n, k in self.node_keys.items() if k} == holders, "node_keys drifted"
+        indexed = {(n, t): keys for n, tiers in self.tier_keys.items()
+                   for t, keys in tiers.items() if keys}
+        assert indexed == holders, "tier_keys drifted"
         spaces = {ns: NamespaceUsage() for ns in self.namespaces}
         for key, meta in self.objects.items():
             assert meta.namespace == self.namespace_of(key), f"{key!r} in the wrong namespace"

@@ -35,6 +35,8 @@ def test_a_tiny_scale_run_reports_every_figure(tmp_path):
     assert master["rss_full"] > master["rss_empty"] > 0
     # A Python master cannot hold an object in less than its key, nor in megabytes.
     assert 20 < master["bytes_per_object"] < 1 << 20
+    # Each record takes at least its value on disk.
+    assert result["disk"]["bytes_per_object"] >= 100
     assert set(result["lookup"]) == {"at_1000", f"at_{objects}"}
     for figures in result["lookup"].values():
         for op in ("lookup", "exists"):
@@ -67,3 +69,21 @@ def test_bad_options_are_usage_errors(tmp_path):
                     ["--backends", ","]):
         done = _run(tmp_path, *options)
         assert done.returncode == 2, (options, done.stderr)
+
+
+def test_a_metadata_only_run_registers_the_inventory_with_a_master_alone(tmp_path):
+    out = tmp_path / "scale.json"
+    objects = 12_000  # more than a node's REGISTER_CHUNK: several register_objects calls
+    done = _run(tmp_path, "--objects", str(objects), "--metadata-only", "--rounds", "1",
+                "--dir", str(tmp_path / "work"), "--json-out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert "--metadata-only" in report["command"]
+    result = report["backends"]["metadata-only"]
+    master = result["master"]
+    assert master["objects"] == objects
+    assert master["replicas"] == {"dram": 0, "ssd": objects}
+    assert 20 < master["bytes_per_object"] < 1 << 20
+    assert result["register"]["seconds"] > 0
+    assert set(result["lookup"]) == {"at_1000", f"at_{objects}"}
+    assert "recovery" not in result and "clients" not in result

@@ -142,6 +142,53 @@ def test_namespaces_count_objects_and_bytes_per_tier_by_the_longest_prefix():
     t.check()
 
 
+def test_per_node_per_tier_keys_follow_promotion_eviction_removal_and_node_loss():
+    t = ObjectTable()
+    for i in range(5):
+        t.commit(f"s{i}", "n1", SSD, 1, 1, -1, now=0)
+    t.commit("d", "n1", DRAM, 1, 1, 0, now=0)
+    t.commit("x", "n2", DRAM, 1, 1, 0, now=0)
+    assert sorted(t.keys_on("n1", DRAM)) == ["d"]
+    t.add_replica("s0", "n1", DRAM, 4096)       # promoted
+    t.add_replica("d", "n1", SSD)               # offloaded
+    assert sorted(t.keys_on("n1", DRAM)) == ["d", "s0"]
+    assert sorted(t.keys_on("n1", SSD)) == ["d", "s0", "s1", "s2", "s3", "s4"]
+    assert t.count_on("n1") == 6
+    t.mark_removing("s0", "n1", DRAM)           # evicting: still held until freed
+    assert sorted(m.key for m in t.on_node("n1", DRAM)) == ["d", "s0"]
+    t.drop_replica("s0", "n1", DRAM)            # freed
+    assert sorted(t.keys_on("n1", DRAM)) == ["d"]
+    t.remove("d")
+    assert t.keys_on("n1", DRAM) == []
+    assert sorted(t.keys_on("n1")) == ["s0", "s1", "s2", "s3", "s4"]
+    t.add_replica("s1", "n2", SSD)
+    assert sorted(t.drop_node("n1")) == ["s0", "s2", "s3", "s4"]
+    assert t.keys_on("n1") == [] and t.count_on("n1") == 0
+    assert sorted(t.keys_on("n2")) == ["s1", "x"]
+    t.check()
+
+
+class _CountingDict(dict):
+    """A dict that counts the lookups made through ``[]``."""
+
+    looked_up = 0
+
+    def __getitem__(self, key):
+        self.looked_up += 1
+        return super().__getitem__(key)
+
+
+def test_walking_a_nodes_dram_objects_costs_what_it_returns_not_what_the_node_holds():
+    t = ObjectTable()
+    for i in range(10_000):
+        t.commit(f"s{i}", "n1", SSD, 1, 1, -1, now=0)
+    for i in range(3):
+        t.commit(f"d{i}", "n1", DRAM, 1, 1, 4096 * i, now=0)
+    t.objects = counting = _CountingDict(t.objects)
+    assert sorted(m.key for m in t.on_node("n1", DRAM)) == ["d0", "d1", "d2"]
+    assert counting.looked_up == 3
+
+
 class TableMachine(RuleBasedStateMachine):
     """Random operations against a plain model; invariants after every step."""
 
@@ -220,6 +267,15 @@ class TableMachine(RuleBasedStateMachine):
     def listing(self, prefix):
         assert self.table.keys_with_prefix(prefix, None, 100) == sorted(
             k for k in self.model if k.startswith(prefix))
+
+    @rule(node=nodes, tier=st.sampled_from([DRAM, SSD, None]))
+    def held_by_node(self, node, tier):
+        expected = sorted(k for k, places in self.model.items()
+                          if any(n == node and tier in (None, t) for n, t in places))
+        assert sorted(self.table.keys_on(node, tier)) == expected
+        assert sorted(m.key for m in self.table.on_node(node, tier)) == expected
+        if tier is None:
+            assert self.table.count_on(node) == len(expected)
 
     @invariant()
     def consistent(self):
