@@ -8,14 +8,15 @@ the rest to its ``_run``. Subclasses supply ``_run`` (and may supply fixed buffe
 from __future__ import annotations
 
 import abc
+import collections
 import errno
 import logging
 import operator
 import os
 import typing
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import cffi
 
@@ -40,6 +41,28 @@ R = TypeVar("R")
 #: Most buffers in one vectored item: ample for header + value + padding, and it keeps a
 #: careless caller from building a kernel-sized iovec by accident.
 MAX_PIECES = 65536
+
+
+class PendingBatch(Protocol):
+    """A batch started by :meth:`IoEngine.start_read` or :meth:`IoEngine.start_write`."""
+
+    def wait(self) -> list[int | IoError]:
+        """Blocks (GIL released) until every item is done; the results, as ``read`` or
+        ``write`` returns them. A second call returns the same list."""
+        ...
+
+
+class _Finished:
+    """A batch that was run to the end when it was started (the posix engine, and any
+    batch the general path takes)."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: list[int | IoError]):
+        self.results = results
+
+    def wait(self) -> list[int | IoError]:
+        return self.results
 
 
 class IoFile:
@@ -209,6 +232,14 @@ class IoEngine(abc.ABC):
       Vectored items never use fixed buffers. The engine holds the pieces until the batch
       returns; do not resize or free them meanwhile.
     - An engine may be shared by any number of threads.
+    - **Batches in flight across calls**: :meth:`start_read`/:meth:`start_write` start a
+      batch and return a :class:`PendingBatch` at once; its ``wait()`` returns what
+      ``read``/``write`` would have. :meth:`read_stream`/:meth:`write_stream` use them to
+      keep the queue full from one batch to the next. Items of batches in flight together
+      may complete in any order, across batches too. Every buffer of a started batch stays
+      the engine's until its ``wait()`` returns; a batch is waited for by the thread that
+      started it (``RuntimeError`` otherwise). Engines without a queue that outlives a
+      call (posix) run the batch to the end inside ``start_*``: same results, no overlap.
     """
 
     #: ``"uring"`` or ``"posix"``.
@@ -268,6 +299,55 @@ class IoEngine(abc.ABC):
         """Writes each ``(file, offset, buffer)``. Returns per item ``len(buffer)`` or an
         IoError (``done`` tells how much was written before, e.g., ENOSPC)."""
         return self._transfer(WRITE, list(items))
+
+    def start_read(self, items: Iterable[Item]) -> PendingBatch:
+        """Starts ``read(items)`` and returns without waiting for it; ``wait()`` on the
+        result gives what ``read`` returns. A malformed batch raises here, before any
+        I/O. The buffers are the engine's until ``wait()`` returns."""
+        return self._start(READ, list(items))
+
+    def start_write(self, items: Iterable[Item]) -> PendingBatch:
+        """Starts ``write(items)``; as :meth:`start_read`."""
+        return self._start(WRITE, list(items))
+
+    def read_stream(self, batches: Iterable[Iterable[Item]], *, ahead: int = 1
+                    ) -> Iterator[list[int | IoError]]:
+        """Reads batch after batch, yielding each batch's results (as ``read``) in order,
+        with up to ``ahead`` later batches already in flight: the queue stays full while
+        the caller looks at one batch's results and ``batches`` makes the next (it is
+        consumed lazily, one batch ahead of what was yielded). A buffer may be reused
+        once its batch's results were yielded. Closing the iterator early waits for the
+        batches in flight."""
+        return self._stream(READ, batches, ahead)
+
+    def write_stream(self, batches: Iterable[Iterable[Item]], *, ahead: int = 1
+                     ) -> Iterator[list[int | IoError]]:
+        """Writes batch after batch; as :meth:`read_stream`."""
+        return self._stream(WRITE, batches, ahead)
+
+    def _stream(self, code: int, batches: Iterable[Iterable[Item]], ahead: int
+                ) -> Iterator[list[int | IoError]]:
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
+        return self._streaming(code, batches, ahead)
+
+    def _streaming(self, code: int, batches: Iterable[Iterable[Item]], ahead: int
+                   ) -> Iterator[list[int | IoError]]:
+        in_flight: collections.deque[PendingBatch] = collections.deque()
+        try:
+            for batch in batches:
+                in_flight.append(self._start(code, list(batch)))
+                if len(in_flight) > ahead:
+                    yield in_flight.popleft().wait()
+            while in_flight:
+                yield in_flight.popleft().wait()
+        finally:
+            while in_flight:  # closed early: never hand back buffers the kernel still fills
+                in_flight.popleft().wait()
+
+    def _start(self, code: int, items: list) -> PendingBatch:
+        """Starts a batch; engines with a queue that outlives a call override this."""
+        return _Finished(self._transfer(code, items))
 
     def fsync(self, files: Iterable[IoFile], datasync: bool = True) -> list[int | IoError]:
         """``fdatasync`` (or ``fsync`` with ``datasync=False``) each file, together.

@@ -6,6 +6,13 @@
  * until the whole batch is done; cffi releases the GIL around every call into this file,
  * so other Python threads run while it waits.
  *
+ * kv_ring_push() and kv_ring_wait() split that in two, so that a caller can keep the
+ * queue full across batches: push starts a batch and returns, wait returns when one
+ * batch is done, and the ring's queue of batches (first..last) feeds the kernel from every
+ * pushed batch in order whenever the ring runs. Returning from wait for batch N leaves
+ * batch N+1's requests in flight while the caller looks at N's results and pushes N+2,
+ * so the disk does not idle at the batch boundary. kv_ring_run is push and wait in one.
+ *
  * A sync (FSYNC/FDATASYNC) always runs on an io-wq worker, which may drop its last
  * reference to the request, and so to the file, a moment after the completion reached us;
  * with DEFER_TASKRUN that final put even waits for this thread's next io_uring_enter.
@@ -44,18 +51,16 @@
    each later chunk going round as if the previous one had come back short. */
 #define KV_MAX_CHUNK (1u << 30)
 
-/* A ring keeps the iovec array of its last batch for the next one, up to this many
-   entries (1 MiB); a batch that needed more frees it when done. */
-#define KV_KEEP_IOV 65536
-
 struct kv_ring {
     struct io_uring ring;
     unsigned depth;
     unsigned nfixed;
+    unsigned inflight;          /* completions the kernel owes us, fences included */
+    int broken;                 /* -errno once io_uring_enter failed for good, else 0 */
     struct kv_span fixed[KV_MAX_FIXED_BUFFERS];
     struct kv_stats stats;
-    struct iovec *iov;   /* the vectored requests' iovecs, for the batch in progress */
-    size_t iov_cap;
+    struct kv_batch *first;     /* the batches with requests still to queue, in order */
+    struct kv_batch *last;
 };
 
 int kv_built_with_uring(void) { return 1; }
@@ -120,7 +125,6 @@ void kv_ring_destroy(struct kv_ring *r)
     if (!r)
         return;
     io_uring_queue_exit(&r->ring);
-    free(r->iov);
     free(r);
 }
 
@@ -178,8 +182,9 @@ static int is_sync(const struct kv_req *q)
     return q->op == KV_OP_FSYNC || q->op == KV_OP_FDATASYNC;
 }
 
-/* The user data of a fence's completion: it names no request. */
-static char fence_marker;
+/* A fence's user data is its sync's request with the low bit set (a kv_req is aligned
+   to 8), so that its completion is counted against that request's batch. */
+static void *fence_data(struct kv_req *q) { return (void *)((uintptr_t)q | 1); }
 
 /* Submission entries queue() takes for `q`: a sync and its fence, or one. A ring of depth
    1 has no room for fences: its syncs go alone. */
@@ -203,7 +208,8 @@ static unsigned queue(struct kv_ring *r, struct kv_req *q)
         io_uring_sqe_set_flags(sqe, IOSQE_IO_LINK);
         struct io_uring_sqe *fence = io_uring_get_sqe(&r->ring);
         io_uring_prep_nop(fence);
-        io_uring_sqe_set_data(fence, &fence_marker);
+        io_uring_sqe_set_data(fence, fence_data(q));
+        q->batch->left++; /* its batch is done once the fence is seen too */
         r->stats.sqes++;
         r->stats.fences++;
         return 2;
@@ -259,26 +265,23 @@ static void advance(struct kv_req *q, uint64_t n)
     q->iov = v;
 }
 
-/* Gives every vectored request of the batch its own copy of its pieces in r->iov and
-   sets its len to their total. -ENOMEM when the array cannot be had. */
-static int lay_out_iovecs(struct kv_ring *r, struct kv_req *reqs, size_t n,
-                          char *const *bases, const uint64_t *lens)
+/* Gives every vectored request of the batch its own copy of its pieces in an iovec array
+   the batch owns (b->iov, freed when the batch is done) and sets its len to their total.
+   -ENOMEM when the array cannot be had. */
+static int lay_out_iovecs(struct kv_batch *b, char *const *bases, const uint64_t *lens)
 {
+    struct kv_req *reqs = b->reqs;
     size_t need = 0;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < b->n; i++)
         if (is_transfer(&reqs[i]))
             need += reqs[i].nvec;
     if (need == 0)
         return 0;
-    if (need > r->iov_cap) {
-        struct iovec *grown = realloc(r->iov, need * sizeof *grown);
-        if (!grown)
-            return -ENOMEM;
-        r->iov = grown;
-        r->iov_cap = need;
-    }
-    struct iovec *at = r->iov;
-    for (size_t i = 0; i < n; i++) {
+    struct iovec *at = malloc(need * sizeof *at);
+    if (!at)
+        return -ENOMEM;
+    b->iov = at;
+    for (size_t i = 0; i < b->n; i++) {
         struct kv_req *q = &reqs[i];
         if (!is_transfer(q) || q->nvec == 0)
             continue;
@@ -331,64 +334,181 @@ static int complete(struct kv_req *q, int res)
     return 0;
 }
 
+/* Makes `b` ready and puts it last in the ring's queue of batches; starts nothing. */
+static void enqueue(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
+                    const uint64_t *vec_len)
+{
+    b->next = 0;
+    b->left = b->n;
+    b->later = NULL;
+    b->iov = NULL;
+    for (size_t i = 0; i < b->n; i++) {
+        b->reqs[i].result = INT64_MIN;
+        b->reqs[i].done = 0;
+        b->reqs[i].batch = b;
+    }
+    if (lay_out_iovecs(b, vec_base, vec_len) < 0) {
+        /* No memory for the iovecs: the vectored requests fail, the others go on. */
+        for (size_t i = 0; i < b->n; i++)
+            if (is_transfer(&b->reqs[i]) && b->reqs[i].nvec)
+                b->reqs[i].result = -ENOMEM;
+    }
+    if (b->n == 0)
+        return;
+    if (r->last)
+        r->last->later = b;
+    else
+        r->first = b;
+    r->last = b;
+}
+
+/* Tops the queue up to its depth from the queued batches, in order: every batch goes in
+   as fast as the queue drains. A sync needs room for its fence too (a ring of depth 1
+   never has it). Requests that failed before they could start, or move no bytes, finish
+   here. */
+static void fill(struct kv_ring *r)
+{
+    while (r->first) {
+        struct kv_batch *b = r->first;
+        while (b->next < b->n) {
+            struct kv_req *q = &b->reqs[b->next];
+            if (r->inflight + entries_for(r, q) > r->depth)
+                return;
+            b->next++;
+            if (q->result != INT64_MIN) {
+                b->left--; /* failed before it could start */
+                continue;
+            }
+            if (is_transfer(q) && q->len == 0) {
+                q->result = 0;
+                b->left--;
+                continue;
+            }
+            r->inflight += queue(r, q);
+        }
+        r->first = b->later;
+        if (!r->first)
+            r->last = NULL;
+    }
+}
+
+/* Takes every completion that is ready, requeueing the rest of short transfers. */
+static void reap(struct kv_ring *r)
+{
+    struct io_uring_cqe *cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&r->ring, head, cqe) {
+        uintptr_t data = (uintptr_t)io_uring_cqe_get_data(cqe);
+        seen++;
+        if (data & 1) {
+            /* A fence: the sync before it has let go of its file. */
+            struct kv_req *q = (struct kv_req *)(data & ~(uintptr_t)1);
+            r->inflight--;
+            q->batch->left--;
+            continue;
+        }
+        struct kv_req *q = (struct kv_req *)data;
+        if (complete(q, cqe->res)) {
+            r->inflight--;
+            q->batch->left--;
+        } else {
+            /* Its own entry was just consumed, so a free one exists. */
+            r->inflight += queue(r, q) - 1;
+            r->stats.resubmits++;
+        }
+    }
+    io_uring_cq_advance(&r->ring, seen);
+}
+
+static int transient(int rc) { return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY; }
+
+/* Records a failure of the ring itself: every later call reports it. */
+static int fail(struct kv_ring *r, int rc)
+{
+    r->broken = rc;
+    return rc;
+}
+
+/* Takes `b` out of the queue of batches if it is still there (a broken ring). */
+static void unlink_batch(struct kv_ring *r, struct kv_batch *b)
+{
+    struct kv_batch *before = NULL;
+    for (struct kv_batch *at = r->first; at; before = at, at = at->later) {
+        if (at != b)
+            continue;
+        if (before)
+            before->later = b->later;
+        else
+            r->first = b->later;
+        if (r->last == b)
+            r->last = before;
+        return;
+    }
+}
+
+/* Runs the ring until `b` is done, then hands what it queued meanwhile to the kernel, so
+   later batches stay in flight while the caller looks at b's results. */
+static int finish(struct kv_ring *r, struct kv_batch *b)
+{
+    int rc = r->broken;
+    while (rc == 0) {
+        fill(r);
+        if (b->left == 0) {
+            if (io_uring_sq_ready(&r->ring)) {
+                int sent = io_uring_submit(&r->ring);
+                if (sent < 0 && !transient(sent))
+                    rc = fail(r, sent);
+            }
+            break;
+        }
+        if (r->inflight == 0) {
+            rc = fail(r, -EIO); /* cannot happen: b has requests nobody runs */
+            break;
+        }
+        int got = io_uring_submit_and_wait(&r->ring, 1);
+        if (got < 0 && !transient(got)) {
+            rc = fail(r, got);
+            break;
+        }
+        reap(r);
+    }
+    if (rc < 0)
+        unlink_batch(r, b);
+    free(b->iov);
+    b->iov = NULL;
+    return rc;
+}
+
+int kv_ring_push(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
+                 const uint64_t *vec_len)
+{
+    enqueue(r, b, vec_base, vec_len);
+    if (r->broken)
+        return r->broken;
+    fill(r);
+    /* One entry into the kernel submits the new requests and runs any completions due
+       (with DEFER_TASKRUN they wait for us), so that the queue can be topped up again. */
+    int rc = io_uring_submit_and_get_events(&r->ring);
+    if (rc < 0 && !transient(rc))
+        return fail(r, rc);
+    reap(r);
+    fill(r);
+    if (io_uring_sq_ready(&r->ring)) {
+        rc = io_uring_submit(&r->ring);
+        if (rc < 0 && !transient(rc))
+            return fail(r, rc);
+    }
+    return 0;
+}
+
+int kv_ring_wait(struct kv_ring *r, struct kv_batch *b) { return finish(r, b); }
+
 int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
                 char *const *vec_base, const uint64_t *vec_len)
 {
-    for (size_t i = 0; i < n; i++) {
-        reqs[i].result = INT64_MIN;
-        reqs[i].done = 0;
-    }
-    if (lay_out_iovecs(r, reqs, n, vec_base, vec_len) < 0) {
-        /* No memory for the iovecs: the vectored requests fail, the others go on. */
-        for (size_t i = 0; i < n; i++)
-            if (is_transfer(&reqs[i]) && reqs[i].nvec)
-                reqs[i].result = -ENOMEM;
-    }
-    size_t next = 0;
-    unsigned inflight = 0;
-    for (;;) {
-        /* Top the queue up to its depth: the whole batch goes in as fast as it drains.
-           A sync needs room for its fence too (a ring of depth 1 never has it). */
-        while (next < n && inflight + entries_for(r, &reqs[next]) <= r->depth) {
-            struct kv_req *q = &reqs[next++];
-            if (q->result != INT64_MIN)
-                continue; /* failed before it could start */
-            if (is_transfer(q) && q->len == 0) {
-                q->result = 0;
-                continue;
-            }
-            inflight += queue(r, q);
-        }
-        if (inflight == 0) {
-            if (r->iov_cap > KV_KEEP_IOV) {
-                free(r->iov);
-                r->iov = NULL;
-                r->iov_cap = 0;
-            }
-            return 0;
-        }
-        int rc = io_uring_submit_and_wait(&r->ring, 1);
-        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-            return rc;
-        struct io_uring_cqe *cqe;
-        unsigned head, seen = 0;
-        io_uring_for_each_cqe(&r->ring, head, cqe) {
-            struct kv_req *q = io_uring_cqe_get_data(cqe);
-            seen++;
-            if ((void *)q == (void *)&fence_marker) {
-                inflight--; /* the sync before it has let go of its file */
-                continue;
-            }
-            if (complete(q, cqe->res)) {
-                inflight--;
-            } else {
-                /* Its own entry was just consumed, so a free one exists. */
-                inflight += queue(r, q) - 1;
-                r->stats.resubmits++;
-            }
-        }
-        io_uring_cq_advance(&r->ring, seen);
-    }
+    struct kv_batch b = {.reqs = reqs, .n = n};
+    enqueue(r, &b, vec_base, vec_len);
+    return finish(r, &b);
 }
 
 void kv_ring_stats(struct kv_ring *r, struct kv_stats *out) { *out = r->stats; }
@@ -413,6 +533,17 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
                 char *const *vec_base, const uint64_t *vec_len)
 {
     (void)r, (void)reqs, (void)n, (void)vec_base, (void)vec_len;
+    return -ENOSYS;
+}
+int kv_ring_push(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
+                 const uint64_t *vec_len)
+{
+    (void)r, (void)b, (void)vec_base, (void)vec_len;
+    return -ENOSYS;
+}
+int kv_ring_wait(struct kv_ring *r, struct kv_batch *b)
+{
+    (void)r, (void)b;
     return -ENOSYS;
 }
 void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)

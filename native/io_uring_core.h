@@ -23,6 +23,8 @@ struct kv_span {
     uint64_t len;
 };
 
+struct kv_batch;
+
 /* One item of a batch. The caller fills the inputs; kv_ring_run() fills the outputs. */
 struct kv_req {
     /* inputs */
@@ -37,9 +39,25 @@ struct kv_req {
     /* outputs */
     int64_t result;     /* bytes transferred, or -errno */
     uint64_t done;      /* bytes transferred, also when result is an error */
-    /* private to kv_ring_run: the request's own iovec copy, advanced past `done` */
+    /* private to the ring: the request's own iovec copy, advanced past `done`, and the
+       batch it belongs to */
     void *iov;
     uint32_t iov_left;
+    struct kv_batch *batch;
+};
+
+/* A batch handed to kv_ring_push(): its requests run while the caller does other work and
+   while later batches are pushed, until kv_ring_wait() returns for it. The caller fills
+   reqs and n and keeps them (and every buffer they name) until then; the rest is the
+   ring's. */
+struct kv_batch {
+    struct kv_req *reqs;
+    size_t n;
+    /* private to the ring */
+    size_t next;              /* the first request not yet queued */
+    size_t left;              /* requests not finished, plus fences not yet seen */
+    struct kv_batch *later;   /* the next batch with requests to queue */
+    void *iov;                /* the vectored requests' iovecs, freed when it is done */
 };
 
 /* Counters of one ring since it was created, for diagnostics and tests. */
@@ -69,7 +87,8 @@ void kv_ring_destroy(struct kv_ring *ring);
    is too low, -EFAULT, -EINVAL) the previous set stays registered. 0 or -errno. */
 int kv_ring_register_buffers(struct kv_ring *ring, const struct kv_span *spans, unsigned n);
 
-/* Runs the batch and blocks until every request has finished. Returns 0, or -errno
+/* Runs the batch and blocks until every request has finished (kv_ring_push and
+   kv_ring_wait in one; batches pushed before it go first). Returns 0, or -errno
    when the ring itself failed (then requests still marked pending keep result INT64_MIN).
 
    Vectored requests (nvec > 0) take their pieces from vec_base/vec_len in batch order:
@@ -80,5 +99,19 @@ int kv_ring_register_buffers(struct kv_ring *ring, const struct kv_span *spans, 
    and the others run. */
 int kv_ring_run(struct kv_ring *ring, struct kv_req *reqs, size_t n,
                 char *const *vec_base, const uint64_t *vec_len);
+
+/* Starts `batch` (its vectored pieces as for kv_ring_run) and returns without waiting for
+   it: as many of its requests as the queue has room for go to the kernel now, the rest as
+   earlier requests complete, during any later kv_ring_push/kv_ring_wait/kv_ring_run on
+   this ring. Batches start in the order they were pushed. 0, or -errno when the ring
+   failed (then kv_ring_wait reports it too). Only the ring's thread may call it. */
+int kv_ring_push(struct kv_ring *ring, struct kv_batch *batch,
+                 char *const *vec_base, const uint64_t *vec_len);
+
+/* Blocks until every request of `batch` (pushed on this ring) is finished, keeping the
+   queue filled from every pushed batch meanwhile, and returns with as many requests of
+   later batches in flight as the queue holds. 0, or -errno when the ring failed: then
+   requests still pending keep result INT64_MIN. Call it once per pushed batch. */
+int kv_ring_wait(struct kv_ring *ring, struct kv_batch *batch);
 
 void kv_ring_stats(struct kv_ring *ring, struct kv_stats *out);

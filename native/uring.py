@@ -30,7 +30,7 @@ from typing import Any
 
 from kvstored.native._io import ffi, lib
 from kvstored.native.direct import ALIGN, READ, VECTORED, Op, Outcome
-from kvstored.native.engine import IoEngine, IoFile, _error, _nbytes
+from kvstored.native.engine import IoEngine, IoFile, PendingBatch, _error, _nbytes
 from kvstored.native.errors import IoError, log, log_once
 from kvstored.sdk.units import format_size
 
@@ -40,8 +40,16 @@ except ImportError:  # an optional extension (setup.py): the general path does i
     _batch = None
 
 _PENDING = -(2**63)  # kv_req.result of a request the ring never finished
-#: kv_ring_run's address, for _batch to call the one copy of the ring code.
-_RUN_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "kv_ring_run")))
+
+
+def _address(name: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+
+
+#: The ring functions' addresses, for _batch to call the one copy of the ring code.
+_RUN_ADDRESS = _address("kv_ring_run")
+_PUSH_ADDRESS = _address("kv_ring_push")
+_WAIT_ADDRESS = _address("kv_ring_wait")
 
 #: The deepest queue a ring is made with; deeper asks are refused, not silently cut.
 MAX_QUEUE_DEPTH = 4096
@@ -172,9 +180,24 @@ class UringEngine(IoEngine):
         ran = _batch.transfer(code, items, IoFile, ring.address, _RUN_ADDRESS, ALIGN)
         if ran is None:  # not a plain batch: engine.py bounces, joins or explains
             return super()._transfer(code, items)
+        return self._answer(ring, code, items, ran)
+
+    def _start(self, code: int, items: list) -> PendingBatch:
+        if _batch is None or not items:
+            return super()._start(code, items)
+        ring = self._ring()
+        pending = _batch.submit(code, items, IoFile, ring, ring.address, _PUSH_ADDRESS,
+                                _WAIT_ADDRESS, ALIGN)
+        if pending is None:  # not a plain batch: run to the end by the general path
+            return super()._start(code, items)
+        return _Started(self, ring, code, items, pending)
+
+    def _answer(self, ring: _Ring, code: int, items: list,
+                ran: tuple[int, list, int]) -> list[int | IoError]:
+        """The results of a batch _batch ran: IoErrors for the items that failed."""
         rc, results, failed = ran
         if rc < 0:
-            self._ring_failed(rc)
+            self._ring_failed(ring, rc)
         if failed:
             op = "read" if code == READ else "write"
             for index, result in enumerate(results):
@@ -185,7 +208,9 @@ class UringEngine(IoEngine):
                                             offset, op, _nbytes(buffer), done)
         return results
 
-    def _ring_failed(self, rc: int) -> None:
+    def _ring_failed(self, ring: _Ring, rc: int) -> None:
+        if getattr(self._local, "ring", None) is not ring:
+            return  # replaced already (another batch of that ring saw it first)
         self._local.ring = None
         log.error("io_uring ring of thread %s failed (%s); it is replaced",
                   threading.current_thread().name, os.strerror(-rc))
@@ -221,5 +246,28 @@ class UringEngine(IoEngine):
             vec_base = vec_len = ffi.NULL
         rc = lib.kv_ring_run(ring.handle, reqs, count, vec_base, vec_len)
         if rc < 0:
-            self._ring_failed(rc)
+            self._ring_failed(ring, rc)
         return [(rc if req.result == _PENDING else req.result, req.done) for req in reqs]
+
+
+class _Started:
+    """A batch pushed into a thread's ring (``_batch.Pending``), waited for once."""
+
+    __slots__ = ("code", "engine", "items", "pending", "pid", "results", "ring")
+
+    def __init__(self, engine: UringEngine, ring: _Ring, code: int, items: list,
+                 pending: Any):
+        self.engine, self.ring, self.code, self.items = engine, ring, code, items
+        self.pending = pending
+        self.pid = os.getpid()
+        self.results: list[int | IoError] | None = None
+
+    def wait(self) -> list[int | IoError]:
+        if self.results is None:
+            if os.getpid() != self.pid:
+                raise RuntimeError("a batch started before fork() is the parent's to wait "
+                                   "for")
+            ran = self.pending.wait()  # RuntimeError from another thread
+            self.results = self.engine._answer(self.ring, self.code, self.items, ran)
+            self.items = []  # its buffers are the caller's again
+        return self.results

@@ -65,7 +65,29 @@ def test_a_plain_batch_never_reaches_the_python_request_builder(uring, tmp_path)
     assert path.read_bytes()[300 * 4096:364 * 4096] == bytes(staging)
 
 
-@pytest.mark.parametrize("odd_one", ["unaligned-direct", "vectored", "numpy-offset"])
+def test_vectored_items_are_built_in_c_too(uring, tmp_path):
+    """A vectored item whose pieces O_DIRECT takes as they are (any pieces when buffered)
+    is built in C as well: its pieces read back to back, empty ones skipped."""
+    path, data = _data_file(tmp_path)
+    counting = _CountingRun(uring)
+    staging = mmap.mmap(-1, 16 * 4096)
+    pages = [memoryview(staging)[i * 4096:(i + 1) * 4096] for i in range(16)]
+    with uring.open(path, os.O_RDONLY, direct=True) as f:
+        items = [(f, 8192 * i, [pages[2 * i], memoryview(bytearray()), pages[2 * i + 1]])
+                 for i in range(8)]
+        assert uring.read(items) == [8192] * 8
+    assert bytes(staging) == data[:16 * 4096]
+    odd = [bytearray(3), bytearray(5)]
+    with uring.open(path, os.O_RDONLY) as f:
+        assert uring.read([(f, 7, odd), (f, len(data) - 4, (bytearray(2), bytearray(9)))]) \
+            == [8, 4]
+    assert odd[0] + odd[1] == data[7:15]
+    assert counting.batches == 0
+    assert uring.ring_stats()["vec_sqes"] >= 9
+
+
+@pytest.mark.parametrize("odd_one", ["unaligned-direct", "unaligned-vectored-direct",
+                                     "numpy-offset"])
 def test_a_batch_with_one_odd_item_takes_the_general_path_whole(uring, tmp_path, odd_one):
     """The C builder runs all of a batch or none of it: one item it does not handle sends
     the whole batch through engine.py, which starts no I/O twice."""
@@ -73,9 +95,10 @@ def test_a_batch_with_one_odd_item_takes_the_general_path_whole(uring, tmp_path,
     counting = _CountingRun(uring)
     plain = bytearray(4096)
     odd = bytearray(10)
-    with uring.open(path, os.O_RDONLY, direct=odd_one == "unaligned-direct") as f:
+    with uring.open(path, os.O_RDONLY, direct=odd_one.endswith("direct")) as f:
         item = {"unaligned-direct": (f, 4096 + 3, odd),
-                "vectored": (f, 4096 + 3, [memoryview(odd)[:4], memoryview(odd)[4:]]),
+                "unaligned-vectored-direct": (f, 4096 + 3, [memoryview(odd)[:4],
+                                                            memoryview(odd)[4:]]),
                 "numpy-offset": (f, np.int64(4096 + 3), odd)}[odd_one]
         assert uring.read([(f, 0, plain), item]) == [4096, 10]
     assert counting.batches >= 1

@@ -109,6 +109,9 @@ out["auto"] = engine.name
 with tempfile.TemporaryDirectory() as tmp:
     f = engine.open(os.path.join(tmp, "f"), os.O_RDWR | os.O_CREAT, direct=True)
     out["io"] = engine.write([(f, 3, b"works")]) + engine.read([(f, 3, bytearray(5))])
+    streamed = [bytearray(2), bytearray(3)]
+    out["stream"] = list(engine.read_stream([[(f, 3, streamed[0])], [(f, 5, streamed[1])]]))
+    out["streamed"] = [bytes(b).decode() for b in streamed]
     f.close()
 try:
     get_engine("uring")
@@ -133,6 +136,7 @@ def test_io_uring_refused_by_seccomp(error, tmp_path):
     available, reason = out["probe"]
     assert available is False and f"({error})" in reason
     assert out["auto"] == "posix" and out["io"] == [5, 5]
+    assert out["stream"] == [[2], [3]] and out["streamed"] == ["wo", "rks"]
     assert out["logs"] == [f"io engine auto: using posix ({reason})"]
     assert "io engine 'uring' is unavailable" in out["explicit"] and reason in out["explicit"]
     if error == "EPERM":
