@@ -100,6 +100,13 @@ class AsyncClient(CoreShell):
     async def batch_put(self, keys: Sequence[str], values: Sequence[Any]) -> list[bool]:
         return await self._run(self.core.batch_put(keys, values))
 
+    async def put_parts(self, key: str, pieces: Sequence[Any]) -> bool:
+        return (await self.batch_put_parts([key], [pieces]))[0]
+
+    async def batch_put_parts(self, keys: Sequence[str], objects: Sequence[Sequence[Any]]
+                              ) -> list[bool]:
+        return await self._run(self.core.batch_put_parts(keys, objects))
+
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, key: str) -> bytes | None:
@@ -114,6 +121,14 @@ class AsyncClient(CoreShell):
     async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,
                              tiers: list[Tier | None] | None = None) -> list[int]:
         return await self._run(self.core.read_into(keys, buffers, tiers))
+
+    async def get_into_parts(self, key: str, pieces: Sequence[Any]) -> int:
+        return (await self.batch_get_into_parts([key], [pieces]))[0]
+
+    async def batch_get_into_parts(self, keys: Sequence[str],
+                                   objects: Sequence[Sequence[Any]], *,
+                                   tiers: list[Tier | None] | None = None) -> list[int]:
+        return await self._run(self.core.read_into_parts(keys, objects, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from kvstored.wire import (
     ConnectionClosed,
     FrameDecoder,
     FrameError,
+    Into,
     Outgoing,
 )
 
@@ -504,7 +505,7 @@ class RpcClient:
         return reply
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Payload = (),
-                   into: Sequence[memoryview] | None = None) -> Rep:
+                   into: Sequence[Into] | None = None) -> Rep:
         """Send ``request`` and return the reply (raising the error the peer answered).
         A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
         or discarded."""

@@ -55,6 +55,37 @@ MAX_PIECES = 512
 Buffer = memoryview | bytes | bytearray
 
 
+class Parts:
+    """One item's bytes held in several buffers, back to back, in order: what a put
+    gathers from and a get scatters into (scatter/gather objects), so that an object laid
+    out in pieces of an engine's memory never needs a joined copy. ``views`` are flat
+    byte views (the client checks and casts them)."""
+
+    __slots__ = ("nbytes", "views")
+
+    def __init__(self, views: Sequence[memoryview]) -> None:
+        self.views = list(views)
+        self.nbytes = sum(v.nbytes for v in self.views)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def head(self, size: int) -> list[memoryview]:
+        """Views of the first ``size`` bytes, piece by piece (empty pieces left out)."""
+        out: list[memoryview] = []
+        for view in self.views:
+            if size <= 0:
+                break
+            if view.nbytes:
+                out.append(view[:size] if view.nbytes > size else view)
+                size -= view.nbytes
+        return out
+
+
+#: Where an item of a reply's payload is received: one buffer, or the pieces of one.
+Into = memoryview | Parts
+
+
 class FrameError(Exception):
     """The peer sent something that is not a valid frame; close the connection."""
 

@@ -19,7 +19,7 @@ BASELINE = ROOT / ".basedpyright" / "baseline.json"
 
 #: The baseline's total when this was last lowered. Lower it (never raise it) when the
 #: test says the baseline shrank: that is the new floor.
-BASELINE_ERRORS = 101
+BASELINE_ERRORS = 98
 
 #: Folders (as the checker names them, through kvstored/) that must have no baselined
 #: error at all.

@@ -17,7 +17,7 @@ from kvstored.errors import StoreError, UnauthorizedError, UnreachableError
 from kvstored.protocol import HELLO, Hello, HelloReply, OpSpec, Role
 from kvstored.protocol.ops import Rep, Req, lost_connection
 from kvstored.security import ClientToken
-from kvstored.wire import Buffer, ConnectionClosed, FrameError, FrameReader, send_frame
+from kvstored.wire import Buffer, ConnectionClosed, FrameError, FrameReader, Into, send_frame
 
 _BROKEN = (OSError, ConnectionClosed, FrameError)
 
@@ -55,7 +55,7 @@ class Connection:
         return self.sock.fileno() < 0
 
     def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Sequence[Buffer] = (),
-             into: Sequence[memoryview] | None = None) -> Rep:
+             into: Sequence[Into] | None = None) -> Rep:
         """Send ``request`` and return the reply (raising the error the peer answered).
         A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
         or discarded."""

@@ -26,9 +26,8 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from crc32c import crc32c
-
 from kvstored.address import split_address
+from kvstored.client.parts import checksum, gather, parts_of, views_of
 from kvstored.client.read import BatchRead, NodeHealth, ReadStats, split_by_bytes
 from kvstored.client.segments import TRANSPORTS, Segments
 from kvstored.errors import (
@@ -59,7 +58,7 @@ from kvstored.protocol.ops import Rep, Req
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
 from kvstored.security import ClientToken
-from kvstored.wire import Buffer
+from kvstored.wire import Buffer, Into
 
 T = TypeVar("T")
 
@@ -81,7 +80,7 @@ class Call:
     request: Message
     node: str | None = None
     payload: Sequence[Buffer] = ()
-    into: Sequence[memoryview] | None = None
+    into: Sequence[Into] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +101,7 @@ Step = Generator[Effect, Any, T]
 
 
 def call(spec: ops.OpSpec[Req, Rep], request: Req, *, node: str | None = None,
-         payload: Sequence[Buffer] = (), into: Sequence[memoryview] | None = None
+         payload: Sequence[Buffer] = (), into: Sequence[Into] | None = None
          ) -> Step[Rep]:
     """``reply = yield from call(...)``: one request, typed."""
     reply = yield Call(spec, request, node, payload, into)
@@ -165,7 +164,8 @@ class _Put:
     """A batch put in progress: the values, and each key's result so far."""
 
     keys: list[str]
-    views: list[memoryview]
+    #: Each value: one buffer, or its pieces (sent and copied as they are, never joined).
+    views: list[Into]
     sizes: list[int]
     checksums: list[int]
     results: list[bool | None]
@@ -214,8 +214,24 @@ class ClientCore:
         if len(keys) != len(values):
             raise BadRequestError(f"{len(keys)} keys but {len(values)} values")
         check_keys(keys)
-        views = [memoryview(v).cast("B") for v in values]
-        put = _Put(keys, views, [v.nbytes for v in views], [crc32c(v) for v in views],
+        views: list[Into] = [memoryview(v).cast("B") for v in values]
+        return (yield from self._put(keys, views))
+
+    def batch_put_parts(self, keys: Sequence[str], objects: Sequence[Any]
+                        ) -> Step[list[bool]]:
+        """As :meth:`batch_put`, each object given as its pieces (buffers, concatenated
+        in order): over TCP they go out in one ``sendmsg`` scatter list, to a mapped
+        segment one copy per piece; never joined first (see kvstored.client.parts)."""
+        keys = list(keys)
+        if len(keys) != len(objects):
+            raise BadRequestError(f"{len(keys)} keys but {len(objects)} lists of pieces")
+        check_keys(keys)
+        views: list[Into] = [parts_of(obj, key=key, writable=False)
+                             for key, obj in zip(keys, objects)]
+        return (yield from self._put(keys, views))
+
+    def _put(self, keys: list[str], views: list[Into]) -> Step[list[bool]]:
+        put = _Put(keys, views, [v.nbytes for v in views], [checksum(v) for v in views],
                    [None] * len(keys))
         todo = list(range(len(keys)))
         deadline = self.clock() + NO_SPACE_RETRY_SECONDS
@@ -282,7 +298,7 @@ class ClientCore:
         request = put.request(idx)
         if mapping is None:
             return (yield from call(ops.PUT, request, node=node,
-                                    payload=[put.views[i] for i in idx]))
+                                    payload=[v for i in idx for v in views_of(put.views[i])]))
         allocated = yield from call(ops.ALLOC, request, node=node)
         status: dict[int, PutStatus] = {}
         sealed = []
@@ -290,7 +306,7 @@ class ClientCore:
             if offset is None:
                 status[i] = PutStatus.NO_SPACE
                 continue
-            mapping.view(offset, put.sizes[i])[:] = put.views[i]
+            gather(put.views[i], mapping.view(offset, put.sizes[i]))
             sealed.append(i)
         if sealed:
             outcome = yield from call(ops.SEAL, KeysRequest([put.keys[i] for i in sealed]),
@@ -328,6 +344,20 @@ class ClientCore:
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
         return (yield from self.read(keys, list(buffers), tiers))
+
+    def read_into_parts(self, keys: Sequence[str], objects: Sequence[Any],
+                        tiers: list[Tier | None] | None = None) -> Step[list[int]]:
+        """As :meth:`read_into`, each object landing in its pieces (buffers filled in
+        order): received over TCP straight into them, copied out of a mapped segment one
+        piece at a time; the CRC-32C is chained over them. Pieces holding fewer bytes
+        than the object are a BadRequestError before any byte lands; an object shorter
+        than its pieces fills their start."""
+        keys = list(keys)
+        if len(keys) != len(objects):
+            raise BadRequestError(f"{len(keys)} keys but {len(objects)} lists of pieces")
+        check_keys(keys)
+        return (yield from self.read(keys, [parts_of(obj, key=key, writable=True)
+                                            for key, obj in zip(keys, objects)], tiers))
 
     def read_values(self, keys: Sequence[str]) -> Step[list[bytes | None]]:
         buffers: list[Any] = []

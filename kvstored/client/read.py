@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crc32c import crc32c
-
+from kvstored.client.parts import checksum, scatter
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError
 from kvstored.protocol import Tier
 from kvstored.protocol.master_api import LookupReply, NodeContact
 from kvstored.protocol.node_api import GetRequest
+from kvstored.wire import Into, Parts
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +106,13 @@ class BatchRead:
 
     def __init__(self, keys: list[str], reply: LookupReply, buffers: list[Any],
                  segments: Segments, health: NodeHealth, stats: ReadStats) -> None:
-        """``buffers`` are the caller's, one per key; an empty list is filled with new
-        bytearrays of the objects' sizes."""
+        """``buffers`` are the caller's, one per key (a buffer, or the :class:`Parts` of
+        one object); an empty list is filled with new bytearrays of the objects' sizes."""
         if not buffers:
             buffers.extend(bytearray(s or 0) for s in reply.sizes)
         self.keys = keys
-        self.buffers = [memoryview(b).cast("B") for b in buffers]
+        self.buffers: list[Into] = [b if isinstance(b, Parts) else memoryview(b).cast("B")
+                                    for b in buffers]
         self.segments = segments
         self.health = health
         self.stats = stats
@@ -136,7 +137,8 @@ class BatchRead:
             if size < 0:
                 continue
             if len(self.buffers[i]) < size:
-                raise BadRequestError(f"the buffer holds {len(self.buffers[i])} bytes but the "
+                what = "pieces hold" if isinstance(self.buffers[i], Parts) else "buffer holds"
+                raise BadRequestError(f"the {what} {len(self.buffers[i])} bytes but the "
                                       f"object is {size}; pass a buffer of at least {size}",
                                       key=keys[i])
             self._routes[i] = self._plan(held)
@@ -184,7 +186,7 @@ class BatchRead:
             if mapping is None:  # unmapped since the plan (closed): ask over TCP
                 self._advance(copy.index)
                 continue
-            self.buffers[copy.index][:copy.size] = mapping.view(copy.offset, copy.size)
+            scatter(mapping.view(copy.offset, copy.size), self.buffers[copy.index])
             copied.append(copy.index)
         if copied and clock() - started > 0.8 * self.lease_ttl:
             self.lease_ran_out(copied)
@@ -223,15 +225,15 @@ class BatchRead:
             self._open.discard(i)
 
     def _verify(self, i: int, size: int, tier: Tier) -> bool:
-        checksum = self.checksums[i]
-        assert checksum is not None  # only found objects are read
-        if size == self.sizes[i] and crc32c(self.buffers[i][:size]) == checksum:
+        expected = self.checksums[i]
+        assert expected is not None  # only found objects are read
+        if size == self.sizes[i] and checksum(self.buffers[i], size) == expected:
             self.results[i] = size
             self.tiers[i] = tier
             self._open.discard(i)
             return True
         route = self._routes[i][self._cursor[i]]
-        self.corrupt.setdefault(route.node, []).append((self.keys[i], checksum))
+        self.corrupt.setdefault(route.node, []).append((self.keys[i], expected))
         self.stats.count(checksum_failures=1)
         log.warning("%r from node %s (%s) failed its checksum: not used", self.keys[i],
                     route.node, "shared memory" if route.shm_offset is not None else "TCP")

@@ -75,6 +75,19 @@ class Client(CoreShell):
         """Store many objects; True for each stored now, False for each that existed."""
         return self._run(self.core.batch_put(keys, values))
 
+    def put_parts(self, key: str, pieces: Sequence[Any]) -> bool:
+        """Store the object made of ``pieces`` (buffers, concatenated in order) under
+        ``key``, without joining them: see :meth:`batch_put_parts`."""
+        return self.batch_put_parts([key], [pieces])[0]
+
+    def batch_put_parts(self, keys: Sequence[str], objects: Sequence[Sequence[Any]]
+                        ) -> list[bool]:
+        """Store many objects, each given as its list of pieces (buffers, concatenated
+        in order: the pages of an engine's KV pool). No copy joins them: over TCP they go
+        out in one scatter list, into a node's segment on this host one copy per piece.
+        As :meth:`batch_put` otherwise."""
+        return self._run(self.core.batch_put_parts(keys, objects))
+
     # -- reads -------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
@@ -95,6 +108,21 @@ class Client(CoreShell):
         ``tiers``, if given, is filled with the tier each key was read from (None where
         missing)."""
         return self._run(self.core.read_into(keys, buffers, tiers))
+
+    def get_into_parts(self, key: str, pieces: Sequence[Any]) -> int:
+        """Read ``key`` into ``pieces`` (writable buffers, filled in order); the number
+        of bytes written, or -1 if missing. See :meth:`batch_get_into_parts`."""
+        return self.batch_get_into_parts([key], [pieces])[0]
+
+    def batch_get_into_parts(self, keys: Sequence[str], objects: Sequence[Sequence[Any]],
+                             *, tiers: list[Tier | None] | None = None) -> list[int]:
+        """Read many objects, each into its list of pieces, with no staging copy: over
+        TCP the bytes are received straight into the pieces, from a segment on this host
+        copied piece by piece. Per key the length, or -1 if missing (a copy that fails
+        the object's checksum is never a hit). Pieces holding fewer bytes than their
+        object raise BadRequestError before any byte lands; a shorter object fills the
+        start of its pieces. ``tiers`` as in :meth:`batch_get_into`."""
+        return self._run(self.core.read_into_parts(keys, objects, tiers))
 
     # -- metadata ----------------------------------------------------------------------
 

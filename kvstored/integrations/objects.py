@@ -2,16 +2,17 @@
 
 Every adapter describes an object as the list of its *pieces*, in order: byte views into
 the engine's own memory (SGLang: one piece per K or V buffer of a page, or per layer in
-``layer_first``; LMCache: the chunk; vLLM: the block's slot in the CPU tier). The object's
-bytes are the pieces concatenated. :class:`ObjectIO` stores and loads such objects over
-kvstored's blocking client and nothing else touches the store's data path.
+``layer_first``; LMCache: the header and the chunk; vLLM: the block's slot in the CPU
+tier). The object's bytes are the pieces concatenated. :class:`ObjectIO` stores and loads
+such objects over kvstored's blocking client and nothing else touches the store's data
+path.
 
-Today's client takes one contiguous buffer per object, so an object of several pieces is
-gathered into a per-thread staging buffer on put and scattered from it on get: one extra
-copy, counted in :class:`CopyCounters`. A one-piece object goes straight between the
-engine's memory and the client. When the client learns scatter/gather objects and
-registered host memory, :meth:`ObjectIO._put_batch` and :meth:`ObjectIO._get_batch` hand
-it the pieces instead, and the adapters do not change.
+The pieces go to the client as they are (its scatter/gather calls, ``batch_put_parts``
+and ``batch_get_into_parts``): sent from and received into the engine's memory over TCP,
+copied piece by piece to and from a node's segment on this host. So this module copies
+no byte itself; :class:`CopyCounters` counts the bytes an adapter still copies on its
+own (SGLang's legacy calls given a strided tensor), which ``kvstore bench engines``
+reports against its zero-copy goal.
 
 What this module does not do: decide keys (see :mod:`~kvstored.integrations.namespace`),
 or know any engine. It never raises a store error at an engine: engines treat a failed
@@ -37,11 +38,6 @@ _T = TypeVar("_T")
 
 #: An object as the engine lays it out: byte views, concatenated in this order.
 Pieces = Sequence[memoryview]
-
-#: Most bytes one staged sub-batch gathers (or scatters) at once. SGLang hands over up to
-#: 128 pages a call, 1 GiB for an 8 MiB page, so staging goes in bounded sub-batches,
-#: each one master round trip.
-STAGING_BYTES = 64 * 1024 * 1024
 
 #: How long an adapter's lookup locks what it finds (seconds), unless the engine's
 #: configuration says otherwise (``lock_ttl``; 0: no locks). Long enough for a prefetch
@@ -100,7 +96,9 @@ class StoreSettings:
 
 @dataclass(slots=True)
 class CopyCounters:
-    """Bytes this process copied beside the client's own transfer (staging)."""
+    """Bytes an adapter copied itself, beside the client's own transfer: ``gathered``
+    on the way to the store, ``scattered`` on the way back. Zero on every path that hands
+    the engine's memory to the client as pieces."""
 
     gathered_bytes: int = 0
     scattered_bytes: int = 0
@@ -113,13 +111,11 @@ class CopyCounters:
 
 
 class ObjectIO:
-    """Puts and gets objects made of pieces; thread-safe (one staging buffer a thread)."""
+    """Puts and gets objects made of pieces; thread-safe (as the client is)."""
 
-    def __init__(self, client: Client, *, staging_bytes: int = STAGING_BYTES) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
-        self.staging_bytes = staging_bytes
         self.copies = CopyCounters()
-        self._local = threading.local()
 
     # -- the calls adapters make ---------------------------------------------------------
 
@@ -128,18 +124,15 @@ class ObjectIO:
         there: objects are write-once and a key names its bytes), False on failure."""
         if len(keys) != len(objects):
             raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-        results = [False] * len(keys)
-        for batch in self._batches(objects):
-            try:
-                self._put_batch([keys[i] for i in batch], [objects[i] for i in batch])
-            except StoreError as exc:
-                log.warning("kvstored: storing %d object(s) from %s failed: %s; the engine "
-                            "recomputes them on a later miss", len(batch), keys[batch[0]],
-                            exc)
-                continue
-            for i in batch:
-                results[i] = True
-        return results
+        if not keys:
+            return []
+        try:
+            self.client.batch_put_parts(list(keys), objects)
+        except StoreError as exc:
+            log.warning("kvstored: storing %d object(s) from %s failed: %s; the engine "
+                        "recomputes them on a later miss", len(keys), keys[0], exc)
+            return [False] * len(keys)
+        return [True] * len(keys)
 
     def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
         """Load each object into its pieces; per key True if every byte arrived. An
@@ -162,17 +155,14 @@ class ObjectIO:
         pieces is a miss, and no byte of it reaches them."""
         if len(keys) != len(objects):
             raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-        results = [MISSING] * len(keys)
-        for batch in self._batches(objects):
-            try:
-                lengths = self._get_batch([keys[i] for i in batch], [objects[i] for i in batch])
-            except StoreError as exc:
-                log.warning("kvstored: loading %d object(s) from %s failed: %s; treated "
-                            "as a miss", len(batch), keys[batch[0]], exc)
-                continue
-            for i, length in zip(batch, lengths):
-                results[i] = length
-        return results
+        if not keys:
+            return []
+        try:
+            return self._read(list(keys), objects)
+        except StoreError as exc:
+            log.warning("kvstored: loading %d object(s) from %s failed: %s; treated as a "
+                        "miss", len(keys), keys[0], exc)
+            return [MISSING] * len(keys)
 
     def leading_present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> int:
         """How many leading keys are present (prefix caches hit a prefix); 0 on failure.
@@ -246,102 +236,27 @@ class ObjectIO:
 
     # -- the seam: the only code that hands bytes to the client ------------------------
 
-    def _put_batch(self, keys: list[str], objects: list[Pieces]) -> None:
-        values: list[memoryview] = []
-        staged = [obj for obj in objects if len(obj) != 1]
-        staging = self._staging(sum(_size(obj) for obj in staged)) if staged else None
-        offset = 0
-        for obj in objects:
-            if len(obj) == 1:
-                values.append(obj[0])
-                continue
-            start = offset
-            for piece in obj:
-                staging[offset:offset + piece.nbytes] = piece
-                offset += piece.nbytes
-            values.append(staging[start:offset])
-        if staged:
-            self.copies.add(gathered=offset)
-        self.client.batch_put(keys, values)
-
-    def _get_batch(self, keys: list[str], objects: list[Pieces]) -> list[int]:
-        sizes = [_size(obj) for obj in objects]
-        staged = [i for i, obj in enumerate(objects) if len(obj) != 1]
-        staging = self._staging(sum(sizes[i] for i in staged)) if staged else None
-        buffers: list[memoryview] = []
-        offset = 0
-        for obj, size in zip(objects, sizes):
-            if len(obj) == 1:
-                buffers.append(obj[0])
-            else:
-                buffers.append(staging[offset:offset + size])
-                offset += size
-        lengths = self._read(keys, buffers, sizes)
-        scattered = 0
-        for i, (key, obj, size, buffer) in enumerate(zip(keys, objects, sizes, buffers)):
-            if lengths[i] > size:
-                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
-                            "treated as a miss", key, lengths[i], size)
-                lengths[i] = MISSING
-            if lengths[i] == MISSING or len(obj) == 1:
-                continue
-            at = 0
-            for piece in obj:
-                n = min(piece.nbytes, lengths[i] - at)
-                if n <= 0:
-                    break
-                piece[:n] = buffer[at:at + n]
-                at += n
-            scattered += at
-        if scattered:
-            self.copies.add(scattered=scattered)
-        return lengths
-
-    def _read(self, keys: list[str], buffers: list[memoryview],
-                    sizes: list[int]) -> list[int]:
-        """Read each object into its buffer; an object larger than its buffer reports
+    def _read(self, keys: list[str], objects: Sequence[Pieces]) -> list[int]:
+        """Read each object into its pieces; an object larger than its pieces reports
         its own size (so the caller sees the mismatch) and writes nothing."""
         try:
-            return self.client.batch_get_into(keys, buffers)
+            return self.client.batch_get_into_parts(keys, objects)
         except BadRequestError:
             # The client refuses a batch (before any byte lands) when an object is larger
-            # than its buffer: look the sizes up, and read only the objects that fit.
+            # than its pieces: look the sizes up, and read only the objects that fit.
             pass
+        sizes = [_size(obj) for obj in objects]
         infos = [self.client.stat(key) for key in keys]
         lengths = [MISSING if info is None else info.size for info in infos]
         fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if 0 <= n <= size]
-        if fits:
-            got = self.client.batch_get_into([keys[i] for i in fits], [buffers[i] for i in fits])
-            for i, n in zip(fits, got):
-                lengths[i] = n
-        return lengths
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _batches(self, objects: Sequence[Pieces]) -> list[list[int]]:
-        """Indexes of ``objects`` split so the staged pieces of each batch fit in
-        ``staging_bytes`` (a lone object larger than that gets a batch of its own)."""
-        batches: list[list[int]] = []
-        current: list[int] = []
-        staged = 0
-        for i, obj in enumerate(objects):
-            size = _size(obj) if len(obj) != 1 else 0
-            if current and staged + size > self.staging_bytes:
-                batches.append(current)
-                current, staged = [], 0
-            current.append(i)
-            staged += size
-        if current:
-            batches.append(current)
-        return batches
-
-    def _staging(self, nbytes: int) -> memoryview:
-        """This thread's staging buffer, grown to ``nbytes`` and then kept: fresh pages
-        are slow to touch, so it is reused across calls."""
-        buf = getattr(self._local, "staging", None)
-        if buf is None or len(buf) < nbytes:
-            buf = self._local.staging = bytearray(nbytes)
-        return memoryview(buf)
+        for i, n in zip(fits, self.client.batch_get_into_parts(
+                [keys[i] for i in fits], [objects[i] for i in fits]) if fits else []):
+            lengths[i] = n
+        for key, n, size in zip(keys, lengths, sizes):
+            if n > size:
+                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
+                            "treated as a miss", key, n, size)
+        return [MISSING if n > size else n for n, size in zip(lengths, sizes)]
 
 
 def _size(obj: Pieces) -> int:

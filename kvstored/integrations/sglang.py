@@ -348,7 +348,9 @@ class KvstoredStorage(HiCacheStorage):
         if values is None or len(values) != len(keys):
             log.error("kvstored HiCache: batch_set needs one value tensor per key")
             return False
-        # contiguous() copies only a strided value; it is read, never written.
+        # contiguous() copies only a strided value (counted: a copy this adapter makes);
+        # it is read, never written.
+        self.io.copies.add(gathered=sum(v.nbytes for v in values if not v.is_contiguous()))
         pieces = [[_tensor_bytes(v.contiguous())] for v in values]
         return all(self.io.put(self._flat.keys(keys), pieces))
 

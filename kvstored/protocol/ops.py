@@ -70,7 +70,7 @@ from kvstored.protocol.node_api import (
     ReportCorruptRequest,
 )
 from kvstored.protocol.shapes import Fields
-from kvstored.wire import FrameError
+from kvstored.wire import FrameError, Into, Parts
 
 #: Version 2: typed messages, batches as columns, tasks with a ``kind``.
 PROTOCOL_VERSION = 2
@@ -132,9 +132,10 @@ class OpSpec(Generic[Req, Rep]):
         except (KeyError, TypeError, ValueError) as exc:
             raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
 
-    def payload_views(self, reply: Rep, into: Sequence[memoryview]) -> list[memoryview]:
+    def payload_views(self, reply: Rep, into: Sequence[Into]) -> list[memoryview]:
         """Where the items of ``reply``'s payload go: ``into[i][:size]`` for each entry
-        of its ``sizes`` that is not negative (no item: the peer does not have it). An
+        of its ``sizes`` that is not negative (no item: the peer does not have it), or
+        the first ``size`` bytes of its pieces when ``into[i]`` is :class:`Parts`. An
         item larger than its buffer raises FrameError before anything is read."""
         sizes = getattr(reply, "sizes", None)
         if not self.reply_payload or not isinstance(sizes, list) or len(sizes) != len(into):
@@ -145,7 +146,10 @@ class OpSpec(Generic[Req, Rep]):
             if size > len(view):
                 raise FrameError(f"an item of {size} bytes for a {len(view)}-byte buffer")
             if size >= 0:
-                views.append(view[:size])
+                if isinstance(view, Parts):
+                    views += view.head(size)
+                else:
+                    views.append(view[:size])
         return views
 
 

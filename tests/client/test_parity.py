@@ -74,6 +74,17 @@ SCENARIO: Scenario = [
     ("batch_lookup_and_lock", lambda p: ([f"{p}ns/1"], 0)),        # not a lock's length
     ("batch_remove_prefix", lambda p: (f"{p}ns/",)),
     ("batch_remove_prefix", lambda p: ("",)),                      # the whole store: no
+    # Scatter/gather objects: pieces in, pieces out, and what the pieces cannot take.
+    ("batch_put_parts", lambda p: ([f"{p}parts", f"{p}parts0"],
+                                   [[b"he", bytearray(b"llo"), memoryview(BIG)], []])),
+    ("get", lambda p: (f"{p}parts",)),
+    ("batch_get_into_parts", lambda p: ([f"{p}parts", f"{p}nothing", f"{p}parts0"],
+                                        [[bytearray(4), bytearray(MiB + 4)], [bytearray(1)],
+                                         []])),
+    ("get_into_parts", lambda p: (f"{p}parts", [bytearray(5), bytearray(MiB)])),  # short
+    ("put_parts", lambda p: (f"{p}x", [b"x", 3])),                 # not a buffer
+    ("get_into_parts", lambda p: (f"{p}parts", [bytes(MiB + 8)])),  # read-only
+    ("batch_put_parts", lambda p: ([f"{p}x"], [])),                # lengths differ
 ]
 
 
@@ -213,6 +224,12 @@ def test_both_shells_give_the_same_results_and_errors(embedded, transport):  # n
     assert by_step["26:batch_lookup_and_lock"][:2] == ("error", "BadRequestError")
     assert by_step["27:batch_remove_prefix"] == ("ok", 2)
     assert by_step["28:batch_remove_prefix"][:2] == ("error", "BadRequestError")
+    assert by_step["29:batch_put_parts"] == ("ok", [True, True])
+    assert by_step["30:get"] == ("ok", b"hello" + BIG)
+    assert by_step["31:batch_get_into_parts"] == ("ok", [MiB + 8, -1, 0])
+    for step in ("32:get_into_parts", "33:put_parts", "34:get_into_parts",
+                 "35:batch_put_parts"):
+        assert by_step[step][:2] == ("error", "BadRequestError"), step
 
 
 def test_a_trio_read_from_a_node_that_never_answers_misses_within_the_timeout(embedded):  # noqa: F811

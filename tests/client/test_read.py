@@ -17,6 +17,7 @@ from kvstored.hostid import host_id
 from kvstored.protocol import Tier
 from kvstored.protocol.master_api import Endpoint, LookupReply, NodeContact, Replicas
 from kvstored.shm import DramSegment
+from kvstored.wire import Parts
 
 VALUE = os.urandom(5000)
 NODES = {n: NodeContact(Endpoint("127.0.0.1", 1), "elsewhere", "s", "00")
@@ -128,6 +129,35 @@ def test_a_same_host_copy_is_checked_and_a_bad_one_is_read_again_over_tcp(segmen
         assert read.tcp_requests() == {"n1": [1]}  # the node dropped its bad copy: ask it
         _deliver(read, "n1")
         assert read.results == [len(VALUE), len(VALUE)]
+    finally:
+        segments.close()
+
+
+def test_pieces_are_filled_and_checked_as_one_object_and_bad_bytes_are_a_miss(segment):
+    """A read into Parts: the segment's copy is scattered over the pieces, the checksum is
+    the one of the concatenation, and a forged copy over TCP too leaves a miss."""
+    nodes = {"n1": NodeContact(Endpoint("127.0.0.1", 1), host_id(), segment.name,
+                               segment.token.hex())}
+    segment.view(0, len(VALUE))[:] = VALUE
+    segment.view(8192, len(VALUE))[:] = b"forged" + VALUE[6:]
+    pieces = [Parts([memoryview(bytearray(n)) for n in sizes])
+              for sizes in ([1, 4000, 999], [2500, 2500])]
+    segments = Segments("auto")
+    try:
+        read = BatchRead(["good", "forged"], _reply(
+            [len(VALUE), crc32c(VALUE), [["n1", "dram", 0]]],
+            [len(VALUE), crc32c(VALUE), [["n1", "dram", 8192]]], nodes=nodes),
+            list(pieces), segments, NodeHealth(), ReadStats())
+        read.copy_from_segments(0.0, lambda: 0.0)
+        assert read.results == [len(VALUE), MISSING]
+        assert b"".join(bytes(v) for v in pieces[0].views) == VALUE
+        assert read.tcp_requests() == {"n1": [1]}
+        forged = b"forged" + VALUE[6:]
+        for view, at in zip(pieces[1].views, (0, 2500)):
+            view[:] = forged[at:at + view.nbytes]
+        assert read.received(1, len(VALUE)) is False
+        assert not read.pending and read.results == [len(VALUE), MISSING]
+        assert read.stats.checksum_failures == 2
     finally:
         segments.close()
 

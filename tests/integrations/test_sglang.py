@@ -111,6 +111,8 @@ def test_zero_copy_pages_round_trip_through_the_factory(store, rng, kind, layout
     assert backend.batch_get_v1(keys, dst) == [True] * pages
     for i in range(pages):
         assert page_bytes(pool, int(dst[i * PAGE])) == page_bytes(pool, int(src[i * PAGE]))
+    # The pages went from and into the pool's own buffers: the adapter copied nothing.
+    assert backend.io.copies.gathered_bytes == backend.io.copies.scattered_bytes == 0
     backend.close()
 
 
@@ -241,6 +243,11 @@ def test_legacy_calls_move_sglangs_flat_pages(store, rng):
     for i, page in enumerate(got):
         pool.set_from_flat_data_page(int(dst[i * PAGE]), page)
         assert page_bytes(pool, int(dst[i * PAGE])) == page_bytes(pool, int(src[i * PAGE]))
+    assert backend.io.copies.gathered_bytes == 0  # SGLang's flat pages are contiguous
+    # A strided value is the one copy this adapter makes itself, and it is counted.
+    strided = torch.arange(64, dtype=torch.uint8).reshape(8, 8).t()
+    assert backend.batch_set([keys[0] + "-strided"], [strided])
+    assert backend.io.copies.gathered_bytes == 64
     # The flat format and the v1 page format never alias.
     v1 = attach(store.addr, pool, mla=False, layout="layer_first")
     assert v1.batch_exists(keys) == 0
