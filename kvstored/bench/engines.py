@@ -62,8 +62,9 @@ FIGURES = ("backup_gbps", "prefetch_gbps", "exists_ms")
 
 def _median_rounds(document: dict[str, Any]) -> dict[str, Any]:
     rounds = document.get("rounds") or []
-    summary = {name: round(statistics.median(r[name] for r in rounds), 4)
-               for name in FIGURES if rounds}
+    # Unrounded: tiny pages on a loaded machine move well under 0.0001 GB/s, and a
+    # rounded zero would read as "nothing moved" (the tables round when they print).
+    summary = {name: statistics.median(r[name] for r in rounds) for name in FIGURES if rounds}
     return {**document, "median": summary}
 
 

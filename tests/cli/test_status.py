@@ -102,7 +102,10 @@ def test_status_of_a_real_cluster_at_80_columns(spawn, tmp_path):
 def test_a_registering_node_shows_as_starting_and_puts_say_why(spawn):
     """A node that has sent 3 of its 10 objects: status says so, and a put that has no
     ready node names the starting one (exit 4) instead of "no node is registered"."""
-    master = spawn("master", "--listen", "127.0.0.1:0")
+    # This node never heartbeats: a node_ttl far beyond the test keeps it "starting"
+    # however long the three CLI runs take on a loaded machine.
+    master = spawn("master", "--listen", "127.0.0.1:0",
+                   env={"KVSTORED_MASTER_NODE_TTL": "10m"})
     host, port = master.address
     token = (credentials_dir(os.environ) / "node-token").read_text().strip()
 
