@@ -20,6 +20,7 @@ clients cannot drift: the same reply is the same result, or the same error, in e
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvstored.address import split_address
+from kvstored.client.memory import HostMemory
 from kvstored.client.parts import checksum, gather, parts_of, views_of
 from kvstored.client.read import BatchRead, NodeHealth, ReadStats, split_by_bytes
 from kvstored.client.segments import TRANSPORTS, Segments
@@ -53,7 +55,13 @@ from kvstored.protocol.master_api import (
     StatRequest,
     UnlockRequest,
 )
-from kvstored.protocol.node_api import PutReply, PutRequest, ReportCorruptRequest
+from kvstored.protocol.node_api import (
+    PutReply,
+    PutRequest,
+    RegionRequest,
+    RegisterMemoryRequest,
+    ReportCorruptRequest,
+)
 from kvstored.protocol.ops import Rep, Req
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
@@ -196,6 +204,8 @@ class ClientCore:
         self.nodes: dict[str, NodeContact] = {}
         #: In whose name this client's locks are held: its reads end them.
         self.holder = secrets.token_hex(16)
+        #: Buffers over shared-memory files that same-host nodes move bytes to and from.
+        self.memory = HostMemory()
 
     def endpoint(self, node: str | None) -> tuple[str, int]:
         """The address of the master (None) or of ``node``."""
@@ -301,13 +311,35 @@ class ClientCore:
                                     payload=[v for i in idx for v in views_of(put.views[i])]))
         allocated = yield from call(ops.ALLOC, request, node=node)
         status: dict[int, PutStatus] = {}
-        sealed = []
+        rooms: dict[int, int] = {}  # what this client copies into the segment itself
+        placed: dict[int, int] = {}
+        by_region: dict[tuple[int, str], tuple[list[int], list[list[int]]]] = {}
         for i, offset in zip(idx, allocated.offsets):
             if offset is None:
                 status[i] = PutStatus.NO_SPACE
                 continue
+            placed[i] = offset
+            where = yield from self._in_region(node, put.views[i], put.sizes[i])
+            if where is None:
+                rooms[i] = offset
+                continue
+            moved, extents = by_region.setdefault(where[0], ([], []))
+            moved.append(i)
+            extents.append(where[1])
+        for (region, token), (moved, extents) in by_region.items():
+            try:
+                outcome = yield from call(ops.COPY_IN, RegionRequest(
+                    [put.keys[i] for i in moved], region, token, extents), node=node)
+            except BadRequestError:
+                self.memory.forget(node)  # the region is gone there: copy them here
+                rooms.update((i, placed[i]) for i in moved)
+                continue
+            status.update(zip(moved, outcome.results))
+            self.memory.stats.count(moved=len(moved),
+                                    moved_bytes=sum(put.sizes[i] for i in moved))
+        sealed = list(rooms)
+        for i, offset in rooms.items():
             gather(put.views[i], mapping.view(offset, put.sizes[i]))
-            sealed.append(i)
         if sealed:
             outcome = yield from call(ops.SEAL, KeysRequest([put.keys[i] for i in sealed]),
                                       node=node)
@@ -330,6 +362,7 @@ class ClientCore:
         self.nodes.update(reply.nodes)
         read = BatchRead(keys, reply, buffers, self.segments, self.health, self.stats)
         while read.pending:
+            yield from self._copy_out(read)
             read.copy_from_segments(started, self.clock)
             yield from self._report_corrupt(read)
             for node, idx in read.tcp_requests().items():
@@ -364,6 +397,68 @@ class ClientCore:
         results = yield from self.read(keys, buffers)
         return [bytes(memoryview(b)[:n]) if n >= 0 else None
                 for b, n in zip(buffers, results)]
+
+    def _copy_out(self, read: BatchRead) -> Step[None]:
+        """Have same-host nodes write the objects bound for registered memory there
+        themselves; whatever they do not (a refused region, an object gone from DRAM)
+        goes on as a copy out of the segment, or over TCP."""
+        if not self.memory.buffers:
+            return
+        groups: dict[tuple[str, int, str], tuple[list[int], list[list[int]]]] = {}
+        for copy in read.shm_copies():
+            where = yield from self._in_region(copy.node, read.buffers[copy.index],
+                                               copy.size)
+            if where is not None:
+                idx, extents = groups.setdefault((copy.node, *where[0]), ([], []))
+                idx.append(copy.index)
+                extents.append(where[1])
+        for (node, region, token), (idx, extents) in groups.items():
+            try:
+                reply = yield from call(ops.COPY_OUT, RegionRequest(
+                    [read.keys[i] for i in idx], region, token, extents,
+                    [read.checksums[i] for i in idx]), node=node)
+            except StoreError:
+                self.memory.forget(node)  # copied out of the segment instead
+                continue
+            for i, size in zip(idx, reply.sizes):
+                if read.received(i, size, Tier.DRAM):
+                    self.memory.stats.count(moved=1, moved_bytes=size)
+
+    # -- registered host memory ----------------------------------------------------------
+
+    def register_memory(self, buffer: Any, fd: int) -> None:
+        """Register ``buffer``, this process's mapping (from its start) of the
+        shared-memory file open as ``fd``: see kvstored.client.memory."""
+        self.memory.add(buffer, fd)
+
+    def _in_region(self, node: str, value: Into, size: int
+                   ) -> Step[tuple[tuple[int, str], list[int]] | None]:
+        """``node``'s region and the extents holding the first ``size`` bytes of
+        ``value``, registering the buffer there on first use; None: the client copies
+        (not in registered memory, or the node does not take it)."""
+        found = self.memory.locate(value, size)
+        if found is None:
+            return None
+        index, extents = found
+        known = self.memory.regions.get((node, index))
+        if isinstance(known, str):
+            self.memory.stats.count(fallback=1)
+            return None
+        if known is None:
+            buf = self.memory.buffers[index]
+            try:
+                reply = yield from call(ops.REGISTER_MEMORY, RegisterMemoryRequest(
+                    os.getpid(), buf.fd, buf.device, buf.inode, buf.size, host_id()),
+                    node=node)
+            except BadRequestError as exc:
+                self.memory.refused(node, index, exc.message)
+                self.memory.stats.count(fallback=1)
+                return None
+            except StoreError:
+                self.memory.stats.count(fallback=1)
+                return None  # not now (the node is busy or going): ask again next time
+            known = self.memory.regions[(node, index)] = (reply.region, reply.token)
+        return known, extents
 
     def _get_from_node(self, read: BatchRead, node: str, idx: list[int]) -> Step[None]:
         """Fetch ``idx`` from ``node`` into their buffers; whatever it cannot deliver is

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvstored.client.core import ClientCore
+from kvstored.client.memory import HostMemory
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError, ConfigError
@@ -32,6 +33,22 @@ class CoreShell:
     @property
     def segments(self) -> Segments:
         return self.core.segments
+
+    def register_memory(self, buffer: Any, fd: int) -> None:
+        """Register ``buffer``, this process's mapping (from its start) of the
+        shared-memory file open as ``fd`` (a ``/dev/shm`` file or a memfd: an engine's
+        host KV pool). Puts and gets of pieces inside it, with nodes on this host, are
+        then moved by the node itself between the file and its DRAM segment, with no
+        copy by this client; a node that cannot (another host, another user) is
+        remembered and the client copies as before (``memory.stats``, docs/client.md).
+        Keep ``fd`` open while the client is in use. BadRequestError for something that
+        is not a writable mapping and a regular file at least as long."""
+        self.core.register_memory(buffer, fd)
+
+    @property
+    def memory(self) -> HostMemory:
+        """The registered buffers, each node's region or refusal, and their counts."""
+        return self.core.memory
 
     @property
     def stats(self) -> ReadStats:

@@ -231,6 +231,18 @@ class ObjectIO:
             log.warning("kvstored: registering the namespace %s failed: %s; its usage is "
                         "not shown apart", prefix, exc)
 
+    def register_memory(self, buffer: Any, fd: int) -> bool:
+        """Register the engine's shared-memory pool (``buffer`` maps the file ``fd``)
+        with the client: see ``Client.register_memory``. False, logged, if it cannot be
+        (the engine then moves its bytes as before)."""
+        try:
+            self.client.register_memory(buffer, fd)
+        except StoreError as exc:
+            log.warning("kvstored: the engine's pool (descriptor %d) cannot be registered: "
+                        "%s; the client copies its bytes", fd, exc)
+            return False
+        return True
+
     def close(self) -> None:
         self.client.close()
 

@@ -6,7 +6,7 @@
         --hicache-storage-backend dynamic \\
         --hicache-storage-backend-extra-config '{"backend_name": "kvstored",
             "module_path": "kvstored.integrations.sglang", "class_name": "KvstoredStorage",
-            "interface_v1": 1, "master": "127.0.0.1:7700"}'
+            "interface_v1": 1, "master": "127.0.0.1:7700", "allocator": "shm"}'
 
 One kvstored object per page and rank. With ``interface_v1`` (the zero-copy path) SGLang's
 cache controller calls :meth:`KvstoredStorage.batch_set_v1` / ``batch_get_v1`` with host
@@ -154,6 +154,12 @@ class KvstoredStorage(HiCacheStorage):
             self.io.register_namespace(ns.prefix)
         if getattr(mem_pool_host, "kv_buffer", None) is not None:
             self._buffers = _PoolBuffers(mem_pool_host)
+        # SGLang's shm allocator ("allocator": "shm" in the extra config) puts the pool
+        # in memfds: registered, the node on this host moves pages in and out of them
+        # itself, with no copy by this process.
+        allocator = getattr(mem_pool_host, "allocator", None)
+        for fd, mapping in zip(getattr(allocator, "fds", ()), getattr(allocator, "mms", ())):
+            self.io.register_memory(mapping, fd)
         log.info("kvstored HiCache keys: %s", self.namespace.prefix)
 
     def _namespace_parts(self, shard: str) -> list[str]:

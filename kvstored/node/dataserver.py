@@ -9,6 +9,9 @@
   read in one backend batch into a reused staging buffer and sent. The client passes
   the checksums the master gave it, so a node never serves another version of a key
   (one removed and written again) in its place.
+- ``register_memory`` / ``copy_in`` / ``copy_out``: a same-host client's shared-memory
+  KV pool, opened by the node (see kvstored.node.regions), which then reads an object
+  from it into the room an ``alloc`` made (and seals it) or writes a DRAM object to it.
 - ``report_corrupt``: a client found a DRAM copy here that fails its checksum.
 - ``locate``: where a key's bytes are, for debugging.
 
@@ -22,17 +25,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+import trio
 from crc32c import crc32c
 
 from kvstored.errors import BadRequestError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dram import DramObject, DramTier
+from kvstored.node.regions import Regions, extents_of, read_in, write_out
 from kvstored.node.report import Integrity, Outcomes
 from kvstored.node.staging import StagingPool
 from kvstored.protocol import PutStatus, Tier, ops
 from kvstored.protocol.master_api import Empty, KeysRequest
 from kvstored.protocol.node_api import (
     AllocReply,
+    CopyOutReply,
     DramLocation,
     GetReply,
     GetRequest,
@@ -40,6 +46,9 @@ from kvstored.protocol.node_api import (
     Location,
     PutReply,
     PutRequest,
+    RegionRequest,
+    RegisterMemoryReply,
+    RegisterMemoryRequest,
     ReportCorruptReply,
     ReportCorruptRequest,
     SsdLocation,
@@ -96,12 +105,15 @@ class DataServer:
         self.integrity = integrity
         self.metrics = metrics
         self.put_timeout = put_timeout
+        self.regions = Regions()
 
     def bindings(self) -> list[Binding]:
         return [Binding(ops.PUT, self.put), Binding(ops.ALLOC, self.alloc),
                 Binding(ops.SEAL, self.seal), Binding(ops.ABORT, self.abort),
                 Binding(ops.GET, self.get), Binding(ops.LOCATE, self.locate),
-                Binding(ops.REPORT_CORRUPT, self.report_corrupt)]
+                Binding(ops.REPORT_CORRUPT, self.report_corrupt),
+                Binding(ops.REGISTER_MEMORY, self.register_memory),
+                Binding(ops.COPY_IN, self.copy_in), Binding(ops.COPY_OUT, self.copy_out)]
 
     # -- puts ------------------------------------------------------------------------------
 
@@ -173,6 +185,59 @@ class DataServer:
             results.append(None)
             received.append((len(results) - 1, obj))
         return PutReply(await self._commit(received, results))
+
+    # -- registered host memory ------------------------------------------------------------
+
+    async def register_memory(self, conn: FramedSocket, request: RegisterMemoryRequest
+                              ) -> RegisterMemoryReply:
+        try:
+            local = conn.sock.getsockname()
+        except OSError:
+            local = None
+        region = self.regions.register(request, local=_address(local),
+                                       peer=_address(conn.peer))
+        return RegisterMemoryReply(region.number, region.token)
+
+    async def copy_in(self, conn: FramedSocket, request: RegionRequest) -> PutReply:
+        """``seal``, after the node read each object from the client's registered
+        memory into the room ``alloc`` made. Bad extents or a gone region raise before a
+        byte is read, with every room still held (the client copies and seals, or
+        aborts); an object whose room is gone is left to ``seal`` to report."""
+        with self.regions.using(request.region, request.token) as region:
+            moves = []
+            for key, extents in zip(request.keys, request.extents):
+                obj = self.dram.being_written(key)
+                if obj is not None:
+                    moves.append((extents_of(extents, obj.size, region), self.dram.view(obj)))
+            # Worker thread: a batch of pages is a large copy, the event loop goes on.
+            await trio.to_thread.run_sync(
+                lambda: [read_in(region, pairs, room) for pairs, room in moves])
+        self.metrics.bytes_received.inc(sum(room.nbytes for _, room in moves))
+        return await self.seal(conn, KeysRequest(request.keys))
+
+    async def copy_out(self, conn: FramedSocket, request: RegionRequest) -> CopyOutReply:
+        """Write each DRAM object (of the wanted version) to its extents in the client's
+        registered memory; per key its size, or MISSING (not in DRAM here)."""
+        wanted = request.checksums
+        pinned = self.dram.pin(request.keys)
+        try:
+            with self.regions.using(request.region, request.token) as region:
+                sizes: list[int] = []
+                moves = []
+                for i, key in enumerate(request.keys):
+                    obj = pinned.get(key)
+                    if obj is None or (wanted is not None and wanted[i] != obj.checksum):
+                        sizes.append(ReadStatus.MISSING)
+                        continue
+                    moves.append((extents_of(request.extents[i], obj.size, region),
+                                  self.dram.view(obj)))
+                    sizes.append(obj.size)
+                await trio.to_thread.run_sync(
+                    lambda: [write_out(region, pairs, view) for pairs, view in moves])
+        finally:
+            self.dram.unpin(pinned.values())
+        self.metrics.bytes_served.labels(tier=Tier.DRAM).inc(sum(s for s in sizes if s > 0))
+        return CopyOutReply(sizes)
 
     async def abort(self, conn: FramedSocket, request: KeysRequest) -> Empty:
         for key in request.keys:
@@ -297,6 +362,12 @@ class DataServer:
                 pieces[i] = views[key][:got]
                 served.append(i)
         return served
+
+
+def _address(value: object) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
 
 
 async def _skip(conn: FramedSocket, size: int) -> None:

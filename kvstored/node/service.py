@@ -118,10 +118,14 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
             str(Path(config.data_dir).resolve()).encode(), digest_size=8).hexdigest()
         segment = await trio.to_thread.run_sync(
             lambda: DramSegment.create(segment_name, config.dram, populate=config.populate))
+        node = None
         try:
-            yield Node(config, backend, segment, outcomes, credentials=credentials,
-                       limits=limits, metrics=metrics, startup=startup)
+            node = Node(config, backend, segment, outcomes, credentials=credentials,
+                        limits=limits, metrics=metrics, startup=startup)
+            yield node
         finally:
+            if node is not None:
+                node.dataserver.regions.close()
             segment.close()
     finally:
         with trio.CancelScope(shield=True):  # shutting down is itself cancelled

@@ -65,6 +65,9 @@ class Op(enum.StrEnum):
     GET = "get"
     LOCATE = "locate"
     REPORT_CORRUPT = "report_corrupt"
+    REGISTER_MEMORY = "register_memory"
+    COPY_IN = "copy_in"
+    COPY_OUT = "copy_out"
 
 
 class Tier(enum.StrEnum):

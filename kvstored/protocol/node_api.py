@@ -12,7 +12,7 @@ from typing import Annotated
 
 from kvstored.protocol.enums import PutStatus
 from kvstored.protocol.messages import Message, message
-from kvstored.protocol.shapes import Checksums, Int, Keys, List, Opt, Sizes
+from kvstored.protocol.shapes import Checksums, Int, Keys, List, Name, Opt, Size, Sizes
 
 WantedVersions = Annotated[list[int | None] | None, Opt(List(Opt(Int(0, 2**32 - 1))))]
 
@@ -110,3 +110,55 @@ class Location(Message):
 class LocateReply(Message):
     locations: list[Location]
 
+
+
+# -- registered host memory (a same-host client's KV pool, moved by the node itself) ------
+
+#: Per key, its pieces in a registered region: ``[offset, length, offset, length, ...]``.
+Extents = Annotated[list[list[int]], List(List(Int(0, 2**63 - 1)))]
+
+
+@message
+class RegisterMemoryRequest(Message):
+    """A same-host client's shared-memory file (a ``/dev/shm`` file or a memfd), open in
+    its process ``pid`` as descriptor ``fd``: the node opens ``/proc/PID/fd/FD`` itself
+    and checks it is the file ``device``/``inode`` on tmpfs (or hugetlbfs), and that
+    ``pid`` holds this very connection."""
+
+    pid: Annotated[int, Int(1, 2**31 - 1)]
+    fd: Annotated[int, Int(0, 2**31 - 1)]
+    device: Annotated[int, Int(0, 2**64 - 1)]
+    inode: Annotated[int, Int(0, 2**64 - 1)]
+    size: Size
+    host_id: str
+
+
+@message
+class RegisterMemoryReply(Message):
+    #: The region's number on this node, and the secret every copy must name.
+    region: int
+    token: str
+
+
+@message
+class RegionRequest(Message):
+    """Objects to move between a registered region and the segment: ``copy_in`` reads
+    each from its extents into the room an ``alloc`` made, checks it and commits it (the
+    ``seal`` of the region path); ``copy_out`` writes each DRAM object (of the wanted
+    version) to its extents."""
+
+    SAME_LENGTH = ("keys", "extents")
+
+    keys: Keys
+    region: Annotated[int, Int(0, 2**31 - 1)]
+    token: Annotated[str, Name(64)]
+    extents: Extents
+    checksums: WantedVersions = None
+
+
+@message
+class CopyOutReply(Message):
+    """Per key the bytes written to its extents; a negative size: not in DRAM here (ask
+    over TCP)."""
+
+    sizes: list[int]

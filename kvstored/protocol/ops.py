@@ -61,11 +61,15 @@ from kvstored.protocol.master_api import (
 from kvstored.protocol.messages import Message, message
 from kvstored.protocol.node_api import (
     AllocReply,
+    CopyOutReply,
     GetReply,
     GetRequest,
     LocateReply,
     PutReply,
     PutRequest,
+    RegionRequest,
+    RegisterMemoryReply,
+    RegisterMemoryRequest,
     ReportCorruptReply,
     ReportCorruptRequest,
 )
@@ -256,4 +260,12 @@ LOCATE = OpSpec(Op.LOCATE, Role.CLIENT, KeysRequest, LocateReply)
 REPORT_CORRUPT = OpSpec(Op.REPORT_CORRUPT, Role.CLIENT, ReportCorruptRequest,
                         ReportCorruptReply)
 
-NODE_OPS = _table(PUT, ALLOC, SEAL, ABORT, GET, LOCATE, REPORT_CORRUPT)
+# Registered host memory: a same-host client's shared-memory KV pool, which the node
+# reads from (copy_in, after an alloc) and writes to (copy_out) itself.
+REGISTER_MEMORY = OpSpec(Op.REGISTER_MEMORY, Role.CLIENT, RegisterMemoryRequest,
+                         RegisterMemoryReply)
+COPY_IN = OpSpec(Op.COPY_IN, Role.CLIENT, RegionRequest, PutReply)
+COPY_OUT = OpSpec(Op.COPY_OUT, Role.CLIENT, RegionRequest, CopyOutReply)
+
+NODE_OPS = _table(PUT, ALLOC, SEAL, ABORT, GET, LOCATE, REPORT_CORRUPT, REGISTER_MEMORY,
+                  COPY_IN, COPY_OUT)

@@ -129,6 +129,14 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
         "node/locate": {"op": "locate", "keys": ["fuzz/p"]},
         "node/report_corrupt": {"op": "report_corrupt", "keys": ["fuzz/p"],
                                 "checksums": [crc32c(value)]},
+        # Refused (the fuzzer's process 1 does not hold its connection), never followed.
+        "node/register_memory": {"op": "register_memory", "pid": 1, "fd": 0, "device": 0,
+                                 "inode": 0, "size": 4096, "host_id": "fuzz-host"},
+        "node/copy_in": {"op": "copy_in", "keys": ["fuzz/a"], "region": 1,
+                         "token": "00" * 16, "extents": [[0, 3]]},
+        "node/copy_out": {"op": "copy_out", "keys": ["fuzz/p"], "region": 1,
+                          "token": "00" * 16, "extents": [[0, 3, 4096, 1]],
+                          "checksums": [crc]},
     }
 
 

@@ -22,15 +22,17 @@ PAGE = 4
 LAYERS = 3
 
 
-def make_host_pool(kind: str, layout: str):
-    """A device pool on the CPU and its host mirror, as SGLang's scheduler builds them."""
+def make_host_pool(kind: str, layout: str, allocator_type: str = "default"):
+    """A device pool on the CPU and its host mirror, as SGLang's scheduler builds them
+    (``allocator_type`` "shm": the host pool in memfds, SGLang's shm allocator)."""
     if kind == "mha":
         device = memory_pool.MHATokenToKVPool(512, PAGE, torch.bfloat16, 2, 8, LAYERS, "cpu",
                                               False, start_layer=0, end_layer=LAYERS)
         return pool_host_mha.MHATokenToKVPoolHost(
             device.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
             pin_memory=False, device_capacity_tokens=device.size,
-            start_layer=device.start_layer, end_layer=device.end_layer)
+            start_layer=device.start_layer, end_layer=device.end_layer,
+            allocator_type=allocator_type)
     device = memory_pool.MLATokenToKVPool(512, PAGE, torch.bfloat16, 16, 4, LAYERS, "cpu",
                                           False, start_layer=0, end_layer=LAYERS)
     return pool_host_mla.MLATokenToKVPoolHost(
@@ -112,6 +114,29 @@ def test_zero_copy_pages_round_trip_through_the_factory(store, rng, kind, layout
     for i in range(pages):
         assert page_bytes(pool, int(dst[i * PAGE])) == page_bytes(pool, int(src[i * PAGE]))
     # The pages went from and into the pool's own buffers: the adapter copied nothing.
+    assert backend.io.copies.gathered_bytes == backend.io.copies.scattered_bytes == 0
+    backend.close()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_a_pool_in_shared_memory_is_moved_by_the_node_itself(store, rng, layout):
+    """SGLang's shm allocator puts the host pool in memfds; the backend registers them,
+    and the node on this host reads and writes the pages there, no copy by SGLang's
+    process (neither in the adapter nor in the client)."""
+    pool = make_host_pool("mha", layout, allocator_type="shm")
+    assert pool.allocator.fds, "SGLang's shm allocator made no memfd"
+    backend = attach(store.addr, pool, mla=False, layout=layout)
+    pages = 4
+    src = pool.alloc(pages * PAGE)
+    fill_random(pool, src, rng)
+    keys = page_hashes(rng, pages)
+    assert backend.batch_set_v1(keys, src) == [True] * pages
+    dst = pool.alloc(pages * PAGE)
+    assert backend.batch_get_v1(keys, dst) == [True] * pages
+    for i in range(pages):
+        assert page_bytes(pool, int(dst[i * PAGE])) == page_bytes(pool, int(src[i * PAGE]))
+    memory = backend.io.client.memory
+    assert memory.stats.moved_objects == 2 * pages and memory.stats.fallback_objects == 0
     assert backend.io.copies.gathered_bytes == backend.io.copies.scattered_bytes == 0
     backend.close()
 
