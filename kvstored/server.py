@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from kvstored.address import split_address
 from kvstored.config import Config
 from kvstored.errors import ConfigError
-from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.metrics import MasterMetrics, NodeMetrics, serve_metrics
 from kvstored.node.service import Node, NodeConfig, open_node
@@ -98,12 +97,8 @@ def node_credentials(cfg: Config) -> Credentials:
 
 
 def build_master(cfg: Config, registry: CollectorRegistry | None = None) -> Master:
-    settings = cfg.master
-    return Master(policy=PolicyConfig.from_section(cfg.section("policy")),
-                  lease_ttl=settings.lease_ttl, put_timeout=settings.put_timeout,
-                  node_ttl=settings.node_ttl, heartbeat_interval=settings.heartbeat_interval,
-                  max_lock_ttl=settings.max_lock_ttl, credentials=master_credentials(cfg),
-                  limits=server_limits(cfg),
+    return Master(policy=cfg.policy, settings=cfg.master,
+                  credentials=master_credentials(cfg), limits=server_limits(cfg),
                   metrics=MasterMetrics(registry))
 
 

@@ -107,7 +107,7 @@ class ClientOps:
         targets: list[str | None] = []
         for key, size, fits in zip(request.keys, request.sizes, candidates):
             node = self._place(fits, size, request.host)
-            if cluster.table.reserve(key, node.node_id, size, now, cluster.timing.put_timeout):
+            if cluster.table.reserve(key, node.node_id, size, now, cluster.settings.put_timeout):
                 node.pending_bytes += size
                 targets.append(node.node_id)
             else:
@@ -161,7 +161,7 @@ class ClientOps:
         cluster = self.cluster
         table, nodes, metrics = cluster.table, cluster.nodes, cluster.metrics
         now = time.monotonic()
-        lease_ttl = cluster.timing.lease_ttl
+        lease_ttl = cluster.settings.lease_ttl
         sizes: list[int | None] = []
         checksums: list[int | None] = []
         replicas = Replicas()
@@ -199,7 +199,7 @@ class ClientOps:
         the holder's read finds it where the lookup did."""
         cluster = self.cluster
         table, metrics = cluster.table, cluster.metrics
-        ttl = min(request.ttl, cluster.timing.max_lock_ttl)
+        ttl = min(request.ttl, cluster.settings.max_lock_ttl)
         now = time.monotonic()
         locked: list[bool] = []
         for key in request.keys:

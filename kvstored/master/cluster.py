@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass
 
+from kvstored.config import MasterSettings, PolicySettings
 from kvstored.master.nodes import NodeState
-from kvstored.master.policy import PolicyConfig
 from kvstored.master.table import DRAM, SSD, ObjectMeta, ObjectTable
 from kvstored.master.waits import Deferred, Waiter
 from kvstored.metrics import MasterMetrics
@@ -29,22 +28,13 @@ from kvstored.protocol.master_api import DropTask, OffloadTask
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """The master's clocks (the ``master.*`` settings of the same names)."""
-
-    lease_ttl: float = 5.0
-    put_timeout: float = 30.0
-    node_ttl: float = 10.0
-    heartbeat_interval: float = 0.2
-    #: The longest lookup-and-lock (master.max_lock_ttl): a longer one is cut to it.
-    max_lock_ttl: float = 30.0
-
-
 class Cluster:
-    def __init__(self, policy: PolicyConfig, timing: Timing, metrics: MasterMetrics) -> None:
+    def __init__(self, policy: PolicySettings, settings: MasterSettings,
+                 metrics: MasterMetrics) -> None:
         self.policy = policy
-        self.timing = timing
+        #: The ``master.*`` settings: its clocks (leases, put and node timeouts, the
+        #: heartbeat interval, the longest lock).
+        self.settings = settings
         self.metrics = metrics
         self.table = ObjectTable()
         self.nodes: dict[str, NodeState] = {}
@@ -145,7 +135,7 @@ class Cluster:
         node.alive = False
         gone = self.table.drop_node(node.node_id)
         log.warning("node %s missed heartbeats for %.1fs: dropped its replicas; %d objects "
-                    "had no other copy and are gone", node.node_id, self.timing.node_ttl,
+                    "had no other copy and are gone", node.node_id, self.settings.node_ttl,
                     len(gone))
         self.fail_flushes(node.node_id, f"node {node.node_id} died")
 
@@ -187,7 +177,7 @@ class Cluster:
         leases have run out."""
         self.table.expire_pending(now)
         for node in list(self.nodes.values()):
-            if node.alive and now - node.last_heartbeat > self.timing.node_ttl:
+            if node.alive and now - node.last_heartbeat > self.settings.node_ttl:
                 self.node_died(node)
         still = []
         for item in self.deferred:

@@ -83,7 +83,7 @@ class NodeOps:
                 f"node name {request.node!r} belongs to a live node (data server "
                 f"{held.contact.endpoint}); give this node another --name, or stop that "
                 "one: its name is free once it disconnects or misses heartbeats for "
-                f"{cluster.timing.node_ttl:g}s")
+                f"{cluster.settings.node_ttl:g}s")
         if held is not None:
             cluster.table.drop_node(request.node)  # it re-sends everything it holds
         cluster.nodes[request.node] = NodeState(
@@ -94,7 +94,7 @@ class NodeOps:
             last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s", request.node, request.contact.endpoint)
         # The node checks clients on its data server with the cluster's client token.
-        return RegisterReply(heartbeat_interval=cluster.timing.heartbeat_interval,
+        return RegisterReply(heartbeat_interval=cluster.settings.heartbeat_interval,
                              client_token=self.credentials.client,
                              dram_only=cluster.policy.dram_only)
 

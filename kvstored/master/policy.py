@@ -22,23 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvstored.config import PolicySettings
 from kvstored.master.nodes import NodeState
 from kvstored.master.table import DRAM, SSD, ObjectMeta, ObjectTable
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyConfig:
-    offload: str = "eager"
-    dram_high_watermark: float = 0.90
-    dram_low_watermark: float = 0.80
-    offload_watermark: float = 0.70
-    promote_reads: int = 2
-    promote_window: float = 60.0
-    dram_only: bool = False
-
-    @classmethod
-    def from_section(cls, section: dict) -> PolicyConfig:
-        return cls(**{k: section[k] for k in cls.__dataclass_fields__ if k in section})
 
 
 @dataclass(slots=True)
@@ -55,7 +41,7 @@ class Plan:
     offload_urgent: bool = False
 
 
-def plan_node(node: NodeState, table: ObjectTable, cfg: PolicyConfig, now: float) -> Plan:
+def plan_node(node: NodeState, table: ObjectTable, cfg: PolicySettings, now: float) -> Plan:
     plan = Plan([], [], [])
     lru = table.dram_lru.get(node.node_id) or {}
     if not node.dram_capacity:
@@ -143,7 +129,7 @@ def _promotions(node: NodeState, table: ObjectTable, budget: float) -> list[Obje
     return chosen
 
 
-def count_ssd_read(meta: ObjectMeta, cfg: PolicyConfig, now: float) -> bool:
+def count_ssd_read(meta: ObjectMeta, cfg: PolicySettings, now: float) -> bool:
     """Count a read served only by SSD; True when the object should be promoted."""
     if now - meta.window_start > cfg.promote_window:
         meta.window_start = now

@@ -17,11 +17,11 @@ import time
 
 import trio
 
+from kvstored.config import MasterSettings, PolicySettings
 from kvstored.master.admin_ops import AdminOps
 from kvstored.master.client_ops import ClientOps
-from kvstored.master.cluster import Cluster, Timing
+from kvstored.master.cluster import Cluster
 from kvstored.master.node_ops import NodeOps
-from kvstored.master.policy import PolicyConfig
 from kvstored.metrics import MasterMetrics
 from kvstored.protocol import MASTER_OPS, HelloReply, Role
 from kvstored.rpc import ServerLimits, Service
@@ -30,16 +30,12 @@ from kvstored.supervisor import Supervisor
 
 
 class Master:
-    def __init__(self, *, policy: PolicyConfig, lease_ttl: float = 5.0,
-                 put_timeout: float = 30.0, node_ttl: float = 10.0,
-                 heartbeat_interval: float = 0.2, max_lock_ttl: float = 30.0,
+    def __init__(self, *, policy: PolicySettings, settings: MasterSettings,
                  credentials: Credentials | None = None,
                  limits: ServerLimits | None = None,
                  metrics: MasterMetrics | None = None) -> None:
         self.metrics = metrics or MasterMetrics()
-        self.cluster = Cluster(policy, Timing(lease_ttl, put_timeout, node_ttl,
-                                              heartbeat_interval, max_lock_ttl),
-                               self.metrics)
+        self.cluster = Cluster(policy, settings, self.metrics)
         self.supervisor = Supervisor("master", self.metrics.background_errors)
         credentials = credentials or Credentials.open()
         self.node_ops = NodeOps(self.cluster, credentials)
@@ -54,11 +50,11 @@ class Master:
 
     def _hello(self, role: Role) -> HelloReply:
         return HelloReply(service="master", role=role,
-                          heartbeat_interval=self.cluster.timing.heartbeat_interval)
+                          heartbeat_interval=self.cluster.settings.heartbeat_interval)
 
     async def run_housekeeping(self) -> None:
         await self.supervisor.forever("housekeeping", self._housekeeping_pass)
 
     async def _housekeeping_pass(self) -> None:
-        await trio.sleep(self.cluster.timing.heartbeat_interval / 2)
+        await trio.sleep(self.cluster.settings.heartbeat_interval / 2)
         self.cluster.housekeeping(time.monotonic())

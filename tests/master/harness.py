@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import trio
 
-from kvstored.master.policy import PolicyConfig
+from kvstored.config import MasterSettings, PolicySettings, load_config
 from kvstored.master.service import Master
 from kvstored.protocol import Role, Tier, ops
 from kvstored.protocol.master_api import (
@@ -37,6 +37,18 @@ from kvstored.rpc import RpcClient, ServerLimits, serve
 from kvstored.security import Credentials
 
 CLIENT_TOKEN, NODE_TOKEN = "client-token", "node-token"
+#: The defaults of every setting (no file, no environment): the one copy, config.py's.
+DEFAULTS = load_config(env={})
+
+
+def policy(**changes: Any) -> PolicySettings:
+    """The default ``policy.*`` settings, but for ``changes``."""
+    return replace(DEFAULTS.policy, **changes)
+
+
+def master_settings(**changes: Any) -> MasterSettings:
+    """The default ``master.*`` settings, but for ``changes``."""
+    return replace(DEFAULTS.master, **changes)
 MiB = 1 << 20
 
 
@@ -118,11 +130,14 @@ class Cluster:
 
 @asynccontextmanager
 async def running_master(**settings: Any) -> AsyncIterator[Cluster]:
-    """A master on 127.0.0.1:0 with both tokens required; ``settings`` are
-    :class:`Master`'s (``policy`` a dict of :class:`PolicyConfig` fields)."""
-    policy = PolicyConfig(**settings.pop("policy", {}))
-    master = Master(policy=policy, credentials=Credentials(True, client=CLIENT_TOKEN,
-                                                           node=NODE_TOKEN),
+    """A master on 127.0.0.1:0 with both tokens required; ``settings`` are ``master.*``
+    settings (``lease_ttl=0.0``), ``policy`` a dict of ``policy.*`` ones, and the
+    rest :class:`Master`'s own arguments."""
+    timing = {f.name: settings.pop(f.name) for f in fields(MasterSettings)
+              if f.name in settings}
+    master = Master(policy=policy(**settings.pop("policy", {})),
+                    settings=master_settings(**timing),
+                    credentials=Credentials(True, client=CLIENT_TOKEN, node=NODE_TOKEN),
                     limits=ServerLimits(hello_timeout=10), **settings)
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve, master.service, "127.0.0.1", 0)

@@ -14,7 +14,6 @@ import trio.testing
 from kvstored.errors import BadRequestError, NoSpaceError, UnauthorizedError, UnreachableError
 from kvstored.master import client_ops, node_ops
 from kvstored.master import nodes as nodes_module
-from kvstored.master.policy import PolicyConfig
 from kvstored.master.service import Master
 from kvstored.protocol import NodePhase, OffloadFailed, OffloadFailure, Role, Tier, ops
 from kvstored.protocol.master_api import (
@@ -46,7 +45,7 @@ from kvstored.protocol.master_api import (
     StatRequest,
     UnlockRequest,
 )
-from tests.master.harness import NODE_TOKEN, Cluster, FakeNode, run
+from tests.master.harness import NODE_TOKEN, Cluster, FakeNode, master_settings, policy, run
 
 MiB = 1 << 20
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -483,7 +482,7 @@ def test_a_registering_node_is_starting_takes_no_puts_and_is_not_declared_dead(m
 
 def test_housekeeping_survives_a_failing_pass(monkeypatch):
     async def main() -> None:
-        master = Master(policy=PolicyConfig(), node_ttl=10.0)
+        master = Master(policy=policy(), settings=master_settings(node_ttl=10.0))
         cluster = master.cluster
         real = cluster.table.expire_pending
         calls = []
