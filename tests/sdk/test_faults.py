@@ -9,22 +9,15 @@ import os
 
 import pytest
 
-from kvstored.native import get_engine, uring_status
+from kvstored.native import get_engine
 from kvstored.native.errors import IoError
 from kvstored.sdk.testing import run_kit
 from kvstored.sdk.testing.powerfs import PAGE
-from kvstored.sdk.testing.powerloss import PowerFsError, PowerLossMount, fuse_unavailable
-from tests.conftest import require
+from kvstored.sdk.testing.powerloss import PowerFsError
+from tests.sdk.conftest import passed_by_broken, require_engine, require_fuse
 
 MODULE = "tests.sdk.fault_broken_backends"
 FAULT_CHECKS = {"faults_eio_per_item", "faults_enospc_per_item"}
-
-
-@pytest.fixture
-def mount(tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    with PowerLossMount(tmp_path / "m", tmp_path / "powerfs.log") as mounted:
-        yield mounted
 
 
 def test_a_fault_fails_the_named_operations_until_healed(mount):
@@ -65,8 +58,7 @@ def test_an_unknown_operation_is_refused(mount):
 def test_both_engines_return_the_fault_per_item(mount, kind, direct, code):
     """The file system's error reaches a backend through either engine as the item's
     IoError (never raised), for writes and flushes alike; the other items are unharmed."""
-    if kind == "uring":
-        require("uring", *uring_status())
+    require_engine(kind)
     engine = get_engine(kind, direct=direct)
     files = [engine.open(mount.mountpoint / name, os.O_RDWR | os.O_CREAT)
              for name in ("a", "b")]
@@ -101,22 +93,14 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fault_checks_catch(case, tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    options, expected = CASES[case]
-    if options.get("engine") == "uring":
-        require("uring", *uring_status())
-    outcomes = {o.name: o for o in run_kit(f"{MODULE}:{case.split('-')[0]}", options,
-                                           directory=tmp_path, names=expected)}
-    assert set(outcomes) == expected
-    passed = [name for name, o in outcomes.items() if o.passed]
+    passed = passed_by_broken(MODULE, case, *CASES[case], tmp_path)
     assert not passed, f"the fault checks let {case} pass {passed}"
 
 
 @pytest.mark.parametrize("options", [{}, {"engine": "uring", "direct": True}])
 def test_honest_built_ins_pass(options, tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    if options.get("engine") == "uring":
-        require("uring", *uring_status())
+    require_fuse()
+    require_engine(options.get("engine"))
     for name in (["file-per-key"] if not options else []) + ["bucket", "offset"]:
         outcomes = run_kit(name, options, directory=tmp_path, names=FAULT_CHECKS)
         assert {o.name for o in outcomes} == FAULT_CHECKS
@@ -125,7 +109,7 @@ def test_honest_built_ins_pass(options, tmp_path):
 
 
 def test_not_persistent_is_not_applicable(tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
+    require_fuse()
     outcomes = run_kit("tests.sdk.power_broken_backends:NotPersistent", directory=tmp_path,
                        names=FAULT_CHECKS)
     assert {o.name for o in outcomes} == FAULT_CHECKS
@@ -138,7 +122,7 @@ def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
     faults are injected into: the checks say so, naming the device, rather than pass."""
     from tests.backends.test_nvmeof_conformance import loop_attached
 
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
+    require_fuse()
     with loop_attached(tmp_path / "loop.img") as device:
         [outcome] = run_kit("nvmeof", {"engine": "posix", "device": device},
                             directory=tmp_path, names={"faults_eio_per_item"})

@@ -8,11 +8,10 @@ import stat
 
 import pytest
 
-from kvstored.native import get_engine, uring_status
+from kvstored.native import get_engine
 from kvstored.sdk.testing import run_kit
 from kvstored.sdk.testing.powerfs import PAGE, ROOT_INODE, Model
-from kvstored.sdk.testing.powerloss import PowerLossMount, fuse_unavailable
-from tests.conftest import require
+from tests.sdk.conftest import passed_by_broken, require_engine, require_fuse
 
 MODULE = "tests.sdk.power_broken_backends"
 POWER_CHECKS = {"power_cut_keeps_acknowledged", "power_cut_tears_nothing",
@@ -145,13 +144,6 @@ def test_truncate_then_sync_forgets_the_tail():
 # -- the mounted file system -------------------------------------------------------------
 
 
-@pytest.fixture
-def mount(tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    with PowerLossMount(tmp_path / "m", tmp_path / "powerfs.log") as mounted:
-        yield mounted
-
-
 def _fsync_dir(path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -216,8 +208,7 @@ def test_an_armed_cut_replaces_the_nth_change(mount):
 def test_o_direct_writes_need_a_flush(mount, kind):
     """O_DIRECT bypasses the page cache, not a drive's write cache: the model loses such
     writes until fsync/fdatasync, through either io engine."""
-    if kind == "uring":
-        require("uring", *uring_status())
+    require_engine(kind)
     engine = get_engine(kind, direct=True)
     path = mount.mountpoint / "volume"
     file = engine.open(path, os.O_RDWR | os.O_CREAT)
@@ -253,20 +244,12 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_power_checks_catch(case, tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
-    options, expected = CASES[case]
-    if options.get("engine") == "uring":
-        require("uring", *uring_status())
-    target = f"{MODULE}:{case.split('-')[0]}"
-    outcomes = {o.name: o for o in run_kit(target, options, directory=tmp_path,
-                                           names=expected)}
-    assert set(outcomes) == expected
-    passed = [name for name, o in outcomes.items() if o.passed]
+    passed = passed_by_broken(MODULE, case, *CASES[case], tmp_path)
     assert not passed, f"the power checks let {case} pass {passed}"
 
 
 def test_not_persistent_is_not_applicable(tmp_path):
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
+    require_fuse()
     outcomes = run_kit(f"{MODULE}:NotPersistent", directory=tmp_path, names=POWER_CHECKS)
     assert {o.name for o in outcomes} == POWER_CHECKS
     for outcome in outcomes:
@@ -311,7 +294,7 @@ def test_a_block_device_outside_the_mount_is_not_applicable(tmp_path):
     system: the checks must say so rather than pass."""
     from tests.backends.test_nvmeof_conformance import loop_attached
 
-    require("fuse", fuse_unavailable() is None, fuse_unavailable() or "")
+    require_fuse()
     with loop_attached(tmp_path / "loop.img") as device:
         [outcome] = run_kit("nvmeof", {"engine": "posix", "device": device},
                             directory=tmp_path, names={"power_cut_keeps_acknowledged"})
