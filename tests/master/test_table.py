@@ -168,6 +168,23 @@ def test_per_node_per_tier_keys_follow_promotion_eviction_removal_and_node_loss(
     t.check()
 
 
+def test_dropping_a_node_with_few_or_with_most_of_the_objects_keeps_every_index():
+    for on_n1 in (3, 90):  # few: removed one by one; most: the sorted keys rebuilt
+        t = ObjectTable()
+        t.add_namespace("a/")
+        for i in range(100):
+            node = "n1" if i < on_n1 else "n2"
+            t.commit(f"a/{i:03d}" if i % 2 else f"{i:03d}", node, SSD, 10, 1, -1, now=0)
+        t.add_replica("a/001", "n1", DRAM, 4096)
+        t.add_replica("a/001", "n2", DRAM, 0)       # a copy elsewhere: it stays
+        t.mark_removing("002", "n1", SSD)           # not counted, and goes too
+        gone = t.drop_node("n1")
+        assert sorted(gone) == sorted(k for k in (f"a/{i:03d}" if i % 2 else f"{i:03d}"
+                                                  for i in range(on_n1)) if k != "a/001")
+        assert "a/001" in t.objects and t.keys_on("n1") == []
+        t.check()
+
+
 class _CountingDict(dict):
     """A dict that counts the lookups made through ``[]``."""
 
