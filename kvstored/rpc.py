@@ -46,25 +46,26 @@ from kvstored.errors import (
     UnreachableError,
 )
 from kvstored.protocol import HELLO, PROTOCOL_VERSION, Hello, HelloReply, OpSpec, Role
-from kvstored.protocol.ops import Rep, Req, lost_connection
+from kvstored.protocol.ops import BROKEN, Rep, Req, connect_failures, exchange_failures
 from kvstored.security import Credentials
 from kvstored.wire import (
     DEFAULT_MAX_PAYLOAD,
     MAX_HEADER,
     PREFIX,
     READ_AHEAD,
+    AsyncFrames,
     Buffer,
     ConnectionClosed,
-    FrameDecoder,
     FrameError,
     Into,
-    Outgoing,
 )
 
 log = logging.getLogger(__name__)
 
 Payload = Sequence[Buffer]
 _BROKEN = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+_EXCHANGE_BROKEN = (*BROKEN, *_BROKEN)
+_TOO_SLOW = (trio.TooSlowError,)
 #: accept() errors that mean "out of descriptors or memory for now", not "stop serving".
 _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: TCP keepalive: probe after 60 s idle, every 10 s, give up after 6 unanswered.
@@ -82,7 +83,7 @@ class Answered:
 ANSWERED = Answered()
 
 
-class FramedSocket:
+class FramedSocket(AsyncFrames):
     """A trio socket that speaks frames: the trio shell of :class:`~kvstored.wire.FrameDecoder`.
 
     A small request (prefix, header, small payload) is read with one ``recv_into`` instead
@@ -94,8 +95,7 @@ class FramedSocket:
     def __init__(self, sock: trio.socket.SocketType, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  *, max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD,
                  send_stall: float = math.inf):
-        self.sock = sock
-        self.decoder = FrameDecoder(max_payload, max_header=max_header, read_ahead=read_ahead)
+        super().__init__(sock, max_payload, max_header=max_header, read_ahead=read_ahead)
         #: A send that makes no progress for this long breaks the connection: a peer that
         #: stopped reading must not hold the pins and buffers of its answer forever.
         self.send_stall = send_stall
@@ -113,11 +113,6 @@ class FramedSocket:
         except OSError:
             pass  # not TCP (a socketpair in tests)
 
-    @property
-    def payload_left(self) -> int:
-        """Unread bytes of the current frame's payload."""
-        return self.decoder.payload_left
-
     def authenticated(self, role: Role, max_payload: int) -> None:
         """The hello succeeded: lift the pre-authentication bounds."""
         self.role = role
@@ -125,34 +120,13 @@ class FramedSocket:
         self.decoder.max_payload = max_payload
         self.decoder.grow(READ_AHEAD)
 
-    async def _pump(self) -> None:
-        decoder, recv_into = self.decoder, self.sock.recv_into
-        while (room := decoder.room()) is not None:
-            decoder.received(await recv_into(room))
-
-    async def recv_header(self) -> dict[str, Any]:
-        self.decoder.read_header()
-        await self._pump()
-        return self.decoder.header()
-
-    async def recv_payload_into(self, view: memoryview) -> None:
-        self.decoder.read_payload(view)
-        await self._pump()
-
-    async def discard_payload(self) -> None:
-        if self.decoder.payload_left:
-            self.decoder.skip_payload()
-            await self._pump()
-
-    async def send_frame(self, header: dict[str, Any], payload: Payload = ()) -> None:
-        out = Outgoing(header, payload)
-        while pieces := out.pieces():
-            sent = None
-            with trio.move_on_after(self.send_stall):
-                sent = await self.sock.sendmsg(pieces)
-            if sent is None:
-                raise trio.BrokenResourceError(f"the peer read nothing for {self.send_stall:g}s")
-            out.sent(sent)
+    async def _send(self, pieces: list[memoryview]) -> int:
+        sent = None
+        with trio.move_on_after(self.send_stall):
+            sent = await self.sock.sendmsg(pieces)
+        if sent is None:
+            raise trio.BrokenResourceError(f"the peer read nothing for {self.send_stall:g}s")
+        return sent
 
     async def answer(self, reply: Any, payload: Payload = ()) -> Answered:
         """Send ``reply`` (a message) with ``payload`` now, from inside a handler."""
@@ -445,6 +419,32 @@ async def serve(service: Service, host: str, port: int, *,
         task_status.started(bound)
 
 
+async def say_hello(conn: AsyncFrames, role: Role, token: str | None) -> HelloReply:
+    """The hello of a new connection, and the server's answer (a refusal raises)."""
+    await conn.send_frame(HELLO.request_header(Hello(role, token)))
+    return HELLO.decode_reply(await conn.recv_header())
+
+
+async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
+                   payload: Payload = (), into: Sequence[Into] | None = None) -> Rep:
+    """One call over ``conn`` (trio's or asyncio's): send ``request`` with ``payload``,
+    return the reply (raising the error the peer answered), its payload received into
+    ``into`` (see :meth:`OpSpec.payload_views`) or discarded. Whatever breaks the
+    exchange is the caller's to map (and the connection is then out of step)."""
+    await conn.send_frame(spec.request_header(request), payload)
+    header = await conn.recv_header()
+    try:
+        reply = spec.decode_reply(header)
+    except StoreError:
+        await conn.discard_payload()
+        raise
+    if into is not None:
+        for view in spec.payload_views(reply, into):
+            await conn.recv_payload_into(view)
+    await conn.discard_payload()
+    return reply
+
+
 class RpcClient:
     """An async caller over one connection; calls are serialised by a lock.
 
@@ -475,31 +475,14 @@ class RpcClient:
 
     async def connect(self) -> HelloReply:
         """Open the connection and say hello; on any failure nothing stays open."""
-        try:
+        with connect_failures(self.where, self.connect_timeout, timeouts=_TOO_SLOW):
             with trio.fail_after(self.connect_timeout):
                 stream = await trio.open_tcp_stream(*self.address)
-        except OSError as exc:
-            raise UnreachableError(f"cannot reach {self.where} ({exc.strerror or exc}); "
-                                   "is the daemon running?") from None
-        except trio.TooSlowError:
-            raise UnreachableError(f"cannot reach {self.where}: no answer within "
-                                   f"{self.connect_timeout:g}s") from None
         conn = FramedSocket(stream.socket, self.max_payload)
-        try:
+        with exchange_failures(self.where, self.connect_timeout, stream.socket.close,
+                               timeouts=_TOO_SLOW, broken=_EXCHANGE_BROKEN):
             with trio.fail_after(self.connect_timeout):
-                await conn.send_frame(HELLO.request_header(Hello(self.role, self.token)))
-                reply = HELLO.decode_reply(await conn.recv_header())
-        except trio.TooSlowError:
-            stream.socket.close()
-            raise UnreachableError(f"{self.where} did not answer the hello within "
-                                   f"{self.connect_timeout:g}s; is it a kvstored master or "
-                                   "node?") from None
-        except (*_BROKEN, ConnectionClosed, FrameError) as exc:
-            stream.socket.close()
-            raise UnreachableError(f"hello to {self.where} failed: {exc}") from None
-        except BaseException:  # refused (a StoreError), or cancelled
-            stream.socket.close()
-            raise
+                reply = await say_hello(conn, self.role, self.token)
         self.conn = conn
         self.server_hello = reply
         return reply
@@ -511,32 +494,10 @@ class RpcClient:
         or discarded."""
         async with self._lock:
             conn = await self._ready()
-            try:
+            with exchange_failures(self.where, self.timeout, self.close, op=spec.name,
+                                   timeouts=_TOO_SLOW, broken=_EXCHANGE_BROKEN):
                 with trio.fail_after(self.timeout):
-                    await conn.send_frame(spec.request_header(request), payload)
-                    header = await conn.recv_header()
-                    try:
-                        reply = spec.decode_reply(header)
-                    except StoreError:
-                        await conn.discard_payload()
-                        raise
-                    if into is not None:
-                        for view in spec.payload_views(reply, into):
-                            await conn.recv_payload_into(view)
-                    await conn.discard_payload()
-                    return reply
-            except StoreError:
-                raise
-            except trio.TooSlowError:
-                self.close()
-                raise lost_connection(spec.name, self.where,
-                                      f"no answer within {self.timeout:g}s") from None
-            except (*_BROKEN, ConnectionClosed, FrameError) as exc:
-                self.close()
-                raise lost_connection(spec.name, self.where, exc) from None
-            except BaseException:
-                self.close()  # cancelled mid-call: the stream is out of step now
-                raise
+                    return await exchange(conn, spec, request, payload, into)
 
     async def hello(self) -> HelloReply:
         """The server's answer to the hello, connecting first if need be."""

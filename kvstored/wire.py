@@ -27,8 +27,10 @@ goes straight into its destination), and :class:`Outgoing` plans the ``sendmsg``
 of one frame. A *shell* moves the bytes: it asks the decoder's :meth:`~FrameDecoder.room`
 where to receive next and reports what came in with :meth:`~FrameDecoder.received` until
 ``room`` is None, and hands ``sendmsg`` what :meth:`Outgoing.pieces` gives. Shells:
-:class:`FrameReader` and :func:`send_frame` here (blocking sockets), ``FramedSocket`` in
-:mod:`kvstored.rpc` (trio); an asyncio shell is the same two loops.
+:class:`FrameReader` and :func:`send_frame` here (blocking sockets), and
+:class:`AsyncFrames` here for any event loop whose socket reads and writes are
+coroutines: ``FramedSocket`` in :mod:`kvstored.rpc` (trio) and the connections of
+:mod:`kvstored.asyncio` are it over their own sockets.
 """
 
 from __future__ import annotations
@@ -327,6 +329,52 @@ class Outgoing:
             else:
                 pieces[self._cursor] = head[n:]
                 n = 0
+
+
+# -- the async shell (trio and asyncio) ---------------------------------------------------
+
+class AsyncFrames:
+    """Frames over a socket whose ``recv_into(view) -> int`` and ``sendmsg(pieces) ->
+    int`` are coroutines: the two loops of the module docstring, once for every event
+    loop (trio's socket methods are such coroutines; :mod:`kvstored.asyncio` makes
+    them for asyncio). A subclass may bound each send by overriding :meth:`_send`."""
+
+    def __init__(self, sock: Any, max_payload: int = DEFAULT_MAX_PAYLOAD, *,
+                 max_header: int = MAX_HEADER, read_ahead: int = READ_AHEAD) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(max_payload, max_header=max_header, read_ahead=read_ahead)
+
+    @property
+    def payload_left(self) -> int:
+        """Unread bytes of the current frame's payload."""
+        return self.decoder.payload_left
+
+    async def _pump(self) -> None:
+        decoder, recv_into = self.decoder, self.sock.recv_into
+        while (room := decoder.room()) is not None:
+            decoder.received(await recv_into(room))
+
+    async def recv_header(self) -> dict[str, Any]:
+        self.decoder.read_header()
+        await self._pump()
+        return self.decoder.header()
+
+    async def recv_payload_into(self, view: memoryview) -> None:
+        self.decoder.read_payload(view)
+        await self._pump()
+
+    async def discard_payload(self) -> None:
+        if self.decoder.payload_left:
+            self.decoder.skip_payload()
+            await self._pump()
+
+    async def _send(self, pieces: list[memoryview]) -> int:
+        return await self.sock.sendmsg(pieces)
+
+    async def send_frame(self, header: dict[str, Any], payload: Sequence[Buffer] = ()) -> None:
+        out = Outgoing(header, payload)
+        while pieces := out.pieces():
+            out.sent(await self._send(pieces))
 
 
 # -- the blocking shell (the client library) ----------------------------------------------------

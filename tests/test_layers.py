@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "kvstored.supervisor", "kvstored.capabilities", "kvstored.hostid")),
     # Three services side by side (SERVICES): none imports another.
     ("services", ("kvstored.master", "kvstored.node", "kvstored.client", "kvstored.aio",
-                  "kvstored")),
+                  "kvstored.asyncio", "kvstored")),
     # What is built on the services: running the roles, the FUSE view, the benchmarks,
     # the trace replayer, the engines' adapters, the demo.
     ("apps", ("kvstored.server", "kvstored.fuse", "kvstored.bench", "kvstored.replay",
@@ -75,7 +75,8 @@ ALLOWED["apps"].add("tools")
 ALLOWED["cli"].add("tools")
 
 #: The services: each of these prefixes imports none of the others.
-SERVICES = (("kvstored.master",), ("kvstored.node",), ("kvstored.client", "kvstored.aio"))
+SERVICES = (("kvstored.master",), ("kvstored.node",),
+            ("kvstored.client", "kvstored.aio", "kvstored.asyncio"))
 
 #: Imports inside a function that are allowed, and why: ``(importer prefix, imported
 #: prefix)``. An importer prefix "" means any module.

@@ -13,13 +13,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
-from kvstored.errors import StoreError, UnauthorizedError, UnreachableError
+from kvstored.errors import StoreError, UnauthorizedError
 from kvstored.protocol import HELLO, Hello, HelloReply, OpSpec, Role
-from kvstored.protocol.ops import Rep, Req, lost_connection
+from kvstored.protocol.ops import Rep, Req, connect_failures, exchange_failures
 from kvstored.security import ClientToken
-from kvstored.wire import Buffer, ConnectionClosed, FrameError, FrameReader, Into, send_frame
-
-_BROKEN = (OSError, ConnectionClosed, FrameError)
+from kvstored.wire import Buffer, FrameReader, Into, send_frame
 
 
 class Connection:
@@ -27,27 +25,17 @@ class Connection:
                  connect_timeout: float) -> None:
         self.address = address
         self.where = f"{address[0]}:{address[1]}"
-        try:
+        with connect_failures(self.where, connect_timeout):
             self.sock = socket.create_connection(address, timeout=connect_timeout)
-        except OSError as exc:
-            raise UnreachableError(f"cannot reach {self.where} ({exc.strerror or exc}); "
-                                   "is kvstored running?") from None
         try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.reader = FrameReader(self.sock)
-            send_frame(self.sock, HELLO.request_header(Hello(Role.CLIENT, token.token)))
-            self.hello: HelloReply = HELLO.decode_reply(self.reader.recv_header())
-        except _BROKEN as exc:
-            self.close()
-            raise UnreachableError(f"{self.where} did not answer as kvstored does within "
-                                   f"{connect_timeout:g} s ({str(exc) or type(exc).__name__}); "
-                                   "is that a kvstored master's or node's address?") from None
+            with exchange_failures(self.where, connect_timeout, self.close):
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.reader = FrameReader(self.sock)
+                send_frame(self.sock, HELLO.request_header(Hello(Role.CLIENT, token.token)))
+                self.hello: HelloReply = HELLO.decode_reply(self.reader.recv_header())
         except UnauthorizedError as exc:
-            self.close()
             raise token.explain(exc) from None
-        except BaseException:  # refused (another protocol version), or interrupted
-            self.close()  # nothing stays open when the hello fails
-            raise
+        self.timeout = timeout
         self.sock.settimeout(timeout)
 
     @property
@@ -59,7 +47,7 @@ class Connection:
         """Send ``request`` and return the reply (raising the error the peer answered).
         A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
         or discarded."""
-        try:
+        with exchange_failures(self.where, self.timeout, self.close, op=spec.name):
             send_frame(self.sock, spec.request_header(request), payload)
             header = self.reader.recv_header()
             try:
@@ -72,14 +60,6 @@ class Connection:
                     self.reader.recv_payload_into(view)
             self.reader.discard_payload()
             return reply
-        except _BROKEN as exc:
-            self.close()
-            raise lost_connection(spec.name, self.where, exc) from None
-        except StoreError:
-            raise
-        except BaseException:
-            self.close()  # interrupted mid-call: the stream is out of step now
-            raise
 
     def close(self) -> None:
         self.sock.close()

@@ -10,11 +10,13 @@ Every operation of :class:`ClientCore` is a generator (a :data:`Step`) that yiel
 - :class:`Greet`: be sent a node's hello reply (connecting first if need be);
 - :class:`Pause`: be resumed after some seconds.
 
-A *shell* performs the effects with real I/O and drives the step (:func:`drive` shows
-the loop): :class:`kvstored.client.sync.Client` over blocking sockets,
-:class:`kvstored.aio.AsyncClient` over trio. A shell is the loop, a connection per peer
-and these three effects; an asyncio shell would be one more module of that size. So the
-clients cannot drift: the same reply is the same result, or the same error, in each.
+A *shell* performs the effects with real I/O and drives the step with :func:`drive`
+(blocking) or :func:`drive_async`: :class:`kvstored.client.sync.Client` over blocking
+sockets, :class:`kvstored.aio.AsyncClient` over trio and
+:class:`kvstored.asyncio.AsyncioClient` over asyncio (the two async ones share their
+calls, :class:`kvstored.client.shell.AsyncShell`). A shell is a connection per peer and
+these three effects. So the clients cannot drift: the same reply is the same result, or
+the same error, in each.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -121,22 +123,53 @@ def greet(node: str) -> Step[HelloReply]:
     return hello
 
 
-def drive(step: Step[T], perform: Callable[[Effect], Any]) -> T:
-    """Run ``step``, performing its effects with ``perform`` (a blocking shell's loop;
-    an async shell writes the same loop with ``await``). Only a ``StoreError`` of an
-    effect goes back into the step; anything else ends it."""
-    result: Any = None
-    error: StoreError | None = None
-    while True:
+class _Run:
+    """A step being driven: what to send it next (the last effect's result, or the
+    ``StoreError`` to throw into it), and its value once it has returned."""
+
+    __slots__ = ("error", "result", "step", "value")
+
+    def __init__(self, step: Step[Any]) -> None:
+        self.step = step
+        self.result: Any = None
+        self.error: StoreError | None = None
+        self.value: Any = None
+
+    def next(self) -> Effect | None:
+        """The step's next effect, or None once it has returned (its ``value``)."""
         try:
-            effect = step.send(result) if error is None else step.throw(error)
+            if self.error is None:
+                effect = self.step.send(self.result)
+            else:
+                effect = self.step.throw(self.error)
         except StopIteration as done:
-            return done.value
-        result, error = None, None
+            self.value = done.value
+            return None
+        self.result, self.error = None, None
+        return effect
+
+
+def drive(step: Step[T], perform: Callable[[Effect], Any]) -> T:
+    """Run ``step``, performing its effects with ``perform`` (a blocking shell's loop).
+    Only a ``StoreError`` of an effect goes back into the step; anything else ends it."""
+    run = _Run(step)
+    while (effect := run.next()) is not None:
         try:
-            result = perform(effect)
+            run.result = perform(effect)
         except StoreError as exc:
-            error = exc
+            run.error = exc
+    return run.value
+
+
+async def drive_async(step: Step[T], perform: Callable[[Effect], Awaitable[Any]]) -> T:
+    """:func:`drive` for an async shell (trio or asyncio): ``perform`` is awaited."""
+    run = _Run(step)
+    while (effect := run.next()) is not None:
+        try:
+            run.result = await perform(effect)
+        except StoreError as exc:
+            run.error = exc
+    return run.value
 
 
 # -- results ---------------------------------------------------------------------------------

@@ -29,9 +29,7 @@ class Client(CoreShell):
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
                  token_file: str | None = None, timeout: float = 30.0,
                  connect_timeout: float | None = None) -> None:
-        self._start_core(master, transport, token, token_file)
-        self.timeout = timeout
-        self.connect_timeout = timeout if connect_timeout is None else connect_timeout
+        self._start_core(master, transport, token, token_file, timeout, connect_timeout)
         self._local = threading.local()
         self._all: list[Connection] = []
         self._all_lock = threading.Lock()

@@ -11,11 +11,14 @@ not exist, a node that is not registered) is the handler's business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from kvstored.errors import BadRequestError, UnreachableError, from_wire
+from kvstored.errors import BadRequestError, StoreError, UnreachableError, from_wire
 from kvstored.protocol.enums import Op, Role
 from kvstored.protocol.master_api import (
     CommitReply,
@@ -74,7 +77,7 @@ from kvstored.protocol.node_api import (
     ReportCorruptRequest,
 )
 from kvstored.protocol.shapes import Fields
-from kvstored.wire import FrameError, Into, Parts
+from kvstored.wire import ConnectionClosed, FrameError, Into, Parts
 
 #: Version 2: typed messages, batches as columns, tasks with a ``kind``.
 PROTOCOL_VERSION = 2
@@ -157,12 +160,98 @@ class OpSpec(Generic[Req, Rep]):
         return views
 
 
+# The errors of a connection, worded once: every client (blocking, trio, asyncio) and the
+# nodes' caller raise these, so the same failure reads the same whichever met it.
+
+def no_answer(seconds: float) -> str:
+    """Why, when a peer was given ``seconds`` and said nothing."""
+    return f"no answer within {seconds:g}s"
+
+
+def _reason(why: BaseException | str) -> str:
+    """``why`` in the system's words (``Connection refused``), however the event loop
+    wrapped it: asyncio's ``Connect call failed (...)`` carries the errno, trio's "all
+    attempts failed" the error of each address it tried (the last one is said, as
+    :func:`socket.create_connection` raises the last)."""
+    if isinstance(why, str):
+        return why
+    if isinstance(why, OSError):
+        tried = why.__cause__
+        if why.errno is None and isinstance(tried, BaseExceptionGroup) and tried.exceptions:
+            return _reason(tried.exceptions[-1])
+        if why.errno and why.errno > 0 and not isinstance(why, socket.gaierror):
+            return os.strerror(why.errno)
+    return getattr(why, "strerror", None) or str(why) or type(why).__name__
+
+
+def cannot_reach(where: str, why: BaseException | str) -> UnreachableError:
+    """Connecting to ``where`` failed (refused, no route, no answer in time)."""
+    return UnreachableError(f"cannot reach {where} ({_reason(why)}); is kvstored running?")
+
+
+def no_hello(where: str, why: BaseException | str) -> UnreachableError:
+    """``where`` accepted the connection but did not answer the hello as kvstored does
+    (said nothing in time, or something that is not a frame)."""
+    return UnreachableError(f"{where} did not answer the hello as kvstored does "
+                            f"({_reason(why)}); is that a kvstored master's or node's "
+                            "address?")
+
+
 def lost_connection(op: str, where: str, why: BaseException | str) -> UnreachableError:
     """The error of a call whose exchange broke off (the connection failed or timed out,
     or the peer answered something that is not the op's reply); the caller has closed
     the connection."""
     text = why if isinstance(why, str) else str(why) or type(why).__name__
     return UnreachableError(f"{op}: connection to {where} failed: {text}")
+
+
+#: What breaks an exchange off, whatever the loop: the socket failed, the peer closed, or
+#: it sent something that is not a frame.
+BROKEN: tuple[type[BaseException], ...] = (OSError, ConnectionClosed, FrameError)
+
+
+@contextmanager
+def connect_failures(where: str, timeout: float, *,
+                     timeouts: tuple[type[BaseException], ...] = (TimeoutError,)
+                     ) -> Iterator[None]:
+    """Connecting to ``where`` failed: refused, unresolvable, or no answer within
+    ``timeout`` (``timeouts``: the loop's own), in the words every client uses."""
+    try:
+        yield
+    except timeouts:
+        raise cannot_reach(where, no_answer(timeout)) from None
+    except OSError as exc:
+        raise cannot_reach(where, exc) from None
+
+
+@contextmanager
+def exchange_failures(where: str, timeout: float, close: Callable[[], None], *,
+                      op: str | None = None,
+                      timeouts: tuple[type[BaseException], ...] = (TimeoutError,),
+                      broken: tuple[type[BaseException], ...] = BROKEN) -> Iterator[None]:
+    """How an exchange with ``where`` fails, in the words every client uses (wrap the
+    hello with ``op`` None, a call with its op's name). One that breaks off (``broken``)
+    or takes longer than ``timeout`` (``timeouts``: the loop's own) closes the connection
+    with ``close`` and raises :class:`UnreachableError`. An error the peer answered is
+    raised as it is; it closes the connection only at the hello (a refused hello ends
+    it). Anything else (cancelled, interrupted) closes it too: the stream is out of step.
+    A plain ``with``, so blocking and async code alike use it."""
+    try:
+        yield
+    except StoreError:
+        if op is None:
+            close()
+        raise
+    except timeouts:
+        close()
+        why = no_answer(timeout)
+        raise (no_hello(where, why) if op is None else lost_connection(op, where, why)) from None
+    except broken as exc:
+        close()
+        raise (no_hello(where, exc) if op is None else lost_connection(op, where, exc)) from None
+    except BaseException:
+        close()
+        raise
 
 
 def _table(*specs: OpSpec[Any, Any]) -> dict[str, OpSpec[Any, Any]]:

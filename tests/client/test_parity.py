@@ -1,6 +1,7 @@
-"""The blocking client and the trio client are two shells over one core: driven through
-the same scenarios against one real store, they give the same results and raise the same
-errors (type, message and key), to the letter.
+"""The blocking, the trio and the asyncio clients are three shells over one core: driven
+through the same scenarios against one real store, they give the same results and raise
+the same errors (type, message and key), to the letter; and a peer that cannot be
+reached, never answers, or answers something else fails each of them the same way.
 
 Each shell works under a key prefix of its own; results are compared with the prefix
 taken out. One scenario reads a key whose only replica sits on a node that accepts
@@ -10,6 +11,7 @@ miss, not hang (the trio client had no timeout on nodes).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import socket
@@ -24,8 +26,9 @@ import trio
 
 import kvstored
 import kvstored.aio
+import kvstored.asyncio
 from kvstored.errors import StoreError
-from kvstored.protocol import Role, Tier, ops
+from kvstored.protocol import HelloReply, OpSpec, Role, Tier, ops
 from kvstored.protocol.master_api import (
     CommitRequest,
     Endpoint,
@@ -34,6 +37,7 @@ from kvstored.protocol.master_api import (
     RegisterRequest,
 )
 from kvstored.rpc import RpcClient
+from kvstored.wire import ConnectionClosed, FrameReader, send_frame
 from tests.daemon.conftest import embedded, spawn  # noqa: F401 - fixtures
 
 MiB = 1 << 20
@@ -130,23 +134,29 @@ def _run_blocking(address: str, transport: str, prefix: str) -> list[Any]:
     return out
 
 
-def _run_trio(address: str, transport: str, prefix: str) -> list[Any]:
-    async def main() -> list[Any]:
-        out = []
-        async with kvstored.aio.connect(address, transport=transport, timeout=TIMEOUT) as c:
-            for method, build in SCENARIO:
-                args, kwargs = _list_args(method, build(prefix))
-                try:
-                    result = ("ok", _strip(await getattr(c, method)(*args, **kwargs),
-                                           prefix))
-                except StoreError as exc:
-                    result = ("error", type(exc).__name__, _strip(exc.message, prefix),
-                              _strip(exc.key, prefix))
-                out.append(result)
-            out.append(("stats", c.stats.node_failures, c.stats.checksum_failures))
-        return out
+async def _run_async(connect: Callable[..., Any], address: str, transport: str,
+                     prefix: str) -> list[Any]:
+    """The scenario through an async client (trio's or asyncio's: same calls)."""
+    out = []
+    async with connect(address, transport=transport, timeout=TIMEOUT) as c:
+        for method, build in SCENARIO:
+            args, kwargs = _list_args(method, build(prefix))
+            try:
+                result = ("ok", _strip(await getattr(c, method)(*args, **kwargs), prefix))
+            except StoreError as exc:
+                result = ("error", type(exc).__name__, _strip(exc.message, prefix),
+                          _strip(exc.key, prefix))
+            out.append(result)
+        out.append(("stats", c.stats.node_failures, c.stats.checksum_failures))
+    return out
 
-    return trio.run(main)
+
+def _run_trio(address: str, transport: str, prefix: str) -> list[Any]:
+    return trio.run(_run_async, kvstored.aio.connect, address, transport, prefix)
+
+
+def _run_asyncio(address: str, transport: str, prefix: str) -> list[Any]:
+    return asyncio.run(_run_async(kvstored.asyncio.connect, address, transport, prefix))
 
 
 class SilentNode:
@@ -196,18 +206,20 @@ class SilentNode:
 
 
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
-def test_both_shells_give_the_same_results_and_errors(embedded, transport):  # noqa: F811
+def test_the_three_shells_give_the_same_results_and_errors(embedded, transport):  # noqa: F811
     up = embedded(dram="64MiB")
     node_token = (Path(os.environ["XDG_CONFIG_HOME"]) / "kvstored" / "node-token").read_text()
     silent = SilentNode(up.address, node_token.strip())
     try:
         blocking = _run_blocking(up.addr, transport, f"sync-{transport}/")
         trio_side = _run_trio(up.addr, transport, f"trio-{transport}/")
+        asyncio_side = _run_asyncio(up.addr, transport, f"asio-{transport}/")
     finally:
         silent.close()
-    for (method, _), mine, theirs in zip(SCENARIO, blocking, trio_side):
-        assert mine == theirs, method
-    assert blocking[-1] == trio_side[-1] == ("stats", 1, 0)
+    for (method, _), mine, trios, asyncios in zip(SCENARIO, blocking, trio_side,
+                                                   asyncio_side):
+        assert mine == trios == asyncios, method
+    assert blocking[-1] == trio_side[-1] == asyncio_side[-1] == ("stats", 1, 0)
     # What the scenario expects, beyond agreeing.
     by_step = dict(zip([f"{i}:{m}" for i, (m, _) in enumerate(SCENARIO)], blocking))
     assert by_step["0:batch_put"] == ("ok", [True, True, True])
@@ -276,3 +288,96 @@ def test_a_get_says_which_tier_served_each_key_in_both_shells(embedded, transpor
             return got
 
     assert trio.run(trio_side) == [Tier.SSD, Tier.DRAM, None]
+
+
+class OddPeer:
+    """A listener that misbehaves one way for every connection: ``silent`` accepts and
+    never answers; ``garbage`` answers the hello with something that is not a frame;
+    ``mute`` answers the hello as a master does, then no request."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()[0]
+            except OSError:
+                return  # closed
+            self.held.append(conn)
+            if self.how == "silent":
+                continue
+            try:
+                FrameReader(conn).recv_header()
+                if self.how == "garbage":
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                else:
+                    send_frame(conn, OpSpec.reply_header(HelloReply(service="master")))
+            except (OSError, ConnectionClosed):
+                pass
+
+    def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
+        self.listener.close()
+        self._thread.join(10)
+        for conn in self.held:
+            conn.close()
+
+
+def _connect_outcome(shell: str, address: str) -> tuple[str, str]:
+    """The error of connecting with ``shell`` to ``address`` (and, if that works, of a
+    status call)."""
+    options = {"transport": "tcp", "timeout": 0.5, "token": "t"}
+
+    async def via(connect: Callable[..., Any]) -> None:
+        async with connect(address, **options) as c:
+            await c.call("status")
+
+    try:
+        if shell == "blocking":
+            with kvstored.connect(address, **options) as c:
+                c.call("status")
+        elif shell == "trio":
+            trio.run(via, kvstored.aio.connect)
+        else:
+            asyncio.run(via(kvstored.asyncio.connect))
+    except StoreError as exc:
+        return type(exc).__name__, exc.message
+    raise AssertionError(f"{shell}: connecting to {address} did not fail")
+
+
+@pytest.mark.parametrize("how", ["closed", "silent", "garbage", "mute"])
+def test_a_peer_that_fails_fails_the_three_shells_with_one_error(how):
+    if how == "closed":
+        probe = socket.create_server(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+        probe.close()
+        peer = None
+    else:
+        peer = OddPeer(how)
+        address = peer.addr
+    try:
+        outcomes = [_connect_outcome(shell, address)
+                    for shell in ("blocking", "trio", "asyncio")]
+    finally:
+        if peer is not None:
+            peer.close()
+    assert outcomes[0] == outcomes[1] == outcomes[2], outcomes
+    kind, message = outcomes[0]
+    assert kind == "UnreachableError"
+    expected = {
+        "closed": f"cannot reach {address} (Connection refused); is kvstored running?",
+        "silent": f"{address} did not answer the hello as kvstored does (no answer within "
+                  "0.5s); is that a kvstored master's or node's address?",
+        "mute": f"status: connection to {address} failed: no answer within 0.5s",
+    }
+    if how in expected:
+        assert message == expected[how]
+    else:
+        assert message.startswith(f"{address} did not answer the hello as kvstored does "
+                                  "(bad frame magic")
