@@ -167,6 +167,7 @@ def read_records(engine: IoEngine,
             whole = size & ~(ALIGN - 1)
             if size != whole:
                 dest[whole:size] = block[VALUE_OFFSET:VALUE_OFFSET + size - whole]
+        complete = isinstance(result, int) and result >= record_size(size)
         reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
-                      slot.checksum, error, error is None and result >= record_size(size)))
+                      slot.checksum, error, complete))
     return verified_reads(reads)
