@@ -9,6 +9,8 @@
 - ``kvstored.native._batch`` (native/batch.c), the one extension on the Python C API: it
   turns an io batch's Python items into requests, which cffi cannot do. It is optional:
   without it the uring engine builds its requests in Python (slower, same results).
+  ``kvstored.sdk._record_check`` (sdk/record_check.c) is the other, as optional: the
+  checks of a batch of records read back, in one call.
 - Leaving those build scripts out of the wheel: they read the C sources when imported,
   and a wheel carries the compiled extensions, not the sources (tests/test_packaging.py).
 """
@@ -57,9 +59,16 @@ BATCH_EXTENSION = Extension("kvstored.native._batch", sources=["native/batch.c"]
                             define_macros=[("Py_LIMITED_API", "0x030B0000")],
                             extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
 
+#: The record checks of sdk/record.py in C, for a batch at a time (sdk/record_check.c);
+#: optional like _batch: without it record.py checks each record in Python.
+RECORD_CHECK_EXTENSION = Extension(
+    "kvstored.sdk._record_check", sources=["sdk/record_check.c"], py_limited_api=True,
+    optional=True, define_macros=[("Py_LIMITED_API", "0x030B0000")],
+    extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
+
 setup(
     packages=_packages(),
-    ext_modules=[BATCH_EXTENSION],
+    ext_modules=[BATCH_EXTENSION, RECORD_CHECK_EXTENSION],
     cffi_modules=CFFI_MODULES,
     cmdclass={"build_py": BuildPyWithoutBuildScripts},
     package_data={"kvstored": ["py.typed"],

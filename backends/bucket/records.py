@@ -14,7 +14,8 @@ Writing: a bucket's records are laid out back to back, each at a 4 KiB multiple 
 record format of sdk/record.py with its value padded to 4 KiB), padding zeroed.
 
 Reading: every record asked for in one call is read in one engine submission, and ends
-in the SDK's one verification (:func:`kvstored.sdk.record.verified_read`): the header and
+in the SDK's one verification (:func:`kvstored.sdk.record.verified_reads`, a batch at a
+time: what passes is checked in C, what fails says why in Python): the header and
 value CRCs, and the key, size, sequence number and value CRC the index holds. A small
 value is checked in scratch memory before it is copied to the caller; a record that fails
 is reported CORRUPT, and the caller's bytes are zeroed rather than left holding a value
@@ -31,11 +32,12 @@ from kvstored.native import IoEngine, IoError, IoFile, ScratchMemory
 from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
+    ReadBack,
     ReadOutcome,
     align_up,
     encode_header,
     record_size,
-    verified_read,
+    verified_reads,
 )
 
 #: Values up to this size move with their header in one contiguous I/O (see above).
@@ -152,23 +154,20 @@ def read_records(engine: IoEngine,
         items.append((file, slot.offset, pieces))
         plans.append((block, None))
     results = engine.read(items)
-    return [_finish(slot, dest, result, block, span)
-            for (slot, _, dest), (block, span), result in zip(requests, plans, results)]
-
-
-def _finish(slot: Slot, dest: memoryview, result: int | IoError, block: memoryview,
-            span: memoryview | None) -> ReadOutcome:
-    """``block`` starts with the header; after it comes the whole record (``span`` is
-    ``block``) or just the value's last partial block (``span`` is None: the value's
-    whole blocks were read straight into ``dest``)."""
-    error = result if isinstance(result, IoError) else None
-    value = None
-    if span is not None:
-        value = span[VALUE_OFFSET:VALUE_OFFSET + slot.size]
-    elif error is None:
-        whole = slot.size & ~(ALIGN - 1)
-        if slot.size != whole:
-            dest[whole:slot.size] = block[VALUE_OFFSET:VALUE_OFFSET + slot.size - whole]
-    return verified_read(dest, block[:VALUE_OFFSET], value, key=slot.key, size=slot.size,
-                         seq=slot.seq, checksum=slot.checksum, error=error,
-                         complete=isinstance(result, int) and result >= record_size(slot.size))
+    reads: list[ReadBack] = []
+    for (slot, _, dest), (block, span), result in zip(requests, plans, results):
+        error = result if isinstance(result, IoError) else None
+        size = slot.size
+        value = None
+        if span is not None:
+            value = span[VALUE_OFFSET:VALUE_OFFSET + size]
+        elif error is None:
+            # The value's whole blocks went straight into dest; its last partial block
+            # came into scratch after the header.
+            whole = size & ~(ALIGN - 1)
+            if size != whole:
+                dest[whole:size] = block[VALUE_OFFSET:VALUE_OFFSET + size - whole]
+        complete = isinstance(result, int) and result >= record_size(size)
+        reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
+                      slot.checksum, error, complete))
+    return verified_reads(reads)

@@ -113,10 +113,11 @@ from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
     HEADER_SIZE,
     VALUE_OFFSET,
+    ReadBack,
     ReadOutcome,
     encode_header,
     record_size,
-    verified_read,
+    verified_reads,
 )
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
@@ -829,14 +830,12 @@ class OffsetLayoutBackend(IndexedBackend):
                                              target[:entry.size]])
                  for n, (_, entry, target) in enumerate(plan)]
         results = self._engine.read(items) if items else []
-        outcomes = []
-        for n, ((key, entry, target), got) in enumerate(zip(plan, results)):
+        reads: list[ReadBack] = []
+        for (_, _, (head, _)), (key, entry, target), got in zip(items, plan, results):
             error = got if isinstance(got, IoError) else None
-            outcomes.append(verified_read(
-                target, heads[n * ALIGN:(n + 1) * ALIGN], None, key=key, size=entry.size,
-                seq=entry.seq, checksum=entry.checksum, error=error,
-                complete=error is None and got == ALIGN + entry.size))
-        return outcomes
+            reads.append((target, head, None, key, entry.size, entry.seq, entry.checksum,
+                          error, error is None and got == ALIGN + entry.size))
+        return verified_reads(reads)
 
     def _location(self, entry: Entry) -> Location:
         return Location(self._file.path, entry.offset + VALUE_OFFSET, entry.size,
