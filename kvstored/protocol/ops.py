@@ -202,7 +202,9 @@ def lost_connection(op: str, where: str, why: BaseException | str) -> Unreachabl
     or the peer answered something that is not the op's reply); the caller has closed
     the connection."""
     text = why if isinstance(why, str) else str(why) or type(why).__name__
-    return UnreachableError(f"{op}: connection to {where} failed: {text}")
+    # The op last: the CLI already starts the line with its command (often the same
+    # word), so "kvstore status: the connection to ... failed during status: ...".
+    return UnreachableError(f"the connection to {where} failed during {op}: {text}")
 
 
 #: What breaks an exchange off, whatever the loop: the socket failed, the peer closed, or

@@ -374,7 +374,7 @@ def test_a_peer_that_fails_fails_the_three_shells_with_one_error(how):
         "closed": f"cannot reach {address} (Connection refused); is kvstored running?",
         "silent": f"{address} did not answer the hello as kvstored does (no answer within "
                   "0.5s); is that a kvstored master's or node's address?",
-        "mute": f"status: connection to {address} failed: no answer within 0.5s",
+        "mute": f"the connection to {address} failed during status: no answer within 0.5s",
     }
     if how in expected:
         assert message == expected[how]
