@@ -196,9 +196,9 @@ class Cluster:
         live = [n for n in self.nodes.values() if n.alive]
         self.metrics.set_tiers({
             DRAM: (usage[DRAM].objects, sum(n.dram_used for n in live),
-                   sum(n.dram_capacity for n in live)),
+                   sum(n.announced.dram_capacity for n in live)),
             SSD: (usage[SSD].objects, sum(n.ssd_used for n in live),
-                  sum(n.ssd_capacity for n in live))})
+                  sum(n.announced.ssd_capacity for n in live))})
         self.metrics.set_namespaces({
             ns: (u.objects, {t.value: c for t, c in u.usage().items()})
             for ns, u in self.table.namespaces.items() if ns})

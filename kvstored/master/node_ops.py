@@ -81,16 +81,13 @@ class NodeOps:
         if held is not None and held.alive and held.session not in (None, conn):
             raise BadRequestError(
                 f"node name {request.node!r} belongs to a live node (data server "
-                f"{held.contact.endpoint}); give this node another --name, or stop that "
+                f"{held.announced.contact.endpoint}); give this node another --name, or stop that "
                 "one: its name is free once it disconnects or misses heartbeats for "
                 f"{cluster.settings.node_ttl:g}s")
         if held is not None:
             cluster.table.drop_node(request.node)  # it re-sends everything it holds
         cluster.nodes[request.node] = NodeState(
-            node_id=request.node, contact=request.contact,
-            dram_capacity=request.dram_capacity, ssd_capacity=request.ssd_capacity,
-            backend=request.backend, shared_ssd=request.shared,
-            max_value_size=request.max_value_size, inventory=request.objects,
+            node_id=request.node, announced=request, inventory=request.objects,
             last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s", request.node, request.contact.endpoint)
         # The node checks clients on its data server with the cluster's client token.

@@ -44,9 +44,9 @@ class Plan:
 def plan_node(node: NodeState, table: ObjectTable, cfg: PolicySettings, now: float) -> Plan:
     plan = Plan([], [], [])
     lru = table.dram_lru.get(node.node_id) or {}
-    if not node.dram_capacity:
+    cap = node.announced.dram_capacity
+    if not cap:
         return plan
-    cap = node.dram_capacity
     # Replicas already on their way out are not counted twice: their bytes go soon.
     used = node.dram_used - node.dram_given_up()
     high, low = cfg.dram_high_watermark * cap, cfg.dram_low_watermark * cap
