@@ -155,12 +155,8 @@ class NodeOps:
         node.last_heartbeat = now
         if not node.alive:
             raise BadRequestError(f"node {node.node_id} was declared dead; re-register")
-        stats = request.stats
-        if stats is not None:
-            node.dram_used, node.ssd_used = stats.dram_used, stats.ssd_used
-            node.ssd_objects, node.corrupt_reads = stats.ssd_objects, stats.corrupt_reads
-            node.quarantined = stats.quarantined
-            node.offload_problem = stats.offload_problem or None
+        if request.stats is not None:
+            node.stats = request.stats
         node.pending_bytes = 0
         self._apply(node, request.done, now)
         plan = plan_node(node, cluster.table, cluster.policy, now)
