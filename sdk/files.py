@@ -12,7 +12,8 @@ too.
   a backend that stages each object in a file of its own);
 - :func:`write_atomically` replaces a small file so that a crash leaves the old content
   or the new, never a mix: temporary file, write, fsync, rename, directory fsync;
-- :func:`fsync_dir` makes a directory's entries (a create, a rename, an unlink) durable.
+- :func:`fsync_dir` makes a directory's entries (a create, a rename, an unlink) durable;
+- :func:`allocated_bytes` is the disk a store's files take (their blocks, not sizes).
 
 This module does no locking and knows nothing of any layout.
 """
@@ -146,4 +147,21 @@ def write_atomically(path: str | os.PathLike, data, *, sync_dir: bool = True,
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(path.parent)
+    return total
+
+
+def allocated_bytes(root: str | os.PathLike) -> int:
+    """Bytes of disk the regular files under ``root`` occupy (their blocks, not their
+    sizes: a sparse or preallocated file counts what it holds), or ``root`` itself when
+    it is one file. A file removed while the tree is walked (a bucket evicted meanwhile)
+    counts nothing."""
+    if os.path.isfile(root):
+        return os.stat(root).st_blocks * 512
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except FileNotFoundError:
+                continue
     return total

@@ -134,6 +134,8 @@ ENGINE_PACKAGES = {
     "kvstored.integrations.sglang": ("sglang", "torch"),
     "kvstored.integrations.lmcache": ("lmcache", "torch"),
     "kvstored.integrations.vllm": ("vllm", "torch"),
+    # The measuring process of `kvstore bench engines`: SGLang's own code, imported at the top.
+    "kvstored.bench.engines_peer": ("sglang", "torch"),
 }
 
 PROBE = r"""

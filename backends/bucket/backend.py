@@ -52,6 +52,7 @@ from kvstored.backends.bucket.records import NewRecord, read_records
 from kvstored.backends.bucket.recovery import recover
 from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
+from kvstored.backends.builtin import BuiltinBackend
 from kvstored.backends.stamp import claim_directory
 from kvstored.native import EngineUnavailableError, IoFile, get_engine
 from kvstored.sdk.backend import EvictionCallback, OpenProgress
@@ -59,13 +60,12 @@ from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
-from kvstored.sdk.index import IndexedBackend, ObjectIndex
+from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import ReadOutcome, align_up, record_size
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
-    Capabilities,
     CheckReport,
     EvictionGranularity,
     OpenMode,
@@ -82,7 +82,7 @@ log = logging.getLogger("kvstored.backends.bucket")
 MiB = 1024 * 1024
 
 
-class BucketBackend(IndexedBackend):
+class BucketBackend(BuiltinBackend):
     """The default SSD backend: objects grouped into buckets, one data file and one index
     file each, evicted a whole bucket at a time.
 
@@ -114,7 +114,7 @@ class BucketBackend(IndexedBackend):
 
     name = "bucket"
     sdk_version = "1.0"
-    open_modes = frozenset(OpenMode)
+    eviction_granularity = EvictionGranularity.BUCKET
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BUCKETS_DIR,)
 
@@ -187,7 +187,7 @@ class BucketBackend(IndexedBackend):
         self._next_seq = found.next_seq
         self._checker = Checker(self, stamp_report + found.problems, found.unindexed)
 
-    # -- lifecycle and capabilities ----------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self) -> None:
         with self._lock:
@@ -195,12 +195,6 @@ class BucketBackend(IndexedBackend):
             self.index.clear()
             self._buckets.clear()
         self._dir_lock.release()
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(shared=False, eviction=EvictionGranularity.BUCKET,
-                            aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size, read_only_open=True)
 
     def write_batch_hint(self) -> WriteBatchHint:
         return WriteBatchHint(max_bytes=self.bucket_bytes, max_keys=self.bucket_keys,

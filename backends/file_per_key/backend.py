@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from kvstored.backends.builtin import BuiltinBackend
 from kvstored.backends.file_per_key.check import check_store
 from kvstored.backends.file_per_key.layout import (
     LAYOUT_VERSION,
@@ -50,7 +51,7 @@ from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs, write_new_file
-from kvstored.sdk.index import IndexedBackend, ObjectIndex
+from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
     VALUE_OFFSET,
@@ -63,7 +64,6 @@ from kvstored.sdk.record import (
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
-    Capabilities,
     CheckReport,
     EvictionGranularity,
     Location,
@@ -79,7 +79,7 @@ from kvstored.sdk.types import (
 log = logging.getLogger(__name__)
 
 
-class FilePerKeyBackend(IndexedBackend):
+class FilePerKeyBackend(BuiltinBackend):
     """One file per object in a two-level hash-sharded tree.
 
     Options: ``policy`` (:class:`~kvstored.sdk.EvictionPolicy`, default ``fifo``: oldest
@@ -89,7 +89,7 @@ class FilePerKeyBackend(IndexedBackend):
 
     name = "file-per-key"
     sdk_version = "1.0"
-    open_modes = frozenset(OpenMode)
+    eviction_granularity = EvictionGranularity.OBJECT
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (OBJECTS_DIR, TMP_DIR)
 
@@ -140,12 +140,6 @@ class FilePerKeyBackend(IndexedBackend):
             self.index.clear()
             self._order.clear()
         self._dir_lock.release()
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
-                            aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size, read_only_open=True)
 
     def usage(self) -> Usage:
         self._check_open()

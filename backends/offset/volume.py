@@ -62,6 +62,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from kvstored.allocator import OffsetAllocator
+from kvstored.backends.builtin import BuiltinBackend
 from kvstored.backends.offset.check import IndexAudit, check_volume
 from kvstored.backends.offset.journal import JournalGate, write_sync
 from kvstored.backends.offset.layout import (
@@ -108,7 +109,7 @@ from kvstored.sdk.errors import (
 )
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir
-from kvstored.sdk.index import IndexedBackend, ObjectIndex
+from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
     HEADER_SIZE,
@@ -122,7 +123,6 @@ from kvstored.sdk.record import (
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
-    Capabilities,
     CheckReport,
     EvictionGranularity,
     Location,
@@ -159,7 +159,7 @@ class Volume:
     device: bool
 
 
-class OffsetLayoutBackend(IndexedBackend):
+class OffsetLayoutBackend(BuiltinBackend):
     """Objects as records at allocator-chosen offsets of one volume; see the module doc.
 
     Options beyond the common ones: ``policy`` (``fifo`` or ``lru``), ``auto_evict``
@@ -171,7 +171,7 @@ class OffsetLayoutBackend(IndexedBackend):
 
     #: The volume size used when a new volume is created without a capacity.
     DEFAULT_VOLUME_SIZE = 1 * GiB
-    open_modes = frozenset(OpenMode)
+    eviction_granularity = EvictionGranularity.OBJECT
 
     def __init__(self, path: str | os.PathLike, *, capacity: int | None = None,
                  max_value_size: int = DEFAULT_MAX_VALUE_SIZE,
@@ -485,7 +485,7 @@ class OffsetLayoutBackend(IndexedBackend):
                      found.replayed, len(self.index))
             self._journal.checkpoint()
 
-    # -- lifecycle, capabilities ------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------
 
     def _close(self) -> None:
         try:
@@ -499,12 +499,6 @@ class OffsetLayoutBackend(IndexedBackend):
             with self._lock:
                 self.index.clear()
                 self._order.clear()
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(shared=False, eviction=EvictionGranularity.OBJECT,
-                            aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size, read_only_open=True)
 
     def write_batch_hint(self) -> WriteBatchHint:
         """Any batch size works; a batch costs one journal entry and one fdatasync, and

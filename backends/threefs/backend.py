@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvstored.backends.builtin import BuiltinBackend
 from kvstored.backends.stamp import STAMP_NAME, claim_directory, read_stamp
 from kvstored.backends.threefs.check import check_node
 from kvstored.backends.threefs.files import (
@@ -76,7 +77,6 @@ from kvstored.sdk.errors import (
 )
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
-from kvstored.sdk.index import IndexedBackend
 from kvstored.sdk.lock import LOCK_NAME, StoreLock
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
@@ -87,7 +87,6 @@ from kvstored.sdk.record import (
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
-    Capabilities,
     CheckReport,
     EvictionGranularity,
     ObjectRecord,
@@ -117,7 +116,7 @@ class SharedObject:
     record: ObjectRecord
 
 
-class ThreeFsBackend(IndexedBackend):
+class ThreeFsBackend(BuiltinBackend):
     """Per-node append-only shards plus a journal, on a file system every node mounts.
 
     Options, besides ``capacity`` (this node's files), ``max_value_size`` and
@@ -137,7 +136,8 @@ class ThreeFsBackend(IndexedBackend):
 
     name = "3fs"
     sdk_version = "1.0"
-    open_modes = frozenset(OpenMode)
+    eviction_granularity = EvictionGranularity.BUCKET
+    shared_by_nodes = True
     #: What a cluster directory holds besides its stamp: node directories, which have no
     #: fixed name, so a cluster directory with a lost stamp is not recognised by name.
     layout_markers: tuple[str, ...] = ()
@@ -282,13 +282,7 @@ class ThreeFsBackend(IndexedBackend):
         self.journal.close()
         self._release_node_lock()
 
-    # -- capabilities -----------------------------------------------------------------
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(shared=True, eviction=EvictionGranularity.BUCKET,
-                            aligned_values=True, persistent=True,
-                            max_value_size=self.max_value_size, read_only_open=True)
+    # -- batching -----------------------------------------------------------------------
 
     def write_batch_hint(self) -> WriteBatchHint:
         # Each batch costs two fsyncs (shard, journal), in series by design; on a shared

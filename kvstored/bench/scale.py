@@ -62,6 +62,7 @@ import kvstored
 from kvstored.bench import BenchError, say
 from kvstored.bench.inventory import InventoryNode
 from kvstored.processes import stop_process
+from kvstored.sdk.files import allocated_bytes
 from kvstored.sdk.units import format_size, parse_size
 from kvstored.security import create_token_file, read_token_file
 
@@ -258,18 +259,6 @@ def put_objects(client: kvstored.Client, first: int, end: int, value: bytes,
     return (end - first) / (time.perf_counter() - started)
 
 
-def disk_usage(directory: Path) -> int:
-    """Bytes allocated to the files under ``directory`` (their blocks, not their sizes)."""
-    total = 0
-    for root, _, files in os.walk(directory):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass  # removed while walked (a bucket evicted, a temporary index)
-    return total
-
-
 def _percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"p50_us": ordered[len(ordered) // 2] * 1e6,
@@ -358,12 +347,8 @@ def measure_metadata(work: Path, objects: int, value_size: int, rounds: int,
         lookups_small = [time_lookups(store.client, small, seed=r) for r in range(rounds)]
         say(f"metadata: registering {objects:,} objects' metadata ...")
         register_s = inventory.register(objects, value_size)
-        status = store.status()
-        rss_full = store.master.rss()
-        master = {"rss_empty": rss_empty, "rss_full": rss_full, "objects": status["objects"],
-                  "replicas": {tier: status["tiers"][tier]["objects"]
-                               for tier in ("dram", "ssd")},
-                  "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
+        status, master = _master_use(store, rss_empty)
+        rss_full = master["rss_full"]
         if status["objects"] != objects:
             raise BenchError(f"the master holds {status['objects']:,} objects, not "
                              f"{objects:,}")
@@ -379,6 +364,18 @@ def measure_metadata(work: Path, objects: int, value_size: int, rounds: int,
         if inventory is not None:
             inventory.close()
         store.close()
+
+
+def _master_use(store: Store, rss_empty: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The cluster's status now, and what the master's memory holds: resident bytes
+    before (``rss_empty``) and now, objects and replicas, bytes per object."""
+    status = store.status()
+    rss_full = store.master.rss()
+    return status, {"rss_empty": rss_empty, "rss_full": rss_full,
+                    "objects": status["objects"],
+                    "replicas": {tier: status["tiers"][tier]["objects"]
+                                 for tier in ("dram", "ssd")},
+                    "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
 
 
 def _median_of(rounds: list[Any]) -> Any:
@@ -404,13 +401,9 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
         lookups_small = [time_lookups(store.client, small, seed=r) for r in range(rounds)]
         say(f"{backend}: putting {objects:,} objects of {value_size} B ...")
         put_rate = put_objects(store.client, small, objects, value, say) if objects > small else 0.0
-        status = store.status()
-        rss_full = store.master.rss()
-        master = {"rss_empty": rss_empty, "rss_full": rss_full, "objects": status["objects"],
-                  "replicas": {tier: status["tiers"][tier]["objects"]
-                               for tier in ("dram", "ssd")},
-                  "bytes_per_object": (rss_full - rss_empty) / status["objects"]}
-        disk = disk_usage(work / "data")
+        status, master = _master_use(store, rss_empty)
+        rss_full = master["rss_full"]
+        disk = allocated_bytes(work / "data")
         store_disk = {"bytes": disk, "bytes_per_object": disk / max(1, status["objects"])}
         say(f"{backend}: master {master['bytes_per_object']:.0f} B per object "
             f"({format_size(rss_full)} resident at {status['objects']:,} objects); "

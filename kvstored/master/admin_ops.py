@@ -53,11 +53,11 @@ class AdminOps:
         live = [n for n in cluster.nodes.values() if n.alive]
         tiers = {
             DRAM.value: TierStatus(usage[DRAM].objects, usage[DRAM].bytes,
-                                   sum(n.dram_used for n in live),
-                                   sum(n.dram_capacity for n in live)),
+                                   sum(n.stats.dram_used for n in live),
+                                   sum(n.announced.dram_capacity for n in live)),
             SSD.value: TierStatus(usage[SSD].objects, usage[SSD].bytes,
-                                  sum(n.ssd_used for n in live),
-                                  sum(n.ssd_capacity for n in live))}
+                                  sum(n.stats.ssd_used for n in live),
+                                  sum(n.announced.ssd_capacity for n in live))}
         lookups = cluster.metrics.lookup_counts()
         total = sum(lookups.values()) or 1
         dram, ssd = lookups.get("hit_dram", 0) / total, lookups.get("hit_ssd", 0) / total

@@ -80,7 +80,7 @@ class ClientOps:
                 Binding(ops.ADD_NAMESPACE, self.add_namespace)]
 
     def _contacts(self, names: set[str]) -> dict[str, NodeContact]:
-        return {n: self.cluster.nodes[n].contact for n in names}
+        return {n: self.cluster.nodes[n].announced.contact for n in names}
 
     # -- puts ------------------------------------------------------------------------------
 
@@ -118,18 +118,20 @@ class ClientOps:
         """The nodes that can ever hold an object of ``size`` bytes: it must fit in their
         DRAM tier, and (unless the store is DRAM-only) in their SSD backend, or it would
         be lost the first time it is evicted. Refuses, naming the limit, if none can."""
-        roomy = [n for n in nodes if n.dram_capacity >= size]
+        roomy = [n for n in nodes if n.announced.dram_capacity >= size]
         if not roomy:
-            largest = max(n.dram_capacity for n in nodes)
+            largest = max(n.announced.dram_capacity for n in nodes)
             raise NoSpaceError(
                 f"the object is {format_size(size)}, larger than the whole DRAM tier of "
                 f"every node (the largest is {format_size(largest)}); split it, or give a "
                 "node more DRAM (node.dram)", key=key)
         if self.cluster.policy.dram_only:
             return roomy
-        placeable = [n for n in roomy if not n.max_value_size or n.max_value_size >= size]
+        # A max_value_size of 0: the node did not say, so it is not checked.
+        placeable = [n for n in roomy
+                     if not n.announced.max_value_size or n.announced.max_value_size >= size]
         if not placeable:
-            best = max(roomy, key=lambda n: n.max_value_size)
+            best = max((n.announced for n in roomy), key=lambda told: told.max_value_size)
             raise NoSpaceError(
                 f"the object is {format_size(size)}, larger than the SSD tier takes "
                 f"({format_size(best.max_value_size)}, the {best.backend} backend's "

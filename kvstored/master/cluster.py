@@ -195,13 +195,13 @@ class Cluster:
         usage = self.table.usage()
         live = [n for n in self.nodes.values() if n.alive]
         self.metrics.set_tiers({
-            DRAM: (usage[DRAM].objects, sum(n.dram_used for n in live),
-                   sum(n.dram_capacity for n in live)),
-            SSD: (usage[SSD].objects, sum(n.ssd_used for n in live),
-                  sum(n.ssd_capacity for n in live))})
+            DRAM: (usage[DRAM].objects, sum(n.stats.dram_used for n in live),
+                   sum(n.announced.dram_capacity for n in live)),
+            SSD: (usage[SSD].objects, sum(n.stats.ssd_used for n in live),
+                  sum(n.announced.ssd_capacity for n in live))})
         self.metrics.set_namespaces({
             ns: (u.objects, {t.value: c for t, c in u.usage().items()})
             for ns, u in self.table.namespaces.items() if ns})
         self.metrics.nodes.set(len(live))
-        self.metrics.checksum_failures.set(sum(n.corrupt_reads for n in self.nodes.values()))
-        self.metrics.quarantined.set(sum(n.quarantined for n in self.nodes.values()))
+        self.metrics.checksum_failures.set(sum(n.stats.corrupt_reads for n in self.nodes.values()))
+        self.metrics.quarantined.set(sum(n.stats.quarantined for n in self.nodes.values()))

@@ -81,16 +81,13 @@ class NodeOps:
         if held is not None and held.alive and held.session not in (None, conn):
             raise BadRequestError(
                 f"node name {request.node!r} belongs to a live node (data server "
-                f"{held.contact.endpoint}); give this node another --name, or stop that "
+                f"{held.announced.contact.endpoint}); give this node another --name, or stop that "
                 "one: its name is free once it disconnects or misses heartbeats for "
                 f"{cluster.settings.node_ttl:g}s")
         if held is not None:
             cluster.table.drop_node(request.node)  # it re-sends everything it holds
         cluster.nodes[request.node] = NodeState(
-            node_id=request.node, contact=request.contact,
-            dram_capacity=request.dram_capacity, ssd_capacity=request.ssd_capacity,
-            backend=request.backend, shared_ssd=request.shared,
-            max_value_size=request.max_value_size, inventory=request.objects,
+            node_id=request.node, announced=request, inventory=request.objects,
             last_heartbeat=time.monotonic(), session=conn)
         log.info("node %s registering from %s", request.node, request.contact.endpoint)
         # The node checks clients on its data server with the cluster's client token.
@@ -158,12 +155,8 @@ class NodeOps:
         node.last_heartbeat = now
         if not node.alive:
             raise BadRequestError(f"node {node.node_id} was declared dead; re-register")
-        stats = request.stats
-        if stats is not None:
-            node.dram_used, node.ssd_used = stats.dram_used, stats.ssd_used
-            node.ssd_objects, node.corrupt_reads = stats.ssd_objects, stats.corrupt_reads
-            node.quarantined = stats.quarantined
-            node.offload_problem = stats.offload_problem or None
+        if request.stats is not None:
+            node.stats = request.stats
         node.pending_bytes = 0
         self._apply(node, request.done, now)
         plan = plan_node(node, cluster.table, cluster.policy, now)

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 from kvstored.protocol.enums import NodePhase
 from kvstored.protocol.master_api import (
     DropTask,
-    NodeContact,
+    NodeStats,
     NodeStatus,
     OffloadTask,
     PromoteTask,
+    RegisterRequest,
     Registration,
     Task,
     TierUse,
@@ -24,19 +25,12 @@ MAX_PROMOTE_QUEUE = 65536
 @dataclass(slots=True)
 class NodeState:
     node_id: str
-    #: How clients reach it: its data server, its host, its DRAM segment.
-    contact: NodeContact
-    dram_capacity: int
-    ssd_capacity: int
-    backend: str = ""
-    shared_ssd: bool = False
-    #: The largest value its backend accepts (0: not told, so not checked).
-    max_value_size: int = 0
-    dram_used: int = 0
-    ssd_used: int = 0
-    ssd_objects: int = 0
-    corrupt_reads: int = 0
-    quarantined: int = 0
+    #: What it said of itself when it registered, as it said it: how clients reach it
+    #: (``contact``: its data server, its host, its DRAM segment), its capacities, its
+    #: backend and the largest value that takes (``max_value_size``, 0: not checked).
+    announced: RegisterRequest
+    #: What its last heartbeat said it uses and has seen (none yet: all zero).
+    stats: NodeStats = field(default_factory=lambda: NodeStats(0, 0, 0, 0, 0))
     last_heartbeat: float = 0.0
     registered: bool = False
     #: While it registers: the objects it said it holds, and how many it has sent.
@@ -45,8 +39,6 @@ class NodeState:
     alive: bool = True
     #: Shutting down: it serves reads, but takes no new puts.
     leaving: bool = False
-    #: Why its offloads fail right now (a full SSD, say), as the node reported it.
-    offload_problem: str | None = None
     #: Bytes promised to puts placed here since the last heartbeat.
     pending_bytes: int = 0
     tasks: list[Task] = field(default_factory=list)
@@ -66,7 +58,7 @@ class NodeState:
 
     @property
     def host_id(self) -> str:
-        return self.contact.host_id
+        return self.announced.contact.host_id
 
     def queue_promotion(self, key: str) -> int:
         """Queue ``key`` for promotion as the most recently read; returns how many of
@@ -83,10 +75,11 @@ class NodeState:
         return sum(self.dram_freeing.values())
 
     def dram_free(self) -> int:
-        return self.dram_capacity - self.dram_used - self.pending_bytes
+        return self.announced.dram_capacity - self.stats.dram_used - self.pending_bytes
 
     def dram_fraction(self) -> float:
-        return self.dram_used / self.dram_capacity if self.dram_capacity else 1.0
+        capacity = self.announced.dram_capacity
+        return self.stats.dram_used / capacity if capacity else 1.0
 
     def queue(self, task: Task) -> None:
         """Queue ``task`` for the next heartbeat reply, merged into a queued task of the
@@ -113,16 +106,16 @@ class NodeState:
         return tasks
 
     def status(self) -> NodeStatus:
-        phase = self.phase
+        phase, told, stats = self.phase, self.announced, self.stats
         return NodeStatus(
-            node=self.node_id, address=str(self.contact.endpoint), alive=self.alive,
+            node=self.node_id, address=str(told.contact.endpoint), alive=self.alive,
             state=phase,
             registering=self.registration() if phase is NodePhase.STARTING else None,
-            backend=self.backend, dram=TierUse(self.dram_used, self.dram_capacity),
-            ssd=TierUse(self.ssd_used, self.ssd_capacity, self.ssd_objects),
-            corrupt_reads=self.corrupt_reads, quarantined=self.quarantined,
+            backend=told.backend, dram=TierUse(stats.dram_used, told.dram_capacity),
+            ssd=TierUse(stats.ssd_used, told.ssd_capacity, stats.ssd_objects),
+            corrupt_reads=stats.corrupt_reads, quarantined=stats.quarantined,
             queued_offloads=len(self.offload_queued), leaving=self.leaving,
-            offload_problem=self.offload_problem)
+            offload_problem=stats.offload_problem or None)
 
 
 def _merge(queued: Task, task: Task) -> bool:

@@ -44,11 +44,11 @@ class Plan:
 def plan_node(node: NodeState, table: ObjectTable, cfg: PolicySettings, now: float) -> Plan:
     plan = Plan([], [], [])
     lru = table.dram_lru.get(node.node_id) or {}
-    if not node.dram_capacity:
+    cap = node.announced.dram_capacity
+    if not cap:
         return plan
-    cap = node.dram_capacity
     # Replicas already on their way out are not counted twice: their bytes go soon.
-    used = node.dram_used - node.dram_given_up()
+    used = node.stats.dram_used - node.dram_given_up()
     high, low = cfg.dram_high_watermark * cap, cfg.dram_low_watermark * cap
 
     if not cfg.dram_only and cfg.offload == "watermark" and used > cfg.offload_watermark * cap:
@@ -102,7 +102,7 @@ def plan_node(node: NodeState, table: ObjectTable, cfg: PolicySettings, now: flo
                 plan.offload.append(key)
     # Promotions take room that is free now: what this plan evicts is freed later (after
     # a drop, an offload or a lease), and the promotions it makes room for wait till then.
-    room = min(high - (used - freed), cap - node.dram_used - node.pending_bytes)
+    room = min(high - (used - freed), cap - node.stats.dram_used - node.pending_bytes)
     while promote and promote_bytes > room:
         promote_bytes -= promote.pop().size
     for meta in promote:

@@ -228,71 +228,81 @@ class Opt(Shape):
         return None if value is None else self.inner.encode(value)
 
 
-class List(Shape):
-    def __init__(self, item: Shape, max_len: int = MAX_BATCH) -> None:
-        self.item, self.max_len = item, max_len
-        self.expected = f"a list of {item.expected}"
-        self.identity = item.identity
+class _Collection(Shape):
+    """A list or a map of at most ``max_len`` entries, each of the shape ``inner``."""
+
+    kind: type
+    noun: str
+    #: What the entries are called when there are too many.
+    entries: str
+
+    def __init__(self, inner: Shape, max_len: int = MAX_BATCH) -> None:
+        self.inner, self.max_len = inner, max_len
+        self.expected = f"a {self.noun} of {inner.expected}"
+        self.identity = inner.identity
+
+    def explain(self, value: Any) -> tuple[str, str]:
+        if type(value) is not self.kind:
+            return super().explain(value)
+        if len(value) > self.max_len:
+            return "", f"has {len(value)} {self.entries}, more than {self.max_len}"
+        return self._explain_entries(value)
+
+    def _explain_entries(self, value: Any) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+class List(_Collection):
+    kind, noun, entries = list, "list", "items"
 
     def ok(self, value: Any) -> bool:
         if type(value) is not list or len(value) > self.max_len:
             return False
         # Item by item is cheaper for a few items; all_ok's C passes win beyond.
-        return all(map(self.item.ok, value)) if len(value) <= 16 else self.item.all_ok(value)
+        return all(map(self.inner.ok, value)) if len(value) <= 16 else self.inner.all_ok(value)
 
-    def explain(self, value: Any) -> tuple[str, str]:
-        if type(value) is not list:
-            return super().explain(value)
-        if len(value) > self.max_len:
-            return "", f"has {len(value)} items, more than {self.max_len}"
+    def _explain_entries(self, value: list[Any]) -> tuple[str, str]:
         for i, item in enumerate(value):
-            if not self.item.ok(item):
-                where, message = self.item.explain(item)
+            if not self.inner.ok(item):
+                where, message = self.inner.explain(item)
                 return f"[{i}]{where}", message
         return "", "is fine"  # not reached: ok() said otherwise
 
     def decode(self, value: Any) -> Any:
-        return value if self.identity else list(map(self.item.decode, value))
+        return value if self.identity else list(map(self.inner.decode, value))
 
     def encode(self, value: Any) -> Any:
-        return value if self.identity else list(map(self.item.encode, value))
+        return value if self.identity else list(map(self.inner.encode, value))
 
 
-class Map(Shape):
-    """A map from strings to ``value`` shapes (nodes by name, tiers by name)."""
+class Map(_Collection):
+    """A map from strings to ``inner`` shapes (nodes by name, tiers by name)."""
 
-    def __init__(self, value: Shape, max_len: int = MAX_BATCH) -> None:
-        self.value, self.max_len = value, max_len
-        self.expected = f"a map of {value.expected}"
-        self.identity = value.identity
+    kind, noun, entries = dict, "map", "entries"
 
     def ok(self, value: Any) -> bool:
         return (type(value) is dict and len(value) <= self.max_len
                 and all(type(k) is str for k in value)
-                and all(map(self.value.ok, value.values())))
+                and all(map(self.inner.ok, value.values())))
 
-    def explain(self, value: Any) -> tuple[str, str]:
-        if type(value) is not dict:
-            return super().explain(value)
-        if len(value) > self.max_len:
-            return "", f"has {len(value)} entries, more than {self.max_len}"
+    def _explain_entries(self, value: dict[Any, Any]) -> tuple[str, str]:
         for name, item in value.items():
             if type(name) is not str:
                 return "", f"must have string keys, not {_kind(name)}"
-            if not self.value.ok(item):
-                where, message = self.value.explain(item)
+            if not self.inner.ok(item):
+                where, message = self.inner.explain(item)
                 return f"[{name!r:.40}]{where}", message
         return "", "is fine"
 
     def decode(self, value: Any) -> Any:
         if self.identity:
             return value
-        return {name: self.value.decode(item) for name, item in value.items()}
+        return {name: self.inner.decode(item) for name, item in value.items()}
 
     def encode(self, value: Any) -> Any:
         if self.identity:
             return value
-        return {name: self.value.encode(item) for name, item in value.items()}
+        return {name: self.inner.encode(item) for name, item in value.items()}
 
 
 class AnyValue(Shape):

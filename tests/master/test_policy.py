@@ -5,15 +5,16 @@ from kvstored.master import nodes as nodes_module
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import count_ssd_read, plan_node
 from kvstored.master.table import DRAM, REMOVING, SSD, ObjectTable
-from kvstored.protocol.master_api import Endpoint, NodeContact
+from kvstored.protocol.master_api import Endpoint, NodeContact, NodeStats, RegisterRequest
 from tests.master.harness import policy
 
 MiB = 1 << 20
 
 
 def _node(used: int, cap: int = 100 * MiB) -> NodeState:
-    return NodeState("n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "seg", "00"), cap,
-                     10 * cap, dram_used=used)
+    contact = NodeContact(Endpoint("127.0.0.1", 1), "h", "seg", "00")
+    return NodeState("n1", RegisterRequest("n1", contact, cap, 10 * cap),
+                     NodeStats(used, 0, 0, 0, 0))
 
 
 def _fill(table: ObjectTable, count: int, *, on_ssd: bool) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -10,6 +9,7 @@ import time
 from kvstored.sdk.errors import (
     CapacityError,
 )
+from kvstored.sdk.files import allocated_bytes
 from kvstored.sdk.testing.checks._common import (
     Clause,
     KiB,
@@ -209,21 +209,6 @@ def pins_hold_against_capacity_eviction(kit: Kit) -> None:
         kit.assert_value(backend, key, values[key])
 
 
-def _disk_use(root) -> int:
-    """Bytes of disk the regular files under ``root`` occupy (st_blocks, not st_size);
-    ``root`` itself when the store is one file."""
-    if os.path.isfile(root):
-        return os.stat(root).st_blocks * 512
-    total = 0
-    for folder, _, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-            except FileNotFoundError:
-                continue
-    return total
-
-
 #: Disk a store's files may take beyond its capacity: its stamp, lock and other small
 #: fixed files.
 FIXED_FILES_SLACK = 16 * KiB
@@ -239,10 +224,10 @@ def disk_use_measured(kit: Kit) -> None:
     padding and index included)."""
     capacity = 4 * MiB
     backend = kit.open(capacity=capacity)
-    empty_disk, empty_physical = _disk_use(kit.path), backend.usage().physical_bytes
+    empty_disk, empty_physical = allocated_bytes(kit.path), backend.usage().physical_bytes
     for n in range(10):
         backend.batch_write(make_items(f"disk{n}", 6, 200 * KiB))
-        disk, usage = _disk_use(kit.path), backend.usage()
+        disk, usage = allocated_bytes(kit.path), backend.usage()
         grown = disk - empty_disk
         assert disk <= capacity + FIXED_FILES_SLACK, \
             f"the store's files occupy {disk} bytes of disk, more than its capacity " \

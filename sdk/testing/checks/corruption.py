@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from kvstored.sdk.testing import _writer
@@ -26,9 +27,7 @@ from kvstored.sdk.testing.kit import (
     read_location,
     size_for,
 )
-from kvstored.sdk.types import (
-    ReadStatus,
-)
+from kvstored.sdk.types import Location, ReadStatus
 
 # -- crashes and corruption --------------------------------------------------------------
 
@@ -49,32 +48,39 @@ def torn_write_process_killed(kit: Kit) -> None:
                 assert got in (value, ReadStatus.MISSING), f"{key!r} is {describe(got)}"
 
 
+def _flipped_byte_is_never_returned(kit: Kit, key: str, size: int,
+                                    byte_of: Callable[[Location], int],
+                                    at_once: Collection[ReadStatus]) -> None:
+    """Write ``key`` (``size`` bytes) beside an intact ``ok``, flip the byte ``byte_of``
+    its location names, and read both, before and after a reopen: ``key`` reads as one of
+    ``at_once`` (after the reopen, CORRUPT or MISSING), never as bytes; ``ok`` is intact."""
+    backend = kit.open()
+    write_all(backend, [(key, payload(key, size)), ("ok", payload("ok", size))])
+    flip_byte((where := located(backend, key)).path, byte_of(where))
+    assert kit.read(backend, key, size) in at_once
+    kit.assert_value(backend, "ok", payload("ok", size))
+    backend = kit.reopen(backend)
+    assert kit.read(backend, key, size) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
+    kit.assert_value(backend, "ok", payload("ok", size))
+
+
+def _header_byte(where: Location) -> int:
+    assert where.record_offset is not None, "locate() must give record_offset"
+    return where.record_offset + 20
+
+
 @check(Clause.INTEGRITY)
 def flipped_value_byte(kit: Kit) -> None:
     """One flipped byte in a value is reported CORRUPT, never returned, also after reopen."""
-    backend = kit.open()
-    write_all(backend, [("f", payload("f", 20_000)), ("ok", payload("ok", 20_000))])
-    where = located(backend, "f")
-    flip_byte(where.path, where.offset + where.length // 2)
-    assert kit.read(backend, "f") == ReadStatus.CORRUPT
-    kit.assert_value(backend, "ok", payload("ok", 20_000))
-    backend = kit.reopen(backend)
-    assert kit.read(backend, "f", 20_000) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
-    kit.assert_value(backend, "ok", payload("ok", 20_000))
+    _flipped_byte_is_never_returned(kit, "f", 20_000, lambda w: w.offset + w.length // 2,
+                                    at_once={ReadStatus.CORRUPT})
 
 
 @check(Clause.INTEGRITY)
 def flipped_header_byte(kit: Kit) -> None:
     """One flipped byte in a record header is reported, never returned, also after reopen."""
-    backend = kit.open()
-    write_all(backend, [("h", payload("h", 9_000)), ("ok", payload("ok", 9_000))])
-    where = located(backend, "h")
-    assert where.record_offset is not None, "locate() must give record_offset"
-    flip_byte(where.path, where.record_offset + 20)
-    assert kit.read(backend, "h", 9_000) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
-    backend = kit.reopen(backend)
-    assert kit.read(backend, "h", 9_000) in (ReadStatus.CORRUPT, ReadStatus.MISSING)
-    kit.assert_value(backend, "ok", payload("ok", 9_000))
+    _flipped_byte_is_never_returned(kit, "h", 9_000, _header_byte,
+                                    at_once={ReadStatus.CORRUPT, ReadStatus.MISSING})
 
 
 @check(Clause.SCAN)
