@@ -165,6 +165,11 @@ class AsyncShell(CoreShell):
     async def _run(self, step: Step[T]) -> T:
         return await drive_async(step, self._perform)
 
+    async def run(self, step: Step[T]) -> T:
+        """Drive ``step``, one composed of the core's operations (see
+        :meth:`kvstored.client.sync.Client.run`)."""
+        return await drive_async(step, self._perform)
+
     async def aclose(self) -> None:
         """Close every connection and unmap every segment."""
         for peer in self._peers.values():
