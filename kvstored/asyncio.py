@@ -55,11 +55,10 @@ class _LoopSocket:
     (asyncio's own ``sock_recv_into`` does that later, from a callback that would
     unregister whatever socket has reused the number by then)."""
 
-    __slots__ = ("loop", "sock")
+    __slots__ = ("sock",)
 
-    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.loop = loop
 
     async def recv_into(self, view: memoryview) -> int:
         while True:
@@ -76,7 +75,9 @@ class _LoopSocket:
                 await self._ready(writing=True)
 
     async def _ready(self, *, writing: bool) -> None:
-        loop = self.loop
+        # The loop running now: an idle connection registers nothing, so one client
+        # can serve a loop started after it connected (LMCache's, in its thread).
+        loop = asyncio.get_running_loop()
         ready = loop.create_future()
         fd = self.sock.fileno()
         add, remove = ((loop.add_writer, loop.remove_writer) if writing
@@ -133,7 +134,7 @@ class _Connection:
         self.sock = sock
         self.where = where
         self.timeout = timeout
-        self.frames = AsyncFrames(_LoopSocket(sock, asyncio.get_running_loop()))
+        self.frames = AsyncFrames(_LoopSocket(sock))
         self.hello = HelloReply()
 
     @classmethod

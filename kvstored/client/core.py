@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from kvstored.address import split_address
 from kvstored.client.memory import HostMemory
+from kvstored.client.metrics import CallKind, ClientMetrics, metered
 from kvstored.client.parts import checksum, gather, parts_of, views_of
 from kvstored.client.read import BatchRead, NodeHealth, ReadStats, split_by_bytes
 from kvstored.client.segments import TRANSPORTS, Segments
@@ -239,6 +240,8 @@ class ClientCore:
         self.holder = secrets.token_hex(16)
         #: Buffers over shared-memory files that same-host nodes move bytes to and from.
         self.memory = HostMemory()
+        #: What this client's calls did (the ``@metered`` operations count them).
+        self.metrics = ClientMetrics()
 
     def endpoint(self, node: str | None) -> tuple[str, int]:
         """The address of the master (None) or of ``node``."""
@@ -251,6 +254,7 @@ class ClientCore:
 
     # -- writes ------------------------------------------------------------------------------
 
+    @metered(CallKind.PUT)
     def batch_put(self, keys: Sequence[str], values: Sequence[Any]) -> Step[list[bool]]:
         """Store objects; True for each stored now, False for each that existed."""
         keys = list(keys)
@@ -260,6 +264,7 @@ class ClientCore:
         views: list[Into] = [memoryview(v).cast("B") for v in values]
         return (yield from self._put(keys, views))
 
+    @metered(CallKind.PUT)
     def batch_put_parts(self, keys: Sequence[str], objects: Sequence[Any]
                         ) -> Step[list[bool]]:
         """As :meth:`batch_put`, each object given as its pieces (buffers, concatenated
@@ -405,12 +410,14 @@ class ClientCore:
             tiers[:] = read.tiers
         return read.results
 
+    @metered(CallKind.GET)
     def read_into(self, keys: Sequence[str], buffers: Sequence[Any],
                   tiers: list[Tier | None] | None = None) -> Step[list[int]]:
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers")
         return (yield from self.read(keys, list(buffers), tiers))
 
+    @metered(CallKind.GET)
     def read_into_parts(self, keys: Sequence[str], objects: Sequence[Any],
                         tiers: list[Tier | None] | None = None) -> Step[list[int]]:
         """As :meth:`read_into`, each object landing in its pieces (buffers filled in
@@ -425,6 +432,7 @@ class ClientCore:
         return (yield from self.read(keys, [parts_of(obj, key=key, writable=True)
                                             for key, obj in zip(keys, objects)], tiers))
 
+    @metered(CallKind.GET)
     def read_values(self, keys: Sequence[str]) -> Step[list[bytes | None]]:
         buffers: list[Any] = []
         results = yield from self.read(keys, buffers)
@@ -527,9 +535,11 @@ class ClientCore:
 
     # -- metadata ----------------------------------------------------------------------------
 
+    @metered(CallKind.EXISTS)
     def batch_exists(self, keys: Sequence[str]) -> Step[list[bool]]:
         return (yield from call(ops.EXISTS, KeysRequest(list(keys)))).exists
 
+    @metered(CallKind.PREFIX_HITS)
     def prefix_hits(self, keys: Sequence[str], lock_for: float | None = None) -> Step[int]:
         """How many leading keys exist (the prefix-cache rule of HiCache and LMCache);
         with ``lock_for``, those are also locked for that many seconds (as
@@ -539,6 +549,7 @@ class ClientCore:
         locked = yield from self._lock(keys, lock_for, leading=True)
         return locked.index(False) if False in locked else len(locked)
 
+    @metered(CallKind.LOOKUP_AND_LOCK)
     def batch_lookup_and_lock(self, keys: Sequence[str], ttl: float) -> Step[list[bool]]:
         """Which keys exist; each that does is locked against eviction for ``ttl``
         seconds (cut to the master's ``master.max_lock_ttl``), until this client reads
@@ -553,13 +564,16 @@ class ClientCore:
                                                       leading))
         return reply.locked
 
+    @metered(CallKind.UNLOCK)
     def batch_unlock(self, keys: Sequence[str]) -> Step[list[bool]]:
         """End this client's locks on ``keys``; True where it held one still running."""
         return (yield from call(ops.UNLOCK, UnlockRequest(list(keys), self.holder))).unlocked
 
+    @metered(CallKind.REMOVE)
     def batch_remove(self, keys: Sequence[str]) -> Step[list[bool]]:
         return (yield from call(ops.REMOVE, KeysRequest(list(keys)))).removed
 
+    @metered(CallKind.REMOVE_PREFIX)
     def batch_remove_prefix(self, prefix: str) -> Step[int]:
         """Remove every object whose key starts with ``prefix`` (not empty); how many
         went. Puts under it in flight now are cancelled (they report not stored)."""
@@ -569,13 +583,18 @@ class ClientCore:
         check_keys([prefix])
         return (yield from call(ops.REMOVE_PREFIX, RemovePrefixRequest(prefix))).removed
 
+    @metered(CallKind.REGISTER_NAMESPACE)
     def register_namespace(self, prefix: str) -> Step[int]:
         """Have the master count the objects under ``prefix`` (a key prefix ending in
         ``/``) as a namespace; how many it holds now."""
         check_keys([prefix])
         return (yield from call(ops.ADD_NAMESPACE, NamespaceRequest(prefix))).objects
 
+    @metered(CallKind.STAT)
     def stat(self, key: str) -> Step[ObjectInfo | None]:
+        return (yield from self._stat(key))
+
+    def _stat(self, key: str) -> Step[ObjectInfo | None]:
         try:
             found = (yield from call(ops.STAT, StatRequest(key))).object
         except StoreError as exc:
@@ -585,9 +604,10 @@ class ClientCore:
         return ObjectInfo(found.key, found.size, found.checksum, tuple(found.replicas),
                           found.reads)
 
+    @metered(CallKind.LOCATE)
     def locate(self, key: str) -> Step[dict[str, dict[str, Any]]]:
         """Where each node holding ``key`` keeps its bytes (see ``Client.locate``)."""
-        info = yield from self.stat(key)
+        info = yield from self._stat(key)
         if info is None:
             return {}
         holders = sorted({r.node for r in info.replicas})
@@ -607,6 +627,7 @@ class ClientCore:
                 out[node] = {"error": f"node {node} could not be asked: {exc}"}
         return out
 
+    @metered(CallKind.CALL)
     def raw(self, op: str, args: dict[str, Any]) -> Step[dict[str, Any]]:
         """A master request from its wire fields, and its reply as a map (the admin
         tools' ``Client.call``). The request is checked here as the master would."""

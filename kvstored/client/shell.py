@@ -9,8 +9,11 @@ Not the I/O itself: each shell performs the core's effects its own way.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from kvstored.client.core import (
     Call,
@@ -23,6 +26,7 @@ from kvstored.client.core import (
     drive_async,
 )
 from kvstored.client.memory import HostMemory
+from kvstored.client.metrics import MetricsSnapshot, register_metrics
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError, ConfigError, UnauthorizedError
@@ -83,6 +87,18 @@ class CoreShell:
     def nodes(self) -> dict[str, NodeContact]:
         """The nodes this client has heard of, and how it reaches each."""
         return dict(self.core.nodes)
+
+    def metrics(self) -> MetricsSnapshot:
+        """What this client's calls did so far, per kind of call: calls, errors, keys,
+        hits, misses, bytes and a latency histogram (kvstored.client.metrics)."""
+        return self.core.metrics.snapshot()
+
+    def register_metrics(self, registry: CollectorRegistry | None = None,
+                         labels: Mapping[str, str] | None = None) -> Collector:
+        """Export :meth:`metrics` to a prometheus-client ``registry`` (the default one
+        if None), with ``labels`` on every sample; see
+        :func:`kvstored.client.metrics.register_metrics`."""
+        return register_metrics(self.core.metrics, registry, labels)
 
 
 class Peer(Protocol):
@@ -147,6 +163,11 @@ class AsyncShell(CoreShell):
                 await self._sleep(seconds)
 
     async def _run(self, step: Step[T]) -> T:
+        return await drive_async(step, self._perform)
+
+    async def run(self, step: Step[T]) -> T:
+        """Drive ``step``, one composed of the core's operations (see
+        :meth:`kvstored.client.sync.Client.run`)."""
         return await drive_async(step, self._perform)
 
     async def aclose(self) -> None:

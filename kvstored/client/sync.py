@@ -63,6 +63,11 @@ class Client(CoreShell):
     def _run(self, step: Step[T]) -> T:
         return drive(step, self._perform)
 
+    def run(self, step: Step[T]) -> T:
+        """Drive ``step``, one composed of the core's operations (``client.core``): how
+        kvstored.integrations.objects runs its logic on this client or the asyncio one."""
+        return drive(step, self._perform)
+
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: Any) -> bool:

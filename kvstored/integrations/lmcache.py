@@ -23,8 +23,10 @@ string (``model@world@worker@hash@dtype``, with a layer and tags where LMCache a
 The worker is the global rank (TP x PP) LMCache puts in the key, so ranks never collide,
 and LMCache's MLA mode that rewrites every rank's keys to worker 0 shares one copy.
 
-The connector's calls are LMCache's coroutines; the blocking client runs them on a small
-thread pool so LMCache's event loop never blocks (until kvstored's asyncio client).
+The connector's calls are LMCache's coroutines, run on LMCache's event loop over
+kvstored's asyncio client: no thread per call, and the loop never blocks. LMCache's few
+synchronous calls (``exists_sync``, ``batched_contains``, ``remove_sync``), made from the
+engine's threads, hand their coroutine to that loop and wait for it.
 ``pin`` in ``batched_async_contains`` is kvstored's lookup-and-lock: the leading chunks
 found are held against eviction for ``lock_ttl`` seconds (default 10), until this
 connector reads them; LMCache's remote ``unpin`` does not reach connectors, so a pinned
@@ -35,8 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from lmcache.utils import CacheEngineKey
@@ -53,7 +54,7 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from kvstored.client import MISSING
 from kvstored.errors import StoreError
 from kvstored.integrations.namespace import Namespace, dtype_name
-from kvstored.integrations.objects import ObjectIO, StoreSettings, byte_view
+from kvstored.integrations.objects import AsyncObjectIO, StoreSettings, byte_view
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,6 @@ ENGINE = "lmcache"
 #: The plugin type: ``remote_storage_plugins: ["kvstored"]`` (or ``kvstored.NAME``).
 PLUGIN_TYPE = "kvstored"
 URL_SCHEME = "kvstored://"
-#: Threads running blocking store calls for LMCache's event loop.
-IO_THREADS = 4
 
 T = TypeVar("T")
 
@@ -109,13 +108,31 @@ class KvstoredConnector(RemoteConnector):
         self.local_cpu_backend = backend
         self.chunk_size = config.chunk_size
         self.settings = settings_for(context)
-        # Connect now: a wrong master fails LMCache's start-up, with the address.
-        self.io = ObjectIO(self.settings.connect())
+        #: LMCache's event loop: every store call runs on it.
+        self.loop = context.loop
         self._format = "meta" if self.save_chunk_meta else "raw"
         self._namespaces: dict[tuple[str, int, int, str], Namespace] = {}
-        self._executor = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="kvstored-lmcache")
+        self._registered: set[str] = set()
+        # Connect now: a wrong master fails LMCache's start-up, with the address.
+        self.io = AsyncObjectIO(self._wait(self.settings.connect_asyncio()))
         log.info("kvstored LMCache connector connected to %s (%s chunks of %d tokens)",
                  self.settings.master, self._format, self.chunk_size)
+
+    def _wait(self, step: Coroutine[Any, Any, T]) -> T:
+        """Run ``step`` on LMCache's loop from a thread that is not the loop's (LMCache's
+        synchronous calls, and start-up), and wait for it; on a loop not running yet,
+        run it there now."""
+        if not self.loop.is_running():
+            return self.loop.run_until_complete(step)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            step.close()
+            raise RuntimeError("a synchronous kvstored call on LMCache's event loop would "
+                               "block it; use the connector's coroutine instead")
+        return asyncio.run_coroutine_threadsafe(step, self.loop).result()
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -128,11 +145,20 @@ class KvstoredConnector(RemoteConnector):
             ns = self._namespaces[ident] = Namespace.of(ENGINE, [
                 key.model_name, dtype_name(key.dtype), f"w{key.worker_id}of{key.world_size}",
                 f"chunk{self.chunk_size}", self._format])
-            self.io.register_namespace(ns.prefix)
         return ns
 
     def store_key(self, key: CacheEngineKey) -> str:
         return self.namespace(key).key(key.to_string())
+
+    async def _store_keys(self, keys: Sequence[CacheEngineKey]) -> list[str]:
+        """The store keys of ``keys``, their namespaces registered with the master the
+        first time this connector meets them."""
+        for key in keys:
+            prefix = self.namespace(key).prefix
+            if prefix not in self._registered:
+                self._registered.add(prefix)
+                await self.io.register_namespace(prefix)
+        return [self.store_key(k) for k in keys]
 
     # -- objects -------------------------------------------------------------------------
 
@@ -144,14 +170,15 @@ class KvstoredConnector(RemoteConnector):
                                 memory_obj.get_memory_format()).serialize()
         return [memoryview(header), data]
 
-    def _put_many(self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]) -> None:
-        stored = self.io.put([self.store_key(k) for k in keys],
-                             [self._pieces_of(obj) for obj in objs])
+    async def _put_many(self, keys: Sequence[CacheEngineKey], objs: Sequence[MemoryObj]
+                        ) -> None:
+        stored = await self.io.put(await self._store_keys(keys),
+                                   [self._pieces_of(obj) for obj in objs])
         if not all(stored):
             log.warning("kvstored LMCache: %d of %d chunk(s) not stored", stored.count(False),
                         len(stored))
 
-    def _get_many(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
+    async def _get_many(self, keys: Sequence[CacheEngineKey]) -> list[MemoryObj | None]:
         objs: list[MemoryObj | None] = []
         for _ in keys:
             obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes,
@@ -164,7 +191,8 @@ class KvstoredConnector(RemoteConnector):
             if self.save_chunk_meta else {}
         pieces = [([memoryview(headers[i])] if i in headers else [])
                   + [byte_view(objs[i].byte_array)] for i in wanted]
-        lengths = self.io.get_upto([self.store_key(keys[i]) for i in wanted], pieces)
+        lengths = await self.io.get_upto(await self._store_keys([keys[i] for i in wanted]),
+                                         pieces)
         for i, length in zip(wanted, lengths):
             objs[i] = self._finish(keys[i], objs[i], length, headers.get(i))
         return objs
@@ -196,51 +224,49 @@ class KvstoredConnector(RemoteConnector):
         obj.ref_count_down()
         return None
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
     # -- RemoteConnector -----------------------------------------------------------------
 
     async def exists(self, key: CacheEngineKey) -> bool:
-        return await self._run(self.exists_sync, key)
+        return (await self.io.present(await self._store_keys([key])))[0]
 
     def exists_sync(self, key: CacheEngineKey) -> bool:
-        return self.io.present([self.store_key(key)])[0]
+        return self._wait(self.exists(key))
 
     async def get(self, key: CacheEngineKey) -> MemoryObj | None:
-        return (await self._run(self._get_many, [key]))[0]
+        return (await self._get_many([key]))[0]
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
-        await self._run(self._put_many, [key], [memory_obj])
+        await self._put_many([key], [memory_obj])
 
     def support_batched_get(self) -> bool:
         return True
 
     async def batched_get(self, keys: list[CacheEngineKey]) -> list[MemoryObj | None]:
-        return await self._run(self._get_many, keys)
+        return await self._get_many(keys)
 
     def support_batched_put(self) -> bool:
         return True
 
     async def batched_put(self, keys: list[CacheEngineKey],
                           memory_objs: list[MemoryObj]) -> None:
-        await self._run(self._put_many, keys, memory_objs)
+        await self._put_many(keys, memory_objs)
 
     def support_batched_contains(self) -> bool:
         return True
 
     def batched_contains(self, keys: list[CacheEngineKey], pin: bool = False) -> int:
         """How many leading chunks are present (one master round trip); with ``pin``,
-        they are locked for ``lock_ttl`` seconds, until this connector reads them."""
-        return self.io.leading_present([self.store_key(k) for k in keys],
-                                       lock_for=self.settings.lock_ttl if pin else 0.0)
+        they are locked for ``lock_ttl`` seconds, until this connector reads them.
+        Called from the engine's threads: run on LMCache's loop, waited for."""
+        return self._wait(self.batched_async_contains("", keys, pin))
 
     def support_batched_async_contains(self) -> bool:
         return True
 
     async def batched_async_contains(self, lookup_id: str, keys: list[CacheEngineKey],
                                      pin: bool = False) -> int:
-        return await self._run(self.batched_contains, keys, pin)
+        return await self.io.leading_present(
+            await self._store_keys(keys), lock_for=self.settings.lock_ttl if pin else 0.0)
 
     def support_batched_get_non_blocking(self) -> bool:
         return True
@@ -248,7 +274,7 @@ class KvstoredConnector(RemoteConnector):
     async def batched_get_non_blocking(self, lookup_id: str,
                                        keys: list[CacheEngineKey]) -> list[MemoryObj]:
         """The leading chunks that arrived; those after the first miss are released."""
-        objs = await self._run(self._get_many, keys)
+        objs = await self._get_many(keys)
         prefix: list[MemoryObj] = []
         broken = False
         for obj in objs:
@@ -260,35 +286,32 @@ class KvstoredConnector(RemoteConnector):
         return prefix
 
     def remove_sync(self, key: CacheEngineKey) -> bool:
-        return self.io.remove([self.store_key(key)])[0]
+        return self._wait(self._remove(key))
+
+    async def _remove(self, key: CacheEngineKey) -> bool:
+        return (await self.io.remove([self.store_key(key)]))[0]
 
     def support_ping(self) -> bool:
         return True
 
     async def ping(self) -> int:
         """0 when the master answers a lookup, 1 otherwise."""
-        def probe() -> int:
-            try:
-                self.io.client.batch_exists([f"{ENGINE}/ping"])
-            except StoreError as exc:
-                log.warning("kvstored LMCache: ping of %s failed: %s", self.settings.master, exc)
-                return 1
-            return 0
-        return await self._run(probe)
+        try:
+            await self.io.client.batch_exists([f"{ENGINE}/ping"])
+        except StoreError as exc:
+            log.warning("kvstored LMCache: ping of %s failed: %s", self.settings.master, exc)
+            return 1
+        return 0
 
     async def list(self) -> list[str]:
         """LMCache's key strings of every chunk stored under ``lmcache/``."""
-        def listing() -> list[str]:
-            prefix = Namespace.of(ENGINE, []).prefix
-            keys = self.io.list_keys(prefix)
-            # A key is NAMESPACE/LMCACHE_KEY: the namespace has five parts after the
-            # engine, and LMCache's key string holds no '/' but inside the model name.
-            return [key.split("/", 6)[6] for key in keys if key.count("/") >= 6]
-        return await self._run(listing)
+        keys = await self.io.list_keys(Namespace.of(ENGINE, []).prefix)
+        # A key is NAMESPACE/LMCACHE_KEY: the namespace has five parts after the engine,
+        # and LMCache's key string holds no '/' but inside the model name.
+        return [key.split("/", 6)[6] for key in keys if key.count("/") >= 6]
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self.io.close()
+        await self.io.aclose()
 
     def __repr__(self) -> str:
         return f"<KvstoredConnector {self.settings.master}>"

@@ -4,8 +4,9 @@ Every adapter describes an object as the list of its *pieces*, in order: byte vi
 the engine's own memory (SGLang: one piece per K or V buffer of a page, or per layer in
 ``layer_first``; LMCache: the header and the chunk; vLLM: the block's slot in the CPU
 tier). The object's bytes are the pieces concatenated. :class:`ObjectIO` stores and loads
-such objects over kvstored's blocking client and nothing else touches the store's data
-path.
+such objects over kvstored's blocking client, :class:`AsyncObjectIO` over its asyncio
+client (both run :class:`ObjectSteps`, the logic once, as steps of the client core), and
+nothing else touches the store's data path.
 
 The pieces go to the client as they are (its scatter/gather calls, ``batch_put_parts``
 and ``batch_get_into_parts``): sent from and received into the engine's memory over TCP,
@@ -29,7 +30,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from kvstored.asyncio import AsyncioClient
+from kvstored.asyncio import connect as connect_asyncio
 from kvstored.client import MISSING, Client, connect
+from kvstored.client.core import ClientCore, Step
 from kvstored.config import ClientSettings, load_config
 from kvstored.errors import BadRequestError, StoreError
 
@@ -93,6 +97,11 @@ class StoreSettings:
         return connect(self.master, transport=self.transport, token_file=self.token_file,
                        timeout=self.timeout)
 
+    async def connect_asyncio(self) -> AsyncioClient:
+        """The asyncio client with these settings, once the master has answered."""
+        return await connect_asyncio(self.master, transport=self.transport,
+                                     token_file=self.token_file, timeout=self.timeout)
+
 
 @dataclass(slots=True)
 class CopyCounters:
@@ -110,38 +119,33 @@ class CopyCounters:
             self.scattered_bytes += scattered
 
 
-class ObjectIO:
-    """Puts and gets objects made of pieces; thread-safe (as the client is)."""
+class ObjectSteps:
+    """What :class:`ObjectIO` and :class:`AsyncObjectIO` do, once: each call is a step
+    composed of the client core's own operations (see :mod:`kvstored.client.core`),
+    which the blocking client or the asyncio one drives (``client.run``). A store error
+    thrown into a step is caught here, logged, and turned into a miss."""
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.copies = CopyCounters()
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
 
-    # -- the calls adapters make ---------------------------------------------------------
-
-    def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
-        """Store each object; per key True if it is in the store now (stored, or already
-        there: objects are write-once and a key names its bytes), False on failure."""
+    def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[bool]]:
         if len(keys) != len(objects):
             raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
         if not keys:
             return []
         try:
-            self.client.batch_put_parts(list(keys), objects)
+            yield from self.core.batch_put_parts(list(keys), objects)
         except StoreError as exc:
             log.warning("kvstored: storing %d object(s) from %s failed: %s; the engine "
                         "recomputes them on a later miss", len(keys), keys[0], exc)
             return [False] * len(keys)
         return [True] * len(keys)
 
-    def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
-        """Load each object into its pieces; per key True if every byte arrived. An
-        object whose size differs from its pieces' total is a miss: its bytes were laid
-        out for something else. (A larger one writes nothing; a shorter one may have
-        landed in pieces reported False, which engines never read.)"""
+    def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[bool]]:
         sizes = [_size(obj) for obj in objects]
         found = []
-        for key, size, length in zip(keys, sizes, self.get_upto(keys, objects)):
+        lengths = yield from self.get_upto(keys, objects)
+        for key, size, length in zip(keys, sizes, lengths):
             if length not in (MISSING, size):
                 log.warning("kvstored: %s holds %d bytes but the engine expects %d; a "
                             "different model geometry under the same namespace? Treated as "
@@ -149,62 +153,55 @@ class ObjectIO:
             found.append(length == size)
         return found
 
-    def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[int]:
-        """Load each object into the start of its pieces (for engines whose last chunk
-        may be short); per key the bytes it holds, or MISSING. An object larger than its
-        pieces is a miss, and no byte of it reaches them."""
+    def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[int]]:
         if len(keys) != len(objects):
             raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
         if not keys:
             return []
         try:
-            return self._read(list(keys), objects)
+            return (yield from self._read(list(keys), objects))
         except StoreError as exc:
             log.warning("kvstored: loading %d object(s) from %s failed: %s; treated as a "
                         "miss", len(keys), keys[0], exc)
             return [MISSING] * len(keys)
 
-    def leading_present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> int:
-        """How many leading keys are present (prefix caches hit a prefix); 0 on failure.
-        ``lock_for`` > 0: those are locked against eviction for that many seconds, until
-        this process reads them (or the time is up), so the load that follows the
-        lookup finds them."""
-        return self._ask(lambda ks: self.client.prefix_hits(ks, lock_for=lock_for or None),
-                         keys, 0, "looking up", "; treated as a miss")
+    def leading_present(self, keys: Sequence[str], lock_for: float = 0.0) -> Step[int]:
+        return (yield from self._ask(
+            lambda ks: self.core.prefix_hits(ks, lock_for or None), keys, 0,
+            "looking up", "; treated as a miss"))
 
-    def present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> list[bool]:
-        """Which keys are present; all False on failure. ``lock_for`` as for
-        :meth:`leading_present`, for every key found."""
-        def ask(ks: list[str]) -> list[bool]:
+    def present(self, keys: Sequence[str], lock_for: float = 0.0) -> Step[list[bool]]:
+        def ask(ks: list[str]) -> Step[list[bool]]:
             if lock_for:
-                return self.client.batch_lookup_and_lock(ks, lock_for)
-            return list(self.client.batch_exists(ks))
-        return self._ask(ask, keys, [False] * len(keys), "looking up", "; treated as misses")
+                return self.core.batch_lookup_and_lock(ks, lock_for)
+            return self.core.batch_exists(ks)
+        return (yield from self._ask(ask, keys, [False] * len(keys), "looking up",
+                                     "; treated as misses"))
 
-    def remove(self, keys: Sequence[str]) -> list[bool]:
-        """Remove each key; per key True if it was removed, all False on failure."""
-        return self._ask(self.client.batch_remove, keys, [False] * len(keys), "removing")
+    def remove(self, keys: Sequence[str]) -> Step[list[bool]]:
+        return (yield from self._ask(self.core.batch_remove, keys, [False] * len(keys),
+                                     "removing"))
 
-    def _ask(self, call: Callable[[list[str]], _T], keys: Sequence[str], failed: _T,
-             doing: str, then: str = "") -> _T:
+    def _ask(self, call: Callable[[list[str]], Step[_T]], keys: Sequence[str], failed: _T,
+             doing: str, then: str = "") -> Step[_T]:
         """``call`` the store with ``keys``; ``failed`` when there are none or the store
         fails (logged: an engine treats a failed lookup as a miss, never as an error)."""
         if not keys:
             return failed
         try:
-            return call(list(keys))
+            return (yield from call(list(keys)))
         except StoreError as exc:
             log.warning("kvstored: %s %d key(s) from %s failed: %s%s", doing, len(keys),
                         keys[0], exc, then)
             return failed
 
-    def list_keys(self, prefix: str, *, limit: int | None = None) -> list[str]:
-        """The keys under ``prefix``, in order (at most ``limit``); [] on failure."""
+    def list_keys(self, prefix: str, limit: int | None = None) -> Step[list[str]]:
         keys: list[str] = []
         after = None
         try:
             while limit is None or len(keys) < limit:
-                page = self.client.call("list", prefix=prefix, after=after, limit=1000)
+                page = yield from self.core.raw("list", {"prefix": prefix, "after": after,
+                                                         "limit": 1000})
                 keys.extend(page["keys"])
                 if not page["more"]:
                     break
@@ -213,23 +210,105 @@ class ObjectIO:
             log.warning("kvstored: listing %s failed: %s", prefix, exc)
         return keys if limit is None else keys[:limit]
 
-    def remove_prefix(self, prefix: str) -> int:
-        """Remove every key under ``prefix`` in one master call; how many went (0 on
-        failure, logged)."""
+    def remove_prefix(self, prefix: str) -> Step[int]:
         try:
-            return self.client.batch_remove_prefix(prefix)
+            return (yield from self.core.batch_remove_prefix(prefix))
         except StoreError as exc:
             log.warning("kvstored: removing the objects under %s failed: %s", prefix, exc)
             return 0
 
-    def register_namespace(self, prefix: str) -> None:
-        """Have the master count ``prefix`` as a namespace (usage in ``kvstore status``
-        and the metrics); a failure only costs that view, so it is logged, not raised."""
+    def register_namespace(self, prefix: str) -> Step[None]:
         try:
-            self.client.register_namespace(prefix)
+            yield from self.core.register_namespace(prefix)
         except StoreError as exc:
             log.warning("kvstored: registering the namespace %s failed: %s; its usage is "
                         "not shown apart", prefix, exc)
+
+    # -- the seam: the only code that hands bytes to the client ------------------------
+
+    def _read(self, keys: list[str], objects: Sequence[Pieces]) -> Step[list[int]]:
+        """Read each object into its pieces; an object larger than its pieces reports
+        its own size (so the caller sees the mismatch) and writes nothing."""
+        try:
+            return (yield from self.core.read_into_parts(keys, objects))
+        except BadRequestError:
+            # The client refuses a batch (before any byte lands) when an object is larger
+            # than its pieces: look the sizes up, and read only the objects that fit.
+            pass
+        sizes = [_size(obj) for obj in objects]
+        lengths = []
+        for key in keys:
+            info = yield from self.core.stat(key)
+            lengths.append(MISSING if info is None else info.size)
+        fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if 0 <= n <= size]
+        if fits:
+            got = yield from self.core.read_into_parts([keys[i] for i in fits],
+                                                       [objects[i] for i in fits])
+            for i, n in zip(fits, got):
+                lengths[i] = n
+        for key, n, size in zip(keys, lengths, sizes):
+            if n > size:
+                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
+                            "treated as a miss", key, n, size)
+        return [MISSING if n > size else n for n, size in zip(lengths, sizes)]
+
+
+class ObjectIO:
+    """Puts and gets objects made of pieces over the blocking client; thread-safe (as
+    the client is). Never raises a store error (see the module docstring)."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.steps = ObjectSteps(client.core)
+        self.copies = CopyCounters()
+
+    def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        """Store each object; per key True if it is in the store now (stored, or already
+        there: objects are write-once and a key names its bytes), False on failure."""
+        return self.client.run(self.steps.put(keys, objects))
+
+    def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        """Load each object into its pieces; per key True if every byte arrived. An
+        object whose size differs from its pieces' total is a miss: its bytes were laid
+        out for something else. (A larger one writes nothing; a shorter one may have
+        landed in pieces reported False, which engines never read.)"""
+        return self.client.run(self.steps.get(keys, objects))
+
+    def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[int]:
+        """Load each object into the start of its pieces (for engines whose last chunk
+        may be short); per key the bytes it holds, or MISSING. An object larger than its
+        pieces is a miss, and no byte of it reaches them."""
+        return self.client.run(self.steps.get_upto(keys, objects))
+
+    def leading_present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> int:
+        """How many leading keys are present (prefix caches hit a prefix); 0 on failure.
+        ``lock_for`` > 0: those are locked against eviction for that many seconds, until
+        this process reads them (or the time is up), so the load that follows the
+        lookup finds them."""
+        return self.client.run(self.steps.leading_present(keys, lock_for))
+
+    def present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> list[bool]:
+        """Which keys are present; all False on failure. ``lock_for`` as for
+        :meth:`leading_present`, for every key found."""
+        return self.client.run(self.steps.present(keys, lock_for))
+
+    def remove(self, keys: Sequence[str]) -> list[bool]:
+        """Remove each key; per key True if it was removed, all False on failure."""
+        return self.client.run(self.steps.remove(keys))
+
+    def list_keys(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        """The keys under ``prefix``, in order (at most ``limit``); [] on failure."""
+        return self.client.run(self.steps.list_keys(prefix, limit))
+
+    def remove_prefix(self, prefix: str) -> int:
+        """Remove every key under ``prefix`` in one master call; how many went (0 on
+        failure, logged)."""
+        return self.client.run(self.steps.remove_prefix(prefix))
+
+    def register_namespace(self, prefix: str) -> None:
+        """Have the master count ``prefix`` as a namespace (usage in ``kvstore status``
+        and the metrics); a failure only costs that view, so it is logged, not raised."""
+        self.client.run(self.steps.register_namespace(prefix))
 
     def register_memory(self, buffer: Any, fd: int) -> bool:
         """Register the engine's shared-memory pool (``buffer`` maps the file ``fd``)
@@ -246,29 +325,45 @@ class ObjectIO:
     def close(self) -> None:
         self.client.close()
 
-    # -- the seam: the only code that hands bytes to the client ------------------------
 
-    def _read(self, keys: list[str], objects: Sequence[Pieces]) -> list[int]:
-        """Read each object into its pieces; an object larger than its pieces reports
-        its own size (so the caller sees the mismatch) and writes nothing."""
-        try:
-            return self.client.batch_get_into_parts(keys, objects)
-        except BadRequestError:
-            # The client refuses a batch (before any byte lands) when an object is larger
-            # than its pieces: look the sizes up, and read only the objects that fit.
-            pass
-        sizes = [_size(obj) for obj in objects]
-        infos = [self.client.stat(key) for key in keys]
-        lengths = [MISSING if info is None else info.size for info in infos]
-        fits = [i for i, (n, size) in enumerate(zip(lengths, sizes)) if 0 <= n <= size]
-        for i, n in zip(fits, self.client.batch_get_into_parts(
-                [keys[i] for i in fits], [objects[i] for i in fits]) if fits else []):
-            lengths[i] = n
-        for key, n, size in zip(keys, lengths, sizes):
-            if n > size:
-                log.warning("kvstored: %s holds %d bytes, more than the engine's %d; "
-                            "treated as a miss", key, n, size)
-        return [MISSING if n > size else n for n, size in zip(lengths, sizes)]
+class AsyncObjectIO:
+    """:class:`ObjectIO`'s calls as coroutines over the asyncio client (LMCache's
+    connector, inside LMCache's event loop): the same steps, no thread per call."""
+
+    def __init__(self, client: AsyncioClient) -> None:
+        self.client = client
+        self.steps = ObjectSteps(client.core)
+        self.copies = CopyCounters()
+
+    async def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        return await self.client.run(self.steps.put(keys, objects))
+
+    async def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[bool]:
+        return await self.client.run(self.steps.get(keys, objects))
+
+    async def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> list[int]:
+        return await self.client.run(self.steps.get_upto(keys, objects))
+
+    async def leading_present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> int:
+        return await self.client.run(self.steps.leading_present(keys, lock_for))
+
+    async def present(self, keys: Sequence[str], *, lock_for: float = 0.0) -> list[bool]:
+        return await self.client.run(self.steps.present(keys, lock_for))
+
+    async def remove(self, keys: Sequence[str]) -> list[bool]:
+        return await self.client.run(self.steps.remove(keys))
+
+    async def list_keys(self, prefix: str, *, limit: int | None = None) -> list[str]:
+        return await self.client.run(self.steps.list_keys(prefix, limit))
+
+    async def remove_prefix(self, prefix: str) -> int:
+        return await self.client.run(self.steps.remove_prefix(prefix))
+
+    async def register_namespace(self, prefix: str) -> None:
+        await self.client.run(self.steps.register_namespace(prefix))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 def _size(obj: Pieces) -> int:

@@ -16,6 +16,9 @@ torch, lm_utils, lm_config, lm_metadata, lm_events, lm_memory, lm_storage, lm_co
     "lmcache.v1.event_manager", "lmcache.v1.memory_management",
     "lmcache.v1.storage_backend.storage_manager", "lmcache.v1.storage_backend.connector")
 
+import kvstored  # noqa: E402
+import kvstored.asyncio  # noqa: E402
+from kvstored.client.metrics import CallKind  # noqa: E402
 from kvstored.integrations.lmcache import KvstoredConnector  # noqa: E402
 
 CHUNK = 16
@@ -115,6 +118,11 @@ def test_chunks_round_trip_between_two_engine_instances(store, rng, managers):
     assert [data(o) for o in got] == sent
     one = reader.get(keys[2], location=REMOTE)
     assert data(one) == sent[2]
+    # On the asyncio client, inside LMCache's loop; its metrics count what LMCache read.
+    client = kvstored_connector(reader).io.client
+    assert isinstance(client, kvstored.asyncio.AsyncioClient)
+    gets = client.metrics()[CallKind.GET]
+    assert (gets.hits, gets.misses, gets.errors) == (5, 0, 0)
 
 
 def test_prefix_count_stops_at_the_first_missing_chunk(store, rng, managers):
@@ -128,8 +136,10 @@ def test_prefix_count_stops_at_the_first_missing_chunk(store, rng, managers):
     ours = kvstored_connector(manager)
     stored = [ours.store_key(k) for k in keys]
 
+    observer = kvstored.connect(store.addr)  # a blocking client of its own, to look
+
     def locked(key: str) -> bool:
-        return ours.io.client.call("stat", key=key)["object"]["locked_seconds"] > 0
+        return observer.call("stat", key=key)["object"]["locked_seconds"] > 0
 
     assert not any(locked(stored[i]) for i in (0, 1, 3, 4))  # a lookup without pin
     loop = asyncio.new_event_loop()
@@ -145,7 +155,8 @@ def test_prefix_count_stops_at_the_first_missing_chunk(store, rng, managers):
     finally:
         loop.close()
     namespace = ours.namespace(keys[0]).prefix
-    assert ours.io.client.call("status")["namespaces"][namespace]["objects"] >= 4
+    assert observer.call("status")["namespaces"][namespace]["objects"] >= 4
+    observer.close()
 
 
 @pytest.mark.parametrize("save_chunk_meta", [True, False])
@@ -179,7 +190,8 @@ def test_a_chunk_of_another_geometry_is_a_miss(store, rng, managers):
     manager = managers(store.addr)
     keys = chunk_keys(rng, 1)
     connector = kvstored_connector(manager)
-    connector.io.client.put(connector.store_key(keys[0]), b"\0" * 100)
+    with kvstored.connect(store.addr) as c:
+        c.put(connector.store_key(keys[0]), b"\0" * 100)
     assert manager.batched_get(keys, location=REMOTE) == [None]
 
 

@@ -38,17 +38,18 @@ def test_objects_of_several_pieces_go_to_the_client_as_the_engines_own_memory(io
     objects = [pieces(rng, [1000, 7, 500]) for _ in range(3)] + \
               [pieces(rng, [4096])] + [pieces(rng, [2000, 2000])] + [pieces(rng, [1])]
     handed: list[list[memoryview]] = []
-    client_put, client_get = io.client.batch_put_parts, io.client.batch_get_into_parts
+    core = io.client.core
+    core_put, core_get = core.batch_put_parts, core.read_into_parts
 
     def put_parts(ks, objs):
         handed.extend(objs)
-        return client_put(ks, objs)
+        return core_put(ks, objs)
 
-    def get_into_parts(ks, objs):
+    def get_into_parts(ks, objs, tiers=None):
         handed.extend(objs)
-        return client_get(ks, objs)
+        return core_get(ks, objs, tiers)
 
-    io.client.batch_put_parts, io.client.batch_get_into_parts = put_parts, get_into_parts
+    core.batch_put_parts, core.read_into_parts = put_parts, get_into_parts
     assert io.put(keys, objects) == [True] * 6
     assert io.put(keys, objects) == [True] * 6  # already there: still in the store
     targets = [empty_like(obj) for obj in objects]
