@@ -73,7 +73,8 @@ PUT_BATCH = 1024
 FLUSH_EVERY = 16 * PUT_BATCH
 DRAM = 256 << 20
 #: Disk a small object may take on SSD, padding and index included (the bucket backend
-#: used 6.8 KiB per 256-byte object in a run of 950k): the run needs this much free.
+#: takes 8,250 B per 256-byte object: a 4 KiB header block, the value padded to 4 KiB,
+#: its index entry): the run needs this much free.
 SSD_PER_OBJECT = 8192
 #: The object count the first lookup latencies are taken at.
 SMALL_TABLE = 1000
@@ -391,7 +392,7 @@ def measure_backend(backend: str, work: Path, objects: int, value_size: int, rou
                     say: Callable[[str], None]) -> dict[str, Any]:
     value = np.random.default_rng(7).bytes(value_size)
     # A limit, not an allocation: far above what the objects take, so that no backend
-    # evicts any (the bucket backend accounts about 9 KiB per 256-byte object).
+    # evicts any (the bucket backend takes about 8 KiB per 256-byte object).
     ssd = max(1 << 30, objects * (value_size + SSD_PER_OBJECT) * 4)
     store = Store(work, backend, dram=DRAM, ssd=ssd)
     try:

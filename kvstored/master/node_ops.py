@@ -95,9 +95,20 @@ class NodeOps:
                              client_token=self.credentials.client,
                              dram_only=cluster.policy.dram_only)
 
+    def _registering(self, conn: object, name: str) -> NodeState:
+        """The node a registration op is about. One declared dead meanwhile (its
+        replicas, those of the inventory sent so far included, are dropped) must start
+        its registration again: taking the rest, and register_done marking it alive,
+        would leave it registered with part of what it holds."""
+        node = self._node(conn, name)
+        if not node.alive:
+            raise BadRequestError(f"node {node.node_id} was declared dead while it "
+                                  "registered; re-register")
+        return node
+
     async def register_objects(self, conn: FramedSocket, request: RegisterObjectsRequest
                                ) -> RegisterObjectsReply:
-        node = self._node(conn, request.node)
+        node = self._registering(conn, request.node)
         table = self.cluster.table
         now = time.monotonic()
         conflicts = RegisterObjectsReply()
@@ -116,9 +127,8 @@ class NodeOps:
 
     async def register_done(self, conn: FramedSocket, request: NodeRequest) -> Empty:
         cluster = self.cluster
-        node = self._node(conn, request.node)
+        node = self._registering(conn, request.node)
         node.registered = True
-        node.alive = True
         if cluster.eager_offload:
             cluster.queue_offload(node, [m.key for m in cluster.table.on_node(node.node_id, DRAM)
                                          if not m.has_other_copy(node.node_id, DRAM)])

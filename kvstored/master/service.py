@@ -6,7 +6,8 @@ of handlers (:class:`~kvstored.master.node_ops.NodeOps`,
 :class:`~kvstored.master.admin_ops.AdminOps`), and serves their bindings as one
 :class:`~kvstored.rpc.Service` (every op of :data:`~kvstored.protocol.MASTER_OPS`, each
 once). All state lives in memory and is rebuilt from the nodes' registrations after a
-restart. Housekeeping (expired puts and leases, silent nodes) runs under a
+restart. Housekeeping (expired puts and leases, silent nodes, and keeping the garbage
+collector's full passes off the table: master/collector.py) runs under a
 :class:`~kvstored.supervisor.Supervisor`: a failed pass is logged and counted, and the
 next one runs.
 """
@@ -21,6 +22,7 @@ from kvstored.config import MasterSettings, PolicySettings
 from kvstored.master.admin_ops import AdminOps
 from kvstored.master.client_ops import ClientOps
 from kvstored.master.cluster import Cluster
+from kvstored.master.collector import TableCollector
 from kvstored.master.node_ops import NodeOps
 from kvstored.metrics import MasterMetrics
 from kvstored.protocol import MASTER_OPS, HelloReply, Role
@@ -47,6 +49,7 @@ class Master:
              *self.admin_ops.bindings()],
             credentials=credentials, limits=limits, hello=self._hello)
         self.service.on_disconnect = self.node_ops.disconnected
+        self.collector = TableCollector()
 
     def _hello(self, role: Role) -> HelloReply:
         return HelloReply(service="master", role=role,
@@ -58,3 +61,4 @@ class Master:
     async def _housekeeping_pass(self) -> None:
         await trio.sleep(self.cluster.settings.heartbeat_interval / 2)
         self.cluster.housekeeping(time.monotonic())
+        self.collector.tick(len(self.cluster.table.objects))

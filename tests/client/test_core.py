@@ -96,7 +96,8 @@ def test_no_room_is_retried_until_the_deadline_then_names_the_first_key_left():
 
 def test_a_node_that_fails_the_put_releases_every_key_sent_there():
     def unreachable(effect: Call) -> Any:
-        raise UnreachableError("the connection to 127.0.0.1:1 failed during put: no answer within 5s")
+        raise UnreachableError("the connection to 127.0.0.1:1 failed during put: no answer "
+                               "within 5s")
 
     script = Script({"put_target": [_placed], "put": [unreachable],
                      "put_abort": [lambda effect: Empty()]})

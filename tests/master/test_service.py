@@ -444,6 +444,46 @@ def test_a_silent_node_is_declared_dead_and_must_register_again():
     run(scenario, node_ttl=10.0)
 
 
+def test_a_node_declared_dead_while_it_registers_must_register_again(monkeypatch):
+    """Its inventory went with it: the rest of it, and its register_done, are refused
+    (not taken, leaving it alive with part of what it holds)."""
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(node_ops, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+
+    async def scenario(cluster: Cluster) -> None:
+        rpc = cluster.rpc(Role.NODE)
+        await rpc.call(ops.REGISTER, RegisterRequest(
+            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
+            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=20))
+
+        def chunk(n: int) -> RegisterObjectsRequest:
+            keys = [f"k{n}-{i}" for i in range(10)]
+            return RegisterObjectsRequest("n1", keys, [10] * 10, [0] * 10, [SSD] * 10,
+                                          [-1] * 10)
+
+        await rpc.call(ops.REGISTER_OBJECTS, chunk(0))
+        clock.now += 11.0  # the next chunk comes too late: the master gave up on it
+        cluster.master.cluster.housekeeping(clock.now)
+        assert not cluster.master.cluster.table.objects
+        for request in (ops.REGISTER_OBJECTS, chunk(1)), (ops.REGISTER_DONE,
+                                                          NodeRequest("n1")):
+            with pytest.raises(BadRequestError, match="declared dead while it registered"):
+                await rpc.call(*request)
+        assert not cluster.master.cluster.nodes["n1"].alive
+        assert not cluster.master.cluster.table.objects
+        await rpc.call(ops.REGISTER, RegisterRequest(  # a fresh registration is taken
+            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
+            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=20))
+        for n in range(2):
+            await rpc.call(ops.REGISTER_OBJECTS, chunk(n))
+        await rpc.call(ops.REGISTER_DONE, NodeRequest("n1"))
+        assert cluster.master.cluster.nodes["n1"].alive
+        assert len(cluster.master.cluster.table.objects) == 20
+        cluster.master.cluster.table.check()
+
+    run(scenario, node_ttl=10.0)
+
+
 def test_a_registering_node_is_starting_takes_no_puts_and_is_not_declared_dead(monkeypatch):
     """A node sending a large inventory is *starting* (status says how far it got), a
     put names it instead of saying no node is registered, and sending its objects counts
