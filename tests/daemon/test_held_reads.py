@@ -35,6 +35,11 @@ def _holder(client, key: str) -> str:
     return info.replicas[0].node
 
 
+def _dram_used(master: str, node: str) -> int:
+    nodes = json.loads(kvstore_ok("status", "--json", master=master))["nodes"]
+    return next(n["dram"]["used"] for n in nodes if n["node"] == node)
+
+
 def _two_nodes(spawn, tmp_path, drams=("32MiB", "32MiB"), **env: str):
     master = spawn("master", "--listen", "127.0.0.1:0", env=env)
     for name, dram in zip(("n1", "n2"), drams):
@@ -48,18 +53,22 @@ def _two_nodes(spawn, tmp_path, drams=("32MiB", "32MiB"), **env: str):
 
 def test_a_location_cached_before_a_remove_and_a_new_put_never_returns_the_old_bytes(
         spawn, tmp_path):
-    master = _two_nodes(spawn, tmp_path, drams=("16MiB", "12MiB"))
+    master = _two_nodes(spawn, tmp_path, drams=("12MiB", "16MiB"))
     writer = kvstored.connect(master.addr, transport="tcp")
     reader = kvstored.connect(master.addr, transport="tcp")
     other = kvstored.connect(master.addr, transport="tcp")  # removes and puts again
     try:
-        # The old value fits only n1; the reader's lookup leases it, so n1 still holds it
-        # (as its current version of "k") after the remove, while the new value, which
-        # n2 has more room for, lands there.
-        old, new = os.urandom(13 * MiB), os.urandom(MiB)
+        # A filler makes n2 the fuller node, so the old value goes to n1; the reader's
+        # lookup leases it, so n1 still holds it (as its current version of "k") after
+        # the remove, while the new value, larger than n1's whole DRAM, lands on n2.
+        assert other.put("filler", os.urandom(10 * MiB))
+        assert _holder(other, "filler") == "n2"
+        wait_for(lambda: _dram_used(master.addr, "n2") >= 10 * MiB, what="n2's heartbeat")
+        old, new = os.urandom(2 * MiB), os.urandom(13 * MiB)
         assert writer.put("k", old)
         assert _holder(other, "k") == "n1"
         assert reader.get("k") == old
+        assert other.remove("filler")
         assert writer.core.held.get("k") is not None  # both know where "k" is, and
         assert reader.core.held.get("k") is not None  # its version
         assert other.remove("k")
