@@ -336,6 +336,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master.max_lock_ttl", Duration(), "30s",
             "The longest a lookup-and-lock holds an object against eviction; a client asking "
             "for longer gets this."),
+    Setting("master.direct_permit", Duration(), "2s",
+            "How long a node may serve reads without the master after its last answered "
+            "heartbeat (clients read keys they know in one trip); a remove that cannot "
+            "reach a node waits this long, and a new master's first puts too. 0: off."),
     Setting("master.put_timeout", Duration(), "30s",
             "A put not committed within this time is abandoned: rolled back and reclaimed."),
     Setting("master.node_ttl", Duration(), "10s",
@@ -435,6 +439,7 @@ class MasterSettings:
     listen: str
     lease_ttl: float
     max_lock_ttl: float
+    direct_permit: float
     put_timeout: float
     node_ttl: float
     heartbeat_interval: float

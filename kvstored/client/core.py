@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvstored.address import split_address
+from kvstored.client.held import HeldLocations
 from kvstored.client.memory import HostMemory
 from kvstored.client.metrics import CallKind, ClientMetrics, metered
 from kvstored.client.parts import checksum, gather, parts_of, views_of
-from kvstored.client.read import BatchRead, NodeHealth, ReadStats, split_by_bytes
+from kvstored.client.read import MISSING, BatchRead, NodeHealth, ReadStats, split_by_bytes
 from kvstored.client.segments import TRANSPORTS, Segments
 from kvstored.errors import (
     BadRequestError,
@@ -59,6 +60,7 @@ from kvstored.protocol.master_api import (
     UnlockRequest,
 )
 from kvstored.protocol.node_api import (
+    HeldGetRequest,
     PutReply,
     PutRequest,
     RegionRequest,
@@ -69,7 +71,7 @@ from kvstored.protocol.ops import Rep, Req
 from kvstored.sdk.errors import InvalidKeyError
 from kvstored.sdk.types import encode_key
 from kvstored.security import ClientToken
-from kvstored.wire import Buffer, Into
+from kvstored.wire import Buffer, Into, Parts
 
 T = TypeVar("T")
 
@@ -242,6 +244,8 @@ class ClientCore:
         self.memory = HostMemory()
         #: What this client's calls did (the ``@metered`` operations count them).
         self.metrics = ClientMetrics()
+        #: Where keys this client put or read live, to read them again in one trip.
+        self.held = HeldLocations(clock)
 
     def endpoint(self, node: str | None) -> tuple[str, int]:
         """The address of the master (None) or of ``node``."""
@@ -327,6 +331,8 @@ class ClientCore:
         for i, status in zip(idx, results):
             if status is PutStatus.OK or status is PutStatus.EXISTS:
                 put.results[i] = status is PutStatus.OK
+                if status is PutStatus.OK:
+                    self.held.remember(put.keys[i], node, put.sizes[i], put.checksums[i])
                 continue
             if status is PutStatus.NO_SPACE:
                 retry.append(i)
@@ -388,13 +394,76 @@ class ClientCore:
 
     def read(self, keys: Sequence[str], buffers: list[Any],
              tiers: list[Tier | None] | None = None) -> Step[list[int]]:
-        """Look ``keys`` up (one master round trip), then copy each from a mapped segment
-        or fetch it from its node, falling back to other replicas (see BatchRead); per
-        key the length read, or MISSING. An empty ``buffers`` is filled with new
-        bytearrays. ``tiers``, if given, is filled with the tier each key was read from
-        (None where missing)."""
+        """Read each key in one trip from the node this client last found it on (see
+        kvstored.client.held); the others, and any that node no longer serves, are looked
+        up (one master round trip), then copied from a mapped segment or fetched from
+        their node, falling back to other replicas (see BatchRead). Per key the length
+        read, or MISSING. An empty ``buffers`` is filled with new bytearrays. ``tiers``,
+        if given, is filled with the tier each key was read from (None where missing)."""
         keys = list(keys)
         check_keys(keys)
+        fresh = not buffers
+        direct = self.held.plan(keys, (lambda i: None) if fresh else
+                                (lambda i: len(_into(buffers[i]))), self._ask_directly)
+        if not direct:
+            return (yield from self._read_looked_up(keys, buffers, tiers))
+        results = [MISSING] * len(keys)
+        if fresh:
+            buffers.extend([None] * len(keys))
+        for node, idx in direct.items():
+            yield from self._get_held(node, keys, idx, buffers, results)
+        rest = [i for i, n in enumerate(results) if n < 0]
+        got_tiers: list[Tier | None] = [None if n < 0 else Tier.DRAM for n in results]
+        if rest:
+            sub_buffers = [] if fresh else [buffers[i] for i in rest]
+            sub_tiers: list[Tier | None] = []
+            sub = yield from self._read_looked_up([keys[i] for i in rest], sub_buffers,
+                                                  sub_tiers)
+            for j, i in enumerate(rest):
+                results[i], got_tiers[i] = sub[j], sub_tiers[j]
+                if fresh:
+                    buffers[i] = sub_buffers[j]
+        if tiers is not None:
+            tiers[:] = got_tiers
+        return results
+
+    def _ask_directly(self, node: str) -> bool:
+        """Whether to read from ``node`` with get_held: over TCP (a node whose segment is
+        mapped here is read through the mapping, under a lookup's lease), and not just
+        failed."""
+        contact = self.nodes.get(node)
+        return (contact is not None and self.segments.transport != "shm"
+                and not self.health.is_down(node)
+                and self.segments.mapping(node, contact) is None)
+
+    def _get_held(self, node: str, keys: list[str], idx: list[int], buffers: list[Any],
+                  results: list[int]) -> Step[None]:
+        """Ask ``node`` for ``idx`` without a lookup; what it serves and passes the
+        checksum is in ``results``, the rest is forgotten (and read the usual way)."""
+        copies = [self.held.get(keys[i]) for i in idx]
+        idx = [i for i, c in zip(idx, copies) if c is not None]
+        held = [c for c in copies if c is not None]
+        for i, copy in zip(idx, held):
+            if buffers[i] is None:
+                buffers[i] = bytearray(copy.size)
+        views = [_into(buffers[i]) for i in idx]
+        try:
+            reply = yield from call(ops.GET_HELD, HeldGetRequest(
+                [keys[i] for i in idx], [c.checksum for c in held]), node=node, into=views)
+        except StoreError:
+            self.health.down(node)
+            self.held.forget(keys[i] for i in idx)
+            return
+        for i, copy, view, size in zip(idx, held, views, reply.sizes):
+            if size == copy.size and checksum(view, size) == copy.checksum:
+                results[i] = size
+            else:
+                self.held.forget([keys[i]])
+
+    def _read_looked_up(self, keys: list[str], buffers: list[Any],
+                        tiers: list[Tier | None] | None) -> Step[list[int]]:
+        """The usual read: a lookup, then the nodes (see :meth:`read`)."""
+        self.held.unlocked(keys)  # the lookup ends this client's locks on them
         started = self.clock()
         reply = yield from call(ops.LOOKUP, LookupRequest(keys, holder=self.holder))
         self.nodes.update(reply.nodes)
@@ -520,8 +589,13 @@ class ClientCore:
                 read.failed(node, [idx[j] for later in parts[n:] for j in later])
                 return
             from_ssd = {chunk[j] for j in reply.from_ssd if j < len(chunk)}
+            held = {chunk[j] for j in reply.held if j < len(chunk)}
             for i, size in zip(chunk, reply.sizes):
-                read.received(i, size, Tier.SSD if i in from_ssd else Tier.DRAM)
+                if read.received(i, size, Tier.SSD if i in from_ssd else Tier.DRAM) \
+                        and i in held:
+                    checksum = read.checksums[i]
+                    assert checksum is not None  # found by the lookup
+                    self.held.remember(read.keys[i], node, size, checksum)
 
     def _report_corrupt(self, read: BatchRead) -> Step[None]:
         """Tell nodes which of their copies failed the checksum here; each checks its
@@ -560,17 +634,21 @@ class ClientCore:
         if isinstance(ttl, bool) or not isinstance(ttl, int | float) \
                 or not math.isfinite(ttl) or ttl <= 0:
             raise BadRequestError(f"a lock lasts a positive number of seconds, not {ttl!r}")
-        reply = yield from call(ops.LOCK, LockRequest(list(keys), self.holder, float(ttl),
+        keys = list(keys)
+        reply = yield from call(ops.LOCK, LockRequest(keys, self.holder, float(ttl),
                                                       leading))
+        self.held.locked(keys, reply.locked, reply.ttl)
         return reply.locked
 
     @metered(CallKind.UNLOCK)
     def batch_unlock(self, keys: Sequence[str]) -> Step[list[bool]]:
         """End this client's locks on ``keys``; True where it held one still running."""
+        self.held.unlocked(keys)
         return (yield from call(ops.UNLOCK, UnlockRequest(list(keys), self.holder))).unlocked
 
     @metered(CallKind.REMOVE)
     def batch_remove(self, keys: Sequence[str]) -> Step[list[bool]]:
+        self.held.forget(keys)
         return (yield from call(ops.REMOVE, KeysRequest(list(keys)))).removed
 
     @metered(CallKind.REMOVE_PREFIX)
@@ -581,6 +659,7 @@ class ClientCore:
             raise BadRequestError("batch_remove_prefix needs a non-empty prefix (an empty "
                                   "one would be every object in the store)")
         check_keys([prefix])
+        self.held.forget_prefix(prefix)
         return (yield from call(ops.REMOVE_PREFIX, RemovePrefixRequest(prefix))).removed
 
     @metered(CallKind.REGISTER_NAMESPACE)
@@ -639,6 +718,11 @@ class ClientCore:
 
 
 _EMPTY = Empty()
+
+
+def _into(buffer: Any) -> Into:
+    """Where a read lands: the pieces of a scatter/gather object, or one flat buffer."""
+    return buffer if isinstance(buffer, Parts) else memoryview(buffer).cast("B")
 
 
 def _put_failure(node: str, key: str, status: PutStatus) -> StoreError:

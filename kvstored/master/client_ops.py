@@ -11,6 +11,7 @@ from kvstored.errors import BadRequestError, NoSpaceError, NotFoundError, Unreac
 from kvstored.master.cluster import Cluster
 from kvstored.master.nodes import NodeState
 from kvstored.master.policy import count_ssd_read
+from kvstored.master.revoke import Revoker
 from kvstored.master.table import DRAM, SSD
 from kvstored.protocol import NodePhase, Tier, ops
 from kvstored.protocol.master_api import (
@@ -62,8 +63,9 @@ async def between_chunks() -> None:
 class ClientOps:
     """The handlers clients call on every put and get (:meth:`bindings`)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, revoker: Revoker) -> None:
         self.cluster = cluster
+        self.revoker = revoker
 
     def bindings(self) -> list[Binding]:
         return [Binding(ops.PUT_TARGET, self.put_target),
@@ -86,6 +88,7 @@ class ClientOps:
 
     async def put_target(self, conn: FramedSocket, request: PutTargetRequest
                          ) -> PutTargetReply:
+        await self.revoker.settle()
         cluster = self.cluster
         live = cluster.live_nodes()
         nodes = [n for n in live if not n.leaving]
@@ -248,15 +251,19 @@ class ClientOps:
     async def remove(self, conn: FramedSocket, request: KeysRequest) -> RemoveReply:
         cluster = self.cluster
         removed = []
+        gone = []
         now = time.monotonic()
         for key in request.keys:
             meta = cluster.table.remove(key)
             removed.append(meta is not None)
             if meta is None:
                 continue
+            gone.append(meta)
             for r in meta.replicas:
                 # A full housekeeping pass per remove cost as much as the lookups did.
                 cluster.free_when_unleased(meta, r.node, r.tier, r.offset, now, removed=True)
+        # Not before the nodes holding them stop serving them to get_held.
+        await self.revoker.revoke(gone)
         return RemoveReply(removed)
 
     async def remove_prefix(self, conn: FramedSocket, request: RemovePrefixRequest
@@ -279,6 +286,7 @@ class ClientOps:
                 break
             after = keys[-1]
             now = time.monotonic()
+            gone_here = []
             for key in keys:
                 meta = table.objects.get(key)
                 if meta is None or meta.seq >= fence:
@@ -289,9 +297,12 @@ class ClientOps:
                     continue
                 gone = table.remove(key)
                 assert gone is not None
+                gone_here.append(gone)
                 for r in gone.replicas:
                     cluster.free_when_unleased(gone, r.node, r.tier, r.offset, now,
                                                removed=True)
+            # Each chunk before the next: a key put again meanwhile is never shadowed.
+            await self.revoker.revoke(gone_here)
             if len(keys) < REMOVE_PREFIX_CHUNK:
                 break
             await between_chunks()

@@ -93,7 +93,8 @@ class NodeOps:
         # The node checks clients on its data server with the cluster's client token.
         return RegisterReply(heartbeat_interval=cluster.settings.heartbeat_interval,
                              client_token=self.credentials.client,
-                             dram_only=cluster.policy.dram_only)
+                             dram_only=cluster.policy.dram_only,
+                             direct_permit=cluster.settings.direct_permit)
 
     def _registering(self, conn: object, name: str) -> NodeState:
         """The node a registration op is about. One declared dead meanwhile (its
@@ -169,6 +170,8 @@ class NodeOps:
             node.stats = request.stats
         node.pending_bytes = 0
         self._apply(node, request.done, now)
+        for key in request.held_reads:
+            cluster.table.read_elsewhere(key, now)
         plan = plan_node(node, cluster.table, cluster.policy, now)
         if plan.offload or plan.offload_urgent:
             cluster.queue_offload(node, plan.offload, urgent=plan.offload_urgent)

@@ -24,6 +24,7 @@ from kvstored.master.client_ops import ClientOps
 from kvstored.master.cluster import Cluster
 from kvstored.master.collector import TableCollector
 from kvstored.master.node_ops import NodeOps
+from kvstored.master.revoke import Revoker
 from kvstored.metrics import MasterMetrics
 from kvstored.protocol import MASTER_OPS, HelloReply, Role
 from kvstored.rpc import ServerLimits, Service
@@ -41,7 +42,8 @@ class Master:
         self.supervisor = Supervisor("master", self.metrics.background_errors)
         credentials = credentials or Credentials.open()
         self.node_ops = NodeOps(self.cluster, credentials)
-        self.client_ops = ClientOps(self.cluster)
+        self.revoker = Revoker(self.cluster, credentials.node)
+        self.client_ops = ClientOps(self.cluster, self.revoker)
         self.admin_ops = AdminOps(self.cluster)
         self.service = Service(
             "master", MASTER_OPS,

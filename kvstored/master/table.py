@@ -287,6 +287,14 @@ class ObjectTable:
         self._touch(meta, now)
         return meta
 
+    def read_elsewhere(self, key: str, now: float) -> None:
+        """A node served ``key`` without a lookup here (get_held): count the read and its
+        recency, as a lookup would (no lease: the node pinned the copy it sent)."""
+        meta = self.objects.get(key)
+        if meta is not None:
+            meta.reads += 1
+            self._touch(meta, now)
+
     def _touch(self, meta: ObjectMeta, now: float) -> None:
         """``meta`` was just used: the most recently used of its DRAM copies' nodes."""
         meta.last_access = now

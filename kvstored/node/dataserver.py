@@ -12,6 +12,12 @@
 - ``register_memory`` / ``copy_in`` / ``copy_out``: a same-host client's shared-memory
   KV pool, opened by the node (see kvstored.node.regions), which then reads an object
   from it into the room an ``alloc`` made (and seals it) or writes a DRAM object to it.
+- ``get_held``: a client that put or read a key before asks for it here without a master
+  lookup; served only from a *held* DRAM copy of the version it names (see
+  :mod:`kvstored.node.dram`), pinned for the send (so an eviction's free waits for the
+  reader), and only while the node's permit from its last heartbeat runs. The rest is
+  answered missing, and the client asks the master.
+- ``revoke``: the master removed keys; none of their copies here is held any more.
 - ``report_corrupt``: a client found a DRAM copy here that fails its checksum.
 - ``locate``: where a key's bytes are, for debugging.
 
@@ -42,6 +48,7 @@ from kvstored.protocol.node_api import (
     DramLocation,
     GetReply,
     GetRequest,
+    HeldGetRequest,
     LocateReply,
     Location,
     PutReply,
@@ -51,6 +58,7 @@ from kvstored.protocol.node_api import (
     RegisterMemoryRequest,
     ReportCorruptReply,
     ReportCorruptRequest,
+    RevokeRequest,
     SsdLocation,
 )
 from kvstored.rpc import Answered, Binding, FramedSocket
@@ -88,6 +96,14 @@ class NodeControl(Protocol):
         """A record on SSD failed its checksum: run a repairing check soon."""
         ...
 
+    def may_serve_held(self) -> bool:
+        """The master answered a heartbeat recently enough (its direct permit)."""
+        ...
+
+    def held_read(self, keys: list[str]) -> None:
+        """``keys`` were served to get_held: tell the master with the next heartbeat."""
+        ...
+
 
 class DataServer:
     def __init__(self, node: NodeControl, *, dram: DramTier, segment: DramSegment,
@@ -106,14 +122,18 @@ class DataServer:
         self.metrics = metrics
         self.put_timeout = put_timeout
         self.regions = Regions()
+        # Looked up once: a labels() call costs as much as the rest of a small get.
+        self._served_dram = metrics.bytes_served.labels(tier=Tier.DRAM)
 
     def bindings(self) -> list[Binding]:
         return [Binding(ops.PUT, self.put), Binding(ops.ALLOC, self.alloc),
                 Binding(ops.SEAL, self.seal), Binding(ops.ABORT, self.abort),
-                Binding(ops.GET, self.get), Binding(ops.LOCATE, self.locate),
+                Binding(ops.GET, self.get), Binding(ops.GET_HELD, self.get_held),
+                Binding(ops.LOCATE, self.locate),
                 Binding(ops.REPORT_CORRUPT, self.report_corrupt),
                 Binding(ops.REGISTER_MEMORY, self.register_memory),
-                Binding(ops.COPY_IN, self.copy_in), Binding(ops.COPY_OUT, self.copy_out)]
+                Binding(ops.COPY_IN, self.copy_in), Binding(ops.COPY_OUT, self.copy_out),
+                Binding(ops.REVOKE, self.revoke)]
 
     # -- puts ------------------------------------------------------------------------------
 
@@ -236,7 +256,7 @@ class DataServer:
                     lambda: [write_out(region, pairs, view) for pairs, view in moves])
         finally:
             self.dram.unpin(pinned.values())
-        self.metrics.bytes_served.labels(tier=Tier.DRAM).inc(sum(s for s in sizes if s > 0))
+        self._served_dram.inc(sum(s for s in sizes if s > 0))
         return CopyOutReply(sizes)
 
     async def abort(self, conn: FramedSocket, request: KeysRequest) -> Empty:
@@ -297,26 +317,48 @@ class DataServer:
             sizes: list[int] = [ReadStatus.MISSING] * len(keys)
             pieces: list[memoryview | None] = [None] * len(keys)
             ssd_wanted = []
+            held = []
             for i, key in enumerate(keys):
                 obj = pinned.get(key)
                 if obj is not None and (wanted is None or wanted[i] == obj.checksum):
                     pieces[i] = self.dram.view(obj)
                     sizes[i] = obj.size
+                    if obj.held:
+                        held.append(i)
                 else:
                     ssd_wanted.append(i)
-            self.metrics.bytes_served.labels(tier=Tier.DRAM).inc(
-                sum(s for s in sizes if s > 0))
+            self._served_dram.inc(sum(s for s in sizes if s > 0))
             records = self._ssd_records(keys, ssd_wanted, wanted)
             need = sum(r.size for r in records.values())
             if not need:
-                return await conn.answer(GetReply(sizes), [p for p in pieces if p is not None])
+                return await conn.answer(GetReply(sizes, held=held),
+                                         [p for p in pieces if p is not None])
             async with self.staging.lend(need) as staging:
                 from_ssd = await self._load_from_ssd(keys, ssd_wanted, wanted, records,
                                                      staging, sizes, pieces)
-                return await conn.answer(GetReply(sizes, from_ssd),
+                return await conn.answer(GetReply(sizes, from_ssd, held),
                                          [p for p in pieces if p is not None])
         finally:
             self.dram.unpin(pinned.values())
+
+    async def get_held(self, conn: FramedSocket, request: HeldGetRequest) -> Answered:
+        if not self.node.may_serve_held():
+            return await conn.answer(GetReply([ReadStatus.MISSING] * len(request.keys)))
+        pinned = self.dram.pin_held(request.keys, request.checksums)
+        try:
+            sizes = [ReadStatus.MISSING if obj is None else obj.size for obj in pinned]
+            served = [obj for obj in pinned if obj is not None]
+            if served:
+                self._served_dram.inc(sum(obj.size for obj in served))
+                self.node.held_read([obj.key for obj in served])
+            return await conn.answer(GetReply(sizes),
+                                     [self.dram.view(obj) for obj in served])
+        finally:
+            self.dram.unpin(obj for obj in pinned if obj is not None)
+
+    async def revoke(self, conn: FramedSocket, request: RevokeRequest) -> Empty:
+        self.dram.revoke(request.keys)
+        return Empty()
 
     def _ssd_records(self, keys: list[str], indexes: list[int],
                      wanted: list[int | None] | None) -> dict[str, ObjectRecord]:

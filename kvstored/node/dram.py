@@ -12,8 +12,15 @@ is written beside the current one and replaces it only when it commits: a put th
 master refuses (the key exists) leaves the committed object exactly as it was.
 
 Frees of pinned objects (being sent, or being offloaded) wait for the last unpin, so
-memory is never reused under a reader. Thread-safe: the trio loop and worker threads
-(offload, promotion) share it.
+memory is never reused under a reader.
+
+*Held* objects may be served without a master lookup (``get_held``): a version a client
+put here, once the master committed it, until the master *revokes* its key (a remove) or
+the node registers again (a new master, or one that declared this node dead, knows
+nothing of what clients cached). A revoke marks every version of the key present, the
+uncommitted one too, so a commit that lands after it never makes a removed value held.
+
+Thread-safe: the trio loop and worker threads (offload, promotion) share it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ class DramObject:
     deadline: float
     pins: int = 0
     doomed: bool = False
+    #: Servable to get_held (see the module docstring).
+    held: bool = False
+    #: Its key was revoked while this version was here: never held again.
+    revoked: bool = False
 
 
 class DramTier:
@@ -85,14 +96,16 @@ class DramTier:
     def view(self, obj: DramObject) -> memoryview:
         return self.segment.view(obj.offset, obj.size)
 
-    def commit(self, obj: DramObject) -> None:
-        """Make ``obj`` the current version of its key. A committed older version is
-        retired, not freed: leased readers may still be using it, and the master sends
-        its drop once their leases have expired."""
+    def commit(self, obj: DramObject, *, held: bool = False) -> None:
+        """Make ``obj`` the current version of its key (``held``: a client's put the
+        master committed, servable to get_held unless revoked meanwhile). A committed
+        older version is retired, not freed: leased readers may still be using it, and
+        the master sends its drop once their leases have expired."""
         with self._lock:
             if self.writing.get(obj.key) is obj:
                 del self.writing[obj.key]
             obj.committed = True
+            obj.held = held and not obj.revoked
             if not obj.doomed:
                 self.current[obj.key] = obj
 
@@ -106,6 +119,35 @@ class DramTier:
                     obj.pins += 1
                     pinned[key] = obj
         return pinned
+
+    def pin_held(self, keys: list[str], checksums: list[int]) -> list[DramObject | None]:
+        """Pin, per key, its current version if it is held and of ``checksums``' version
+        (None for the others). A key named twice is pinned twice (unpin each)."""
+        out: list[DramObject | None] = []
+        with self._lock:
+            for key, checksum in zip(keys, checksums):
+                obj = self.current.get(key)
+                if obj is not None and obj.held and obj.checksum == checksum \
+                        and not obj.doomed:
+                    obj.pins += 1
+                    out.append(obj)
+                else:
+                    out.append(None)
+        return out
+
+    def revoke(self, keys: Iterable[str]) -> None:
+        """No version of ``keys`` here now is served to get_held again."""
+        with self._lock:
+            for key in keys:
+                for obj in (self.current.get(key), self.writing.get(key)):
+                    if obj is not None:
+                        obj.held, obj.revoked = False, True
+
+    def revoke_all(self) -> None:
+        """Nothing here now is served to get_held again (the node registered anew)."""
+        with self._lock:
+            for obj in self.by_offset.values():
+                obj.held, obj.revoked = False, True
 
     def unpin(self, objects: Iterable[DramObject]) -> None:
         with self._lock:

@@ -65,6 +65,10 @@ from kvstored.supervisor import Backoff, Supervisor
 log = logging.getLogger(__name__)
 
 REGISTER_CHUNK = 5000
+#: The most distinct keys served to get_held that one heartbeat reports (for recency, a
+#: hint: the rest go unreported). Keys are up to 1 KiB, and a heartbeat's header must
+#: stay well within the master's frame limit.
+MAX_HELD_READS = 2048
 #: SSD batch reads the node runs at once (each carries every read waiting for it).
 SSD_READS_IN_FLIGHT = 4
 #: How long a leaving node waits for the master to hear that it goes.
@@ -190,6 +194,12 @@ class Node:
         self.dram_only = False
         #: Set by :meth:`leave`: puts are refused while the node shuts down.
         self.leaving = False
+        #: Until when (time.monotonic()) get_held may be served: the master's permit,
+        #: renewed by each heartbeat it answers (see RegisterReply.direct_permit).
+        self.held_until = 0.0
+        self._direct_permit = 0.0
+        #: Keys served to get_held since the last heartbeat (bounded: recency is a hint).
+        self._held_reads: dict[str, None] = {}
         self._session_scope = trio.CancelScope()
         self._offload_scope = trio.CancelScope()
         self._offload_stopped = trio.Event()
@@ -254,6 +264,7 @@ class Node:
             self.supervisor.succeeded("master-session")
             await self._heartbeats(client)
         finally:
+            self.held_until = 0.0  # the master that granted it may be gone
             self.master = None
             client.close()
 
@@ -286,6 +297,11 @@ class Node:
                 for key, tier in zip(conflicts.keys, conflicts.tiers):
                     await self._drop_conflict(key, tier)
             await client.call(ops.REGISTER_DONE, NodeRequest(self.name))
+        # This master knows nothing of the locations clients cached from an earlier
+        # session (it may be a new one, or one that declared this node dead and let
+        # removes through): nothing put before now is served without a lookup.
+        self.dram.revoke_all()
+        self._direct_permit = reply.direct_permit
         log.info("node %s: registered %d objects with the master", self.name, len(inventory))
 
     async def _drop_conflict(self, key: str, tier: Tier) -> None:
@@ -317,16 +333,26 @@ class Node:
             # failing usage() must not cost the node its master session.
             with self.supervisor.guard("heartbeat-stats"):
                 stats = self._stats()
+            sent = time.monotonic()
+            served, self._held_reads = list(self._held_reads), {}
             reply = await client.call(ops.HEARTBEAT, HeartbeatRequest(
-                self.name, stats, self.outcomes.take()))
+                self.name, stats, self.outcomes.take(), served))
             for task in reply.tasks:
-                self.tasks.start(task)
+                self.tasks.start(task)  # revokes apply here, before the permit is renewed
+            self.held_until = sent + self._direct_permit
             with trio.move_on_after(self.heartbeat_interval):
                 await self._wake.wait()
             self._wake = trio.Event()
 
     def wake_heartbeat(self) -> None:
         self._wake.set()
+
+    def may_serve_held(self) -> bool:
+        return time.monotonic() < self.held_until
+
+    def held_read(self, keys: list[str]) -> None:
+        if len(self._held_reads) < MAX_HELD_READS:
+            self._held_reads.update(dict.fromkeys(keys))
 
     def schedule_quarantine(self) -> None:
         self.tasks.schedule_quarantine()
@@ -368,7 +394,7 @@ class Node:
             raise
         for obj, ok in zip(objects, reply.results):
             if ok:
-                self.dram.commit(obj)
+                self.dram.commit(obj, held=True)
             else:
                 self.dram.free(obj.key, obj.offset)
         return reply.results

@@ -5,6 +5,8 @@
   version, so a drop meant for a removed object never takes a newer one); retried, since
   a drop that never happens leaves the master pointing at a removed object's bytes;
 - **promote**: copy SSD objects into DRAM;
+- **revoke**: serve keys the master removed to no get_held again (at once, before the
+  heartbeat that carried it renews the node's permit to serve get_held);
 - **recover**: check (and repair) the SSD tier and report what was found; the node also
   runs one by itself to quarantine a record that failed its checksum.
 
@@ -29,6 +31,7 @@ from kvstored.protocol.master_api import (
     PromoteTask,
     RecoverTask,
     RecoveryReport,
+    RevokeTask,
     Task,
 )
 from kvstored.sdk import Problem, RepairAction, StorageBackend
@@ -77,6 +80,8 @@ class TaskRunner:
             case PromoteTask():
                 spawn(self._spawn(), "promote", self.promote, task.keys,
                       subject=describe_keys(task.keys))
+            case RevokeTask():
+                self.dram.revoke(task.keys)
             case RecoverTask():
                 ident = task.id
                 spawn(self._spawn(), "recover", self.recover, ident, task.repair,

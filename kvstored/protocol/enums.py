@@ -63,11 +63,13 @@ class Op(enum.StrEnum):
     SEAL = "seal"
     ABORT = "abort"
     GET = "get"
+    GET_HELD = "get_held"
     LOCATE = "locate"
     REPORT_CORRUPT = "report_corrupt"
     REGISTER_MEMORY = "register_memory"
     COPY_IN = "copy_in"
     COPY_OUT = "copy_out"
+    REVOKE = "revoke"
 
 
 class Tier(enum.StrEnum):
@@ -116,6 +118,7 @@ class TaskKind(enum.StrEnum):
     DROP = "drop"
     PROMOTE = "promote"
     RECOVER = "recover"
+    REVOKE = "revoke"
 
 
 class OffloadFailure(enum.StrEnum):

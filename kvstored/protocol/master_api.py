@@ -125,6 +125,10 @@ class RegisterReply(Message):
     client_token: str | None = None
     #: policy.dram_only: nothing is offloaded.
     dram_only: bool = False
+    #: How long after sending a heartbeat that the master answered the node may serve
+    #: ``get_held`` (0: never). A node cut off from its master stops within this time,
+    #: so a remove that could not reach it is safe once this much time has passed.
+    direct_permit: float = 0.0
 
 
 @message
@@ -280,6 +284,9 @@ class HeartbeatRequest(Message):
     #: None when the node could not gather them this time.
     stats: NodeStats | None = None
     done: NodeReport = field(default_factory=NodeReport)
+    #: Keys served to ``get_held`` since the last heartbeat: reads the master did not
+    #: see, counted now for recency (eviction) and ``stat``'s reads.
+    held_reads: Keys = field(default_factory=list)
 
 
 @message
@@ -321,7 +328,17 @@ class RecoverTask(Message):
     kind: TaskKind = TaskKind.RECOVER
 
 
-Task = OffloadTask | DropTask | PromoteTask | RecoverTask
+@message
+class RevokeTask(Message):
+    """Serve none of these keys to ``get_held`` any more (the master removed them and
+    could not tell the node's data server directly); applied before the node renews its
+    permit to serve ``get_held`` with this heartbeat."""
+
+    keys: Keys
+    kind: TaskKind = TaskKind.REVOKE
+
+
+Task = OffloadTask | DropTask | PromoteTask | RecoverTask | RevokeTask
 
 
 @message

@@ -64,6 +64,31 @@ class GetReply(Message):
     sizes: list[int]
     #: The indexes of the items read from the node's SSD tier; the others came from DRAM.
     from_ssd: Sizes = field(default_factory=list)
+    #: The indexes of the items this node would serve to ``get_held`` too (a DRAM copy
+    #: a client put here, not revoked): where a client may read them next time without
+    #: asking the master first.
+    held: Sizes = field(default_factory=list)
+
+
+@message
+class HeldGetRequest(Message):
+    """``get_held``: the keys, each with the version (the object's checksum) the client
+    read or wrote before. The node serves a key only from a DRAM copy of that version
+    that a client put here and that the master has not revoked (see ``revoke``); any
+    other key is answered missing (the client asks the master then)."""
+
+    SAME_LENGTH = ("keys", "checksums")
+
+    keys: Keys
+    checksums: Checksums
+
+
+@message
+class RevokeRequest(Message):
+    """The master removed these keys: no copy of them this node holds now may be served
+    to ``get_held`` again (their bytes stay for leased readers until their drop)."""
+
+    keys: Keys
 
 
 @message

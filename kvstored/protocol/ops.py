@@ -67,6 +67,7 @@ from kvstored.protocol.node_api import (
     CopyOutReply,
     GetReply,
     GetRequest,
+    HeldGetRequest,
     LocateReply,
     PutReply,
     PutRequest,
@@ -75,12 +76,14 @@ from kvstored.protocol.node_api import (
     RegisterMemoryRequest,
     ReportCorruptReply,
     ReportCorruptRequest,
+    RevokeRequest,
 )
 from kvstored.protocol.shapes import Fields
 from kvstored.wire import ConnectionClosed, FrameError, Into, Parts
 
-#: Version 2: typed messages, batches as columns, tasks with a ``kind``.
-PROTOCOL_VERSION = 2
+#: Version 2: typed messages, batches as columns, tasks with a ``kind``. Version 3: reads
+#: in one trip (``get_held``, the master's ``revoke``, the permit, ``held_reads``).
+PROTOCOL_VERSION = 3
 
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
@@ -338,13 +341,16 @@ MASTER_OPS = _table(REGISTER, REGISTER_OBJECTS, REGISTER_DONE, COMMIT, HEARTBEAT
                     REMOVE_PREFIX, ADD_NAMESPACE)
 
 # -- a node's data server ----------------------------------------------------------------------
-# Every op is a client op: clients put and get bytes here.
+# Clients put and get bytes here; the master revokes what get_held may serve.
 
 PUT = OpSpec(Op.PUT, Role.CLIENT, PutRequest, PutReply, payload=True)
 ALLOC = OpSpec(Op.ALLOC, Role.CLIENT, PutRequest, AllocReply)
 SEAL = OpSpec(Op.SEAL, Role.CLIENT, KeysRequest, PutReply)
 ABORT = OpSpec(Op.ABORT, Role.CLIENT, KeysRequest, Empty)
 GET = OpSpec(Op.GET, Role.CLIENT, GetRequest, GetReply, reply_payload=True)
+# A get of keys the client knows this node holds, without a master lookup first: what the
+# node serves is a version the master has not removed (it revokes before a remove returns).
+GET_HELD = OpSpec(Op.GET_HELD, Role.CLIENT, HeldGetRequest, GetReply, reply_payload=True)
 LOCATE = OpSpec(Op.LOCATE, Role.CLIENT, KeysRequest, LocateReply)
 # A client read bytes of a DRAM copy here that failed the object's checksum; the node
 # checks its own copy (so a client cannot make it drop a good one).
@@ -358,5 +364,8 @@ REGISTER_MEMORY = OpSpec(Op.REGISTER_MEMORY, Role.CLIENT, RegisterMemoryRequest,
 COPY_IN = OpSpec(Op.COPY_IN, Role.CLIENT, RegionRequest, PutReply)
 COPY_OUT = OpSpec(Op.COPY_OUT, Role.CLIENT, RegionRequest, CopyOutReply)
 
-NODE_OPS = _table(PUT, ALLOC, SEAL, ABORT, GET, LOCATE, REPORT_CORRUPT, REGISTER_MEMORY,
-                  COPY_IN, COPY_OUT)
+# The master, before a remove returns: the node stops serving those keys to get_held.
+REVOKE = OpSpec(Op.REVOKE, Role.NODE, RevokeRequest, Empty)
+
+NODE_OPS = _table(PUT, ALLOC, SEAL, ABORT, GET, GET_HELD, LOCATE, REPORT_CORRUPT,
+                  REGISTER_MEMORY, COPY_IN, COPY_OUT, REVOKE)

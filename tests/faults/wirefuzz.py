@@ -93,7 +93,8 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
         "master/heartbeat": {"op": "heartbeat", "node": node_name, "done": done,
                              "stats": {"dram_used": 0, "ssd_used": 0, "ssd_objects": 0,
                                        "corrupt_reads": 0, "quarantined": 0,
-                                       "offload_problem": "its SSD is full"}},
+                                       "offload_problem": "its SSD is full"},
+                             "held_reads": ["fuzz/k"]},
         "master/ssd_evicted": {"op": "ssd_evicted", "node": node_name, "keys": ["fuzz/k"]},
         "master/leaving": {"op": "leaving", "node": node_name},
         "master/unregister": {"op": "unregister", "node": node_name},
@@ -126,6 +127,9 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
         "node/seal": {"op": "seal", "keys": ["fuzz/a"]},
         "node/abort": {"op": "abort", "keys": ["fuzz/a"]},
         "node/get": {"op": "get", "keys": ["fuzz/p", "fuzz/p"], "checksums": [1, None]},
+        "node/get_held": {"op": "get_held", "keys": ["fuzz/p", "fuzz/p"],
+                          "checksums": [crc32c(value), 1]},
+        "node/revoke": {"op": "revoke", "keys": ["fuzz/r"]},
         "node/locate": {"op": "locate", "keys": ["fuzz/p"]},
         "node/report_corrupt": {"op": "report_corrupt", "keys": ["fuzz/p"],
                                 "checksums": [crc32c(value)]},
@@ -140,9 +144,10 @@ def templates(tokens: dict[str, str | None], node_name: str) -> dict[str, dict[s
     }
 
 
-#: The master ops only a node may send.
+#: The ops only a node may send (to the master; ``revoke`` is the master's, as a node, to
+#: a node's data server).
 NODE_ONLY = ("register", "register_objects", "register_done", "commit", "heartbeat",
-             "ssd_evicted", "leaving", "unregister")
+             "ssd_evicted", "leaving", "unregister", "revoke")
 
 
 def _paths(value: Any, prefix: tuple = ()) -> Iterator[tuple]:
@@ -211,7 +216,7 @@ class Case:
 
 
 #: The protocol version the templates are written in (kvstored.protocol.PROTOCOL_VERSION).
-VERSION = 2
+VERSION = 3
 
 
 def hello(role: str, token: str | None) -> dict[str, Any]:

@@ -133,6 +133,8 @@ async def running_master(**settings: Any) -> AsyncIterator[Cluster]:
     """A master on 127.0.0.1:0 with both tokens required; ``settings`` are ``master.*``
     settings (``lease_ttl=0.0``), ``policy`` a dict of ``policy.*`` ones, and the
     rest :class:`Master`'s own arguments."""
+    # Its nodes are this test's sockets, not data servers a remove could revoke at.
+    settings.setdefault("direct_permit", 0.0)
     timing = {f.name: settings.pop(f.name) for f in fields(MasterSettings)
               if f.name in settings}
     master = Master(policy=policy(**settings.pop("policy", {})),

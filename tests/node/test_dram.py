@@ -45,3 +45,51 @@ def test_one_put_of_a_key_at_a_time_and_abandoned_ones_expire(dram):
     assert dram.expire_uncommitted(now=10**9) == ["k"]
     assert dram.being_written("k") is None and dram.get("k") is None
     assert dram.used == 0
+
+
+# -- held versions (get_held) --------------------------------------------------------------
+
+def test_only_a_committed_client_put_of_the_named_version_is_held(dram):
+    _put(dram, "k", b"one")
+    obj = dram.being_written("k")
+    assert dram.pin_held(["k"], [1]) == [None]  # not committed yet
+    dram.commit(obj, held=True)
+    assert dram.pin_held(["k", "k", "other"], [1, 2, 1]) == [obj, None, None]
+    dram.unpin([obj])
+    _put(dram, "p", b"promoted")
+    dram.commit(dram.being_written("p"))  # a promotion: not a client's put here
+    assert dram.pin_held(["p"], [1]) == [None]
+
+
+def test_a_revoke_ends_held_for_every_version_present_even_one_not_committed_yet(dram):
+    _put(dram, "k", b"old")
+    old = dram.being_written("k")
+    dram.commit(old, held=True)
+    _put(dram, "k", b"new")  # a put of the key in flight when the master removed it
+    new = dram.being_written("k")
+    dram.revoke(["k"])
+    assert dram.pin_held(["k"], [1]) == [None]
+    dram.commit(new, held=True)  # its commit lands after the revoke
+    assert dram.pin_held(["k"], [1]) == [None]
+    assert not old.held and not new.held
+    _put(dram, "k2", b"later")
+    dram.commit(dram.being_written("k2"), held=True)  # after the revoke: held
+    assert dram.pin_held(["k2"], [1])[0] is not None
+
+
+def test_registering_anew_revokes_everything(dram):
+    _put(dram, "k", b"one")
+    dram.commit(dram.being_written("k"), held=True)
+    dram.revoke_all()
+    assert dram.pin_held(["k"], [1]) == [None]
+
+
+def test_a_freed_held_object_stays_in_memory_until_its_reader_unpins(dram):
+    offset = _put(dram, "k", b"bytes a reader is sending")
+    dram.commit(dram.being_written("k"), held=True)
+    [obj] = dram.pin_held(["k"], [1])
+    assert dram.free("k", offset)  # the eviction's drop
+    assert dram.pin_held(["k"], [1]) == [None]  # no new reader
+    assert offset in dram.by_offset and dram.allocate("x", 4096, 1, timeout=30) != offset
+    dram.unpin([obj])
+    assert offset not in dram.by_offset
