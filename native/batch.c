@@ -228,12 +228,15 @@ static int fill(struct build *b, PyObject *item, PyObject *file_type, int writab
 
 /* Builds every request of `items` before any goes to the kernel: a batch the general path
    must take (or that raises there) starts no I/O here. 1 when built, 0 for the general
-   path, -1 on a Python error; on 0 and -1, `b` holds nothing. */
+   path (an empty batch too: it answers that without a ring), -1 on a Python error; on 0
+   and -1, `b` holds nothing. */
 static int build(struct build *b, unsigned code, PyObject *items, PyObject *file_type,
                  uint64_t align)
 {
     memset(b, 0, sizeof *b);
     b->n = PyList_Size(items);
+    if (b->n <= 0)
+        return 0;
     b->reqs = PyMem_Calloc((size_t)b->n, sizeof *b->reqs);
     if (!b->reqs) {
         PyErr_NoMemory();
@@ -309,8 +312,6 @@ static PyObject *transfer(PyObject *self, PyObject *args)
         return NULL;
     struct kv_ring *ring = (struct kv_ring *)(uintptr_t)ring_address;
     run_fn run = (run_fn)(uintptr_t)run_address;
-    if (PyList_Size(items) <= 0)
-        Py_RETURN_NONE;
     struct build b;
     int outcome = build(&b, code, items, file_type, align);
     if (outcome <= 0)
@@ -424,8 +425,6 @@ static PyObject *submit(PyObject *self, PyObject *args)
     if (check_args(code, align, ring_address, push_address && wait_address ? 1 : 0,
                    "submit") < 0)
         return NULL;
-    if (PyList_Size(items) <= 0)
-        Py_RETURN_NONE;
     struct build b;
     int outcome = build(&b, code, items, file_type, align);
     if (outcome <= 0)

@@ -20,14 +20,14 @@ from collections.abc import Callable
 import trio
 
 from kvstored.bench import BenchError
-from kvstored.node.service import REGISTER_CHUNK
+from kvstored.node.service import send_inventory
 from kvstored.protocol import Role, Tier, ops
 from kvstored.protocol.master_api import (
     Endpoint,
     HeartbeatRequest,
     NodeContact,
-    NodeRequest,
     NodeStats,
+    RegisterObjectsReply,
     RegisterObjectsRequest,
     RegisterRequest,
 )
@@ -108,15 +108,18 @@ class InventoryNode:
         await client.call(ops.REGISTER, RegisterRequest(
             node=self.name, contact=contact, dram_capacity=0, ssd_capacity=1 << 50,
             backend="none", objects=count))
-        for start in range(0, count, REGISTER_CHUNK):
-            keys = [self.key_of(i) for i in range(start, min(count, start + REGISTER_CHUNK))]
-            n = len(keys)
-            conflicts = await client.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
-                self.name, keys, [size] * n, [checksum] * n, [Tier.SSD] * n, [-1] * n))
+
+        def chunk(start: int, stop: int) -> RegisterObjectsRequest:
+            n = stop - start
+            return RegisterObjectsRequest(self.name, [self.key_of(i) for i in range(start, stop)],
+                                          [size] * n, [checksum] * n, [Tier.SSD] * n, [-1] * n)
+
+        async def sent(stop: int, conflicts: RegisterObjectsReply) -> None:
             if conflicts.keys:
                 raise BenchError(f"the master refused {len(conflicts.keys)} objects of the "
                                  f"inventory, from {conflicts.keys[0]!r}")
-        await client.call(ops.REGISTER_DONE, NodeRequest(self.name))
+
+        await send_inventory(client, self.name, count, chunk, sent)
         self._objects = count
         self._registered = True
         return time.perf_counter() - started

@@ -129,17 +129,13 @@ class ObjectSteps:
         self.core = core
 
     def put(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[bool]]:
-        if len(keys) != len(objects):
-            raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-        if not keys:
-            return []
-        try:
-            yield from self.core.batch_put_parts(list(keys), objects)
-        except StoreError as exc:
-            log.warning("kvstored: storing %d object(s) from %s failed: %s; the engine "
-                        "recomputes them on a later miss", len(keys), keys[0], exc)
-            return [False] * len(keys)
-        return [True] * len(keys)
+        _one_object_per_key(keys, objects)
+
+        def store(ks: list[str]) -> Step[list[bool]]:
+            yield from self.core.batch_put_parts(ks, objects)
+            return [True] * len(ks)
+        return (yield from self._ask(store, keys, [False] * len(keys), "storing",
+                                     "; the engine recomputes them on a later miss"))
 
     def get(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[bool]]:
         sizes = [_size(obj) for obj in objects]
@@ -154,16 +150,9 @@ class ObjectSteps:
         return found
 
     def get_upto(self, keys: Sequence[str], objects: Sequence[Pieces]) -> Step[list[int]]:
-        if len(keys) != len(objects):
-            raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
-        if not keys:
-            return []
-        try:
-            return (yield from self._read(list(keys), objects))
-        except StoreError as exc:
-            log.warning("kvstored: loading %d object(s) from %s failed: %s; treated as a "
-                        "miss", len(keys), keys[0], exc)
-            return [MISSING] * len(keys)
+        _one_object_per_key(keys, objects)
+        return (yield from self._ask(lambda ks: self._read(ks, objects), keys,
+                                     [MISSING] * len(keys), "loading", "; treated as a miss"))
 
     def leading_present(self, keys: Sequence[str], lock_for: float = 0.0) -> Step[int]:
         return (yield from self._ask(
@@ -185,7 +174,7 @@ class ObjectSteps:
     def _ask(self, call: Callable[[list[str]], Step[_T]], keys: Sequence[str], failed: _T,
              doing: str, then: str = "") -> Step[_T]:
         """``call`` the store with ``keys``; ``failed`` when there are none or the store
-        fails (logged: an engine treats a failed lookup as a miss, never as an error)."""
+        fails (logged: an engine treats a failed call as a miss, never as an error)."""
         if not keys:
             return failed
         try:
@@ -364,6 +353,12 @@ class AsyncObjectIO:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _one_object_per_key(keys: Sequence[str], objects: Sequence[Pieces]) -> None:
+    """A put or get pairs each key with its object: a count that differs is a caller's bug."""
+    if len(keys) != len(objects):
+        raise ValueError(f"{len(keys)} keys but {len(objects)} objects")
 
 
 def _size(obj: Pieces) -> int:

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +51,7 @@ from kvstored.protocol.master_api import (
     NodeContact,
     NodeRequest,
     NodeStats,
+    RegisterObjectsReply,
     RegisterObjectsRequest,
     RegisterRequest,
 )
@@ -64,6 +65,7 @@ from kvstored.supervisor import Backoff, Supervisor
 
 log = logging.getLogger(__name__)
 
+#: Objects per register_objects call of an inventory.
 REGISTER_CHUNK = 5000
 #: The most distinct keys served to get_held that one heartbeat reports (for recency, a
 #: hint: the rest go unreported). Keys are up to 1 KiB, and a heartbeat's header must
@@ -73,6 +75,19 @@ MAX_HELD_READS = 2048
 SSD_READS_IN_FLIGHT = 4
 #: How long a leaving node waits for the master to hear that it goes.
 UNREGISTER_TIMEOUT = 5.0
+
+
+async def send_inventory(client: RpcClient, node: str, count: int,
+                         chunk: Callable[[int, int], RegisterObjectsRequest],
+                         sent: Callable[[int, RegisterObjectsReply], Awaitable[None]]) -> None:
+    """The registration of ``node``'s ``count`` objects after its ``register``: one
+    register_objects call a REGISTER_CHUNK (``chunk(start, stop)`` builds it), each
+    followed by ``sent(stop, reply)`` (the reply names the keys the master refused), and
+    then register_done."""
+    for start in range(0, count, REGISTER_CHUNK):
+        stop = min(count, start + REGISTER_CHUNK)
+        await sent(stop, await client.call(ops.REGISTER_OBJECTS, chunk(start, stop)))
+    await client.call(ops.REGISTER_DONE, NodeRequest(node))
 
 
 @dataclass(frozen=True)
@@ -288,15 +303,19 @@ class Node:
                 objects=len(inventory)))
             self.dram_only = reply.dram_only
             self._adopt_client_token(reply.client_token)
-            for start in range(0, len(inventory), REGISTER_CHUNK):
-                chunk = inventory[start:start + REGISTER_CHUNK]
-                keys, sizes, checksums, tiers, offsets = (list(column) for column in zip(*chunk))
-                conflicts = await client.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
-                    self.name, keys, sizes, checksums, tiers, offsets))
-                progress.update(start + len(chunk), len(inventory), "objects")
+
+            def chunk(start: int, stop: int) -> RegisterObjectsRequest:
+                keys, sizes, checksums, tiers, offsets = (
+                    list(column) for column in zip(*inventory[start:stop]))
+                return RegisterObjectsRequest(self.name, keys, sizes, checksums, tiers,
+                                              offsets)
+
+            async def sent(stop: int, conflicts: RegisterObjectsReply) -> None:
+                progress.update(stop, len(inventory), "objects")
                 for key, tier in zip(conflicts.keys, conflicts.tiers):
                     await self._drop_conflict(key, tier)
-            await client.call(ops.REGISTER_DONE, NodeRequest(self.name))
+
+            await send_inventory(client, self.name, len(inventory), chunk, sent)
         # This master knows nothing of the locations clients cached from an earlier
         # session (it may be a new one, or one that declared this node dead and let
         # removes through): nothing put before now is served without a lookup.

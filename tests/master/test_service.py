@@ -97,10 +97,25 @@ def test_a_node_registers_its_inventory_and_a_conflicting_copy_is_refused():
     run(scenario)
 
 
-def cluster_register(name: str) -> ops.RegisterRequest:
-    return RegisterRequest(name, NodeContact(Endpoint("127.0.0.1", 1), "h", "s",
-                                                     "00"), dram_capacity=MiB,
-                               ssd_capacity=MiB)
+def cluster_register(name: str, *, dram: int = MiB, ssd: int = MiB,
+                     objects: int = 0) -> ops.RegisterRequest:
+    """``name``'s registration; with ``objects``, the count its inventory will send."""
+    return RegisterRequest(name, NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
+                           dram_capacity=dram, ssd_capacity=ssd, objects=objects)
+
+
+def inventory_chunk(n: int, count: int = 10) -> RegisterObjectsRequest:
+    """Chunk ``n`` of n1's inventory: ``count`` SSD objects ``k<n>-<i>`` of 10 bytes."""
+    keys = [f"k{n}-{i}" for i in range(count)]
+    return RegisterObjectsRequest("n1", keys, [10] * count, [0] * count, [SSD] * count,
+                                  [-1] * count)
+
+
+def node_ops_clock(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """The monotonic clock of the master's node ops, which the test moves (``.now``)."""
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(node_ops, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    return clock
 
 
 def test_a_live_node_name_belongs_to_its_connection_until_it_disconnects():
@@ -447,35 +462,28 @@ def test_a_silent_node_is_declared_dead_and_must_register_again():
 def test_a_node_declared_dead_while_it_registers_must_register_again(monkeypatch):
     """Its inventory went with it: the rest of it, and its register_done, are refused
     (not taken, leaving it alive with part of what it holds)."""
-    clock = types.SimpleNamespace(now=1000.0)
-    monkeypatch.setattr(node_ops, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    clock = node_ops_clock(monkeypatch)
 
     async def scenario(cluster: Cluster) -> None:
         rpc = cluster.rpc(Role.NODE)
-        await rpc.call(ops.REGISTER, RegisterRequest(
-            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
-            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=20))
+        await rpc.call(ops.REGISTER, cluster_register("n1", dram=64 * MiB, ssd=1 << 30,
+                                                      objects=20))
 
-        def chunk(n: int) -> RegisterObjectsRequest:
-            keys = [f"k{n}-{i}" for i in range(10)]
-            return RegisterObjectsRequest("n1", keys, [10] * 10, [0] * 10, [SSD] * 10,
-                                          [-1] * 10)
-
-        await rpc.call(ops.REGISTER_OBJECTS, chunk(0))
+        await rpc.call(ops.REGISTER_OBJECTS, inventory_chunk(0))
         clock.now += 11.0  # the next chunk comes too late: the master gave up on it
         cluster.master.cluster.housekeeping(clock.now)
         assert not cluster.master.cluster.table.objects
-        for request in (ops.REGISTER_OBJECTS, chunk(1)), (ops.REGISTER_DONE,
-                                                          NodeRequest("n1")):
+        for request in ((ops.REGISTER_OBJECTS, inventory_chunk(1)),
+                        (ops.REGISTER_DONE, NodeRequest("n1"))):
             with pytest.raises(BadRequestError, match="declared dead while it registered"):
                 await rpc.call(*request)
         assert not cluster.master.cluster.nodes["n1"].alive
         assert not cluster.master.cluster.table.objects
-        await rpc.call(ops.REGISTER, RegisterRequest(  # a fresh registration is taken
-            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
-            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=20))
+        # a fresh registration is taken
+        await rpc.call(ops.REGISTER, cluster_register("n1", dram=64 * MiB, ssd=1 << 30,
+                                                      objects=20))
         for n in range(2):
-            await rpc.call(ops.REGISTER_OBJECTS, chunk(n))
+            await rpc.call(ops.REGISTER_OBJECTS, inventory_chunk(n))
         await rpc.call(ops.REGISTER_DONE, NodeRequest("n1"))
         assert cluster.master.cluster.nodes["n1"].alive
         assert len(cluster.master.cluster.table.objects) == 20
@@ -488,22 +496,18 @@ def test_a_registering_node_is_starting_takes_no_puts_and_is_not_declared_dead(m
     """A node sending a large inventory is *starting* (status says how far it got), a
     put names it instead of saying no node is registered, and sending its objects counts
     as a sign of life: a registration longer than node_ttl must not drop what it sent."""
-    clock = types.SimpleNamespace(now=1000.0)
-    monkeypatch.setattr(node_ops, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    clock = node_ops_clock(monkeypatch)
 
     async def scenario(cluster: Cluster) -> None:
         rpc = cluster.rpc(Role.NODE)
-        await rpc.call(ops.REGISTER, RegisterRequest(
-            "n1", NodeContact(Endpoint("127.0.0.1", 1), "h", "s", "00"),
-            dram_capacity=64 * MiB, ssd_capacity=1 << 30, objects=30))
+        await rpc.call(ops.REGISTER, cluster_register("n1", dram=64 * MiB, ssd=1 << 30,
+                                                      objects=30))
         client = cluster.client()
         for chunk in range(3):  # a chunk every 6 s: 18 s in all, and no heartbeat
             clock.now += 6.0
             cluster.master.cluster.housekeeping(clock.now)
             count = 10 if chunk < 2 else 5
-            await rpc.call(ops.REGISTER_OBJECTS, RegisterObjectsRequest(
-                "n1", [f"k{chunk}-{i}" for i in range(count)], [10] * count, [0] * count,
-                [SSD] * count, [-1] * count))
+            await rpc.call(ops.REGISTER_OBJECTS, inventory_chunk(chunk, count))
             (node,) = (await client.call(ops.STATUS, Empty())).nodes
             assert node.state is NodePhase.STARTING and node.alive, node
         assert node.registering == Registration(sent=25, objects=30)

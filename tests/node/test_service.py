@@ -1,8 +1,9 @@
 """A node in-process with a master in-process (tests/master/harness.py), over loopback
-sockets in one trio run: registration and its inventory after a restart, puts over TCP
-and through the segment, gets from DRAM and SSD that never serve another version, tasks
-from heartbeats (offload, drop), bad copies reported by clients, roles on the data
-server, leaving, and the reaper under its supervisor."""
+sockets in one trio run: registration and its inventory after a restart (a copy the
+cluster holds in another version is dropped), puts over TCP and through the segment,
+gets from DRAM and SSD that never serve another version, tasks from heartbeats (offload,
+drop), bad copies reported by clients, roles on the data server, leaving, and the reaper
+under its supervisor."""
 
 from __future__ import annotations
 
@@ -121,6 +122,32 @@ def test_a_restarted_node_registers_what_its_ssd_holds(tmp_path):
                     client = _data_client(node)
                     assert await _get(client, "k", len(value), crc32c(value)) == value
                     client.close()
+
+    trio.run(main)
+
+
+def test_a_restarted_node_drops_its_copy_of_a_key_the_cluster_holds_in_another_version(
+        tmp_path):
+    """The master refuses the copy (another node registered another version meanwhile):
+    the node drops its own, and the cluster keeps one version."""
+    value = os.urandom(100_000)
+
+    async def main() -> None:
+        with trio.fail_after(60):
+            async with running_master(heartbeat_interval=0.05) as cluster, \
+                    running_node(_config(tmp_path, cluster.address)) as node:
+                await node.registered.wait()
+                client = _data_client(node)
+                assert await _put(client, k=value) == [PutStatus.OK]
+                client.close()
+                await _poll(lambda: Tier.SSD in _tiers(cluster, "k"), "the eager offload")
+            async with running_master(heartbeat_interval=0.05) as cluster:
+                await cluster.node("n2", inventory=[("k", len(value), 99, Tier.SSD, -1)])
+                async with running_node(_config(tmp_path, cluster.address)) as node:
+                    await node.registered.wait()
+                    assert node.backend.stat("k") is None
+                    replicas = cluster.master.cluster.table.objects["k"].readable()
+                    assert [(r.node, r.tier) for r in replicas] == [("n2", Tier.SSD)]
 
     trio.run(main)
 

@@ -125,8 +125,49 @@ static inline int frame_end(replay_frame *f) {
 
 /* Single-tier policies with the trie rule (lru, optimal, s3fifo) keep every cached
  * node's parent cached, so a request's cached nodes are always a prefix of its path:
- * their replay loops stop the lookup at the first miss and insert from there on, and a
- * new node's parent is either that prefix (protected) or the node inserted just before. */
+ * their replay loop (trie_replay, the one they share) stops the lookup at the first miss
+ * and inserts from there on, and a new node's parent is either that prefix (protected)
+ * or the node inserted just before. A policy gives the loop its steps; `c` is its cache
+ * and `i` the event at hand, whose node is t->node_of_event[i]. */
+typedef struct {
+    /* Event i's node is in the request's cached prefix: refresh it and protect it. */
+    void (*hit)(void *c, const sim_trace *t, int64_t i);
+    /* Every slot is taken: an insert needs an eviction first. */
+    int (*full)(const void *c);
+    /* Make room for event i's node: 1 when a node left, 0 when none may, < 0 an error. */
+    int (*evict)(void *c, const sim_trace *t, int64_t i);
+    /* Cache event i's node: SIM_OK or an error. */
+    int (*insert)(void *c, const sim_trace *t, int64_t i);
+    /* The request is done: its prefix's event i is no longer protected. */
+    void (*unprotect)(void *c, const sim_trace *t, int64_t i);
+} trie_policy;
+
+/* Replays the whole trace through policy `p` over cache `c`, whose per-node slots (0: not
+ * cached) are `slot_of`. `p` is a constant the compiler sees, so the steps are inlined. */
+static inline int trie_replay(replay_frame *f, const trie_policy *p, void *c,
+                              const uint32_t *slot_of) {
+    const sim_trace *t = f->t;
+    f->out->total_tokens = measured_tokens(t);
+    for (int64_t r = 0; r < t->n_req; r++) {
+        trie_request q;
+        int rc = trie_lookup(f, slot_of, r, &q);
+        if (rc) return rc < 0 ? rc : SIM_OK;
+        for (int64_t i = q.lo; i < q.k; i++) p->hit(c, t, i);
+        for (int64_t i = q.k; i < q.hi; i++) {
+            if (p->full(c)) {
+                rc = p->evict(c, t, i);
+                if (rc < 0) return rc;
+                /* nothing may leave, or this node's parent (inserted just before) left */
+                if (!rc || (i > q.k && !slot_of[t->node_of_event[i - 1]])) break;
+            }
+            rc = p->insert(c, t, i);
+            if (rc) return rc;
+            if (!q.measured && p->full(c)) f->filled = 1;
+        }
+        for (int64_t i = q.lo; i < q.k; i++) p->unprotect(c, t, i);
+    }
+    return frame_end(f);
+}
 
 int run_fifo(sim_workspace *ws, replay_frame *f);
 int run_lru(sim_workspace *ws, replay_frame *f);

@@ -150,6 +150,35 @@ static uint32_t evict(opt_cache *c, uint32_t candidate) {
     return node;
 }
 
+/* The steps of trie_replay (internal.h); a key is the next use, t->next_use[i]. */
+static void opt_hit(void *cache, const sim_trace *t, int64_t i) {
+    opt_cache *c = cache;
+    uint32_t slot = c->slot_of[t->node_of_event[i]];
+    set_key(c, slot, t->next_use[i]);
+    c->s[slot].state |= OPT_PROT;
+}
+
+static int opt_full(const void *cache) {
+    const opt_cache *c = cache;
+    return c->used >= c->capacity;
+}
+
+static int opt_evict(void *cache, const sim_trace *t, int64_t i) {
+    return evict(cache, t->next_use[i]) != 0;
+}
+
+static int opt_insert(void *cache, const sim_trace *t, int64_t i) {
+    insert(cache, t->node_of_event[i], t->next_use[i]);
+    return SIM_OK;
+}
+
+static void opt_unprotect(void *cache, const sim_trace *t, int64_t i) {
+    opt_cache *c = cache;
+    c->s[c->slot_of[t->node_of_event[i]]].state &= ~(uint32_t)OPT_PROT;
+}
+
+static const trie_policy optimal = {opt_hit, opt_full, opt_evict, opt_insert, opt_unprotect};
+
 int run_optimal(sim_workspace *ws, replay_frame *f) {
     const sim_trace *t = f->t;
     opt_cache c = {0};
@@ -161,29 +190,7 @@ int run_optimal(sim_workspace *ws, replay_frame *f) {
     c.heap = ws_get(ws, WS_HEAP_A, ((size_t)c.capacity + 1) * sizeof(opt_entry), 0);
     c.stack = ws_get(ws, WS_STACK_A, ((size_t)c.capacity + 2) * sizeof(uint32_t), 0);
     if (!c.slot_of || !c.s || !c.heap || !c.stack) return SIM_ENOMEM;
-    const uint32_t *next = t->next_use;
-    f->out->total_tokens = measured_tokens(t);
-    for (int64_t r = 0; r < t->n_req; r++) {
-        trie_request q;
-        int rc = trie_lookup(f, c.slot_of, r, &q);
-        if (rc) return rc < 0 ? rc : SIM_OK;
-        for (int64_t i = q.lo; i < q.k; i++) {
-            uint32_t slot = c.slot_of[t->node_of_event[i]];
-            set_key(&c, slot, next[i]);
-            c.s[slot].state |= OPT_PROT;
-        }
-        for (int64_t i = q.k; i < q.hi; i++) {
-            uint32_t node = t->node_of_event[i];
-            if (c.used >= c.capacity) {
-                uint32_t victim = evict(&c, next[i]);
-                if (!victim || (i > q.k && victim == t->node_of_event[i - 1])) break;
-            }
-            insert(&c, node, next[i]);
-            if (c.used >= c.capacity && !q.measured) f->filled = 1;
-        }
-        for (int64_t i = q.lo; i < q.k; i++)
-            c.s[c.slot_of[t->node_of_event[i]]].state &= ~(uint32_t)OPT_PROT;
-    }
+    int rc = trie_replay(f, &optimal, &c, c.slot_of);
     f->out->evictions = c.evictions;
-    return frame_end(f);
+    return rc;
 }

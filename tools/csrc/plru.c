@@ -197,37 +197,44 @@ uint32_t plru_evict(plru *t) {
 
 /* ---- the `lru` policy ---- */
 
+/* The steps of trie_replay (internal.h): the cached prefix hits, refreshed root to leaf,
+ * and is protected while the rest is inserted (a touch does not look at protection). */
+static void lru_hit(void *cache, const sim_trace *t, int64_t i) {
+    plru *tier = cache;
+    uint32_t slot = tier->slot_of[t->node_of_event[i]];
+    plru_touch(tier, slot);
+    plru_protect(tier, slot);
+}
+
+static int lru_full(const void *cache) {
+    const plru *tier = cache;
+    return tier->used >= tier->capacity;
+}
+
+static int lru_evict(void *cache, const sim_trace *t, int64_t i) {
+    (void)t, (void)i;
+    return plru_evict(cache) != 0;
+}
+
+static int lru_insert(void *cache, const sim_trace *t, int64_t i) {
+    plru_insert(cache, t->node_of_event[i]);
+    return SIM_OK;
+}
+
+static void lru_unprotect(void *cache, const sim_trace *t, int64_t i) {
+    plru *tier = cache;
+    plru_unprotect(tier, tier->slot_of[t->node_of_event[i]]);
+}
+
+static const trie_policy lru = {lru_hit, lru_full, lru_evict, lru_insert, lru_unprotect};
+
 int run_lru(sim_workspace *ws, replay_frame *f) {
     const sim_trace *t = f->t;
     plru tier;
     int rc = plru_init(&tier, ws, WS_REF_A, -1, WS_SLOT_A, WS_HEAP_A, WS_STACK_A, t,
                        f->p->capacity);
     if (rc) return rc;
-    f->out->total_tokens = measured_tokens(t);
-    for (int64_t r = 0; r < t->n_req; r++) {
-        /* Lookup: the cached prefix hits, refreshed root to leaf, and is protected while
-         * the rest is inserted (a touch does not look at protection). */
-        trie_request q;
-        rc = trie_lookup(f, tier.slot_of, r, &q);
-        if (rc) return rc < 0 ? rc : SIM_OK;
-        for (int64_t i = q.lo; i < q.k; i++) {
-            uint32_t slot = tier.slot_of[t->node_of_event[i]];
-            plru_touch(&tier, slot);
-            plru_protect(&tier, slot);
-        }
-        for (int64_t i = q.k; i < q.hi; i++) {
-            uint32_t node = t->node_of_event[i];
-            if (tier.used >= tier.capacity) {
-                uint32_t victim = plru_evict(&tier);
-                /* nothing evictable, or the victim was this node's parent */
-                if (!victim || (i > q.k && victim == t->node_of_event[i - 1])) break;
-            }
-            plru_insert(&tier, node);
-            if (tier.used >= tier.capacity && !q.measured) f->filled = 1;
-        }
-        for (int64_t i = q.lo; i < q.k; i++)
-            plru_unprotect(&tier, tier.slot_of[t->node_of_event[i]]);
-    }
+    rc = trie_replay(f, &lru, &tier, tier.slot_of);
     f->out->evictions = tier.evictions;
-    return frame_end(f);
+    return rc;
 }

@@ -206,6 +206,35 @@ static int evict(s3_cache *c) {
     return 0;
 }
 
+/* The steps of trie_replay (internal.h). */
+static void s3_hit(void *cache, const sim_trace *t, int64_t i) {
+    s3_cache *c = cache;
+    s3_slot *x = &c->s[c->slot_of[t->node_of_event[i]]];
+    if (x->freq < 3) x->freq++;
+    x->prot = 1;
+}
+
+static int s3_full(const void *cache) {
+    const s3_cache *c = cache;
+    return c->used >= c->capacity;
+}
+
+static int s3_evict(void *cache, const sim_trace *t, int64_t i) {
+    (void)t, (void)i;
+    return evict(cache);
+}
+
+static int s3_insert(void *cache, const sim_trace *t, int64_t i) {
+    return insert(cache, t->node_of_event[i]) == SIM_OK ? SIM_OK : SIM_ENOMEM;
+}
+
+static void s3_unprotect(void *cache, const sim_trace *t, int64_t i) {
+    s3_cache *c = cache;
+    c->s[c->slot_of[t->node_of_event[i]]].prot = 0;
+}
+
+static const trie_policy s3fifo = {s3_hit, s3_full, s3_evict, s3_insert, s3_unprotect};
+
 int run_s3fifo(sim_workspace *ws, replay_frame *f) {
     const sim_trace *t = f->t;
     s3_cache c;
@@ -224,29 +253,7 @@ int run_s3fifo(sim_workspace *ws, replay_frame *f) {
     if (deque_init(&c, &c.small, WS_RING_A, c.small_target * 2ull) ||
         deque_init(&c, &c.main, WS_RING_B, (uint64_t)c.capacity + 1))
         return SIM_ENOMEM;
-    f->out->total_tokens = measured_tokens(t);
-    for (int64_t r = 0; r < t->n_req; r++) {
-        trie_request q;
-        int rc = trie_lookup(f, c.slot_of, r, &q);
-        if (rc) return rc < 0 ? rc : SIM_OK;
-        for (int64_t i = q.lo; i < q.k; i++) {
-            s3_slot *x = &c.s[c.slot_of[t->node_of_event[i]]];
-            if (x->freq < 3) x->freq++;
-            x->prot = 1;
-        }
-        for (int64_t i = q.k; i < q.hi; i++) {
-            uint32_t node = t->node_of_event[i];
-            if (c.used >= c.capacity) {
-                int ev = evict(&c);
-                if (ev < 0) return ev;
-                /* nothing evictable, or this node's parent (inserted just before) left */
-                if (!ev || (i > q.k && !c.slot_of[t->node_of_event[i - 1]])) break;
-            }
-            if (insert(&c, node) != SIM_OK) return SIM_ENOMEM;
-            if (c.used >= c.capacity && !q.measured) f->filled = 1;
-        }
-        for (int64_t i = q.lo; i < q.k; i++) c.s[c.slot_of[t->node_of_event[i]]].prot = 0;
-    }
+    int rc = trie_replay(f, &s3fifo, &c, c.slot_of);
     f->out->evictions = c.evictions;
-    return frame_end(f);
+    return rc;
 }
