@@ -21,6 +21,7 @@ the same error, in each.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import secrets
@@ -74,6 +75,8 @@ from kvstored.security import ClientToken
 from kvstored.wire import Buffer, Into, Parts
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 #: How long puts keep retrying when the target node is momentarily out of DRAM (the
 #: master frees room by evicting offloaded objects within a heartbeat or two).
@@ -451,14 +454,20 @@ class ClientCore:
             reply = yield from call(ops.GET_HELD, HeldGetRequest(
                 [keys[i] for i in idx], [c.checksum for c in held]), node=node, into=views)
         except StoreError:
+            # Counted as the lookup path counts a node that could not serve (ReadStats).
             self.health.down(node)
+            self.stats.count(node_failures=len(idx))
             self.held.forget(keys[i] for i in idx)
             return
         for i, copy, view, size in zip(idx, held, views, reply.sizes):
             if size == copy.size and checksum(view, size) == copy.checksum:
                 results[i] = size
-            else:
-                self.held.forget([keys[i]])
+                continue
+            self.held.forget([keys[i]])
+            if size == copy.size:  # the version asked for, with other bytes: corrupt
+                self.stats.count(checksum_failures=1)
+                log.warning("%r from node %s (get_held) failed its checksum: not used",
+                            keys[i], node)
 
     def _read_looked_up(self, keys: list[str], buffers: list[Any],
                         tiers: list[Tier | None] | None) -> Step[list[int]]:
