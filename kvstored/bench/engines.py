@@ -159,7 +159,10 @@ def _run(runners: list[str], geometry: dict[str, int], workdir: Path, backend: s
             if binaries is None:
                 skipped.update({r: why or "Mooncake is not available" for r in wanted_mooncake})
             else:
-                cluster = MooncakeCluster(binaries, workdir / "mooncake", data + (256 << 20))
+                # Mooncake places a put in any mounted segment, so the embedded runner's
+                # pages may land in the standalone client's too: room for every runner's.
+                cluster = MooncakeCluster(binaries, workdir / "mooncake",
+                                          len(wanted_mooncake) * data + (256 << 20))
         for runner in runners:
             if runner in skipped:
                 continue
@@ -257,7 +260,7 @@ def engines_command(pages: int, page_tokens: int, layers: int, heads: int, head_
     console = Console(width=max(Console().width, 130))
     console.print(table)
     for runner, reason in skipped.items():
-        console.print(f"skipped {runner}: {reason}")
+        console.print(f"skipped {runner}: {reason}", markup=False, highlight=False)
     for goal in report["goals"]:
         if "copied_bytes" in goal:
             console.print(f"goal {goal['goal']}: {goal['copied_bytes']} B "

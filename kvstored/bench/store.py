@@ -388,7 +388,7 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     for table in render_tables(results):
         console.print(table)
     for runner, reason in skipped.items():
-        console.print(f"skipped {runner}: {reason}")
+        console.print(f"skipped {runner}: {reason}", markup=False, highlight=False)
     for goal in report["goals"]:
         console.print(goal_line(goal))
     console.print(f"results: {json_out}")
