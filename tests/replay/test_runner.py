@@ -48,8 +48,10 @@ def test_hits_come_from_both_tiers_when_dram_overflows():
         result = replay_trace(client, trace, StorePolicy.from_config(small.config()),
                               block_bytes=4096)
     doc = result.document
-    assert doc["measured"]["ssd_hit_rate"] > 0.05
-    assert doc["measured"]["dram_hit_rate"] > 0.05
+    # Both tiers serve (about 6% of hits from DRAM, 34% from SSD here): how many come
+    # from DRAM depends on when offload frees it, so only that each serves is asserted.
+    assert doc["measured"]["ssd_hit_rate"] > 0 and doc["lookups"]["ssd"] > 0
+    assert doc["measured"]["dram_hit_rate"] > 0 and doc["lookups"]["dram"] > 0
     hit_blocks = sum(o.hit_blocks for o in result.run.outcomes)
     assert doc["lookups"]["dram"] + doc["lookups"]["ssd"] == hit_blocks + sum(
         o.vanished for o in result.run.outcomes)
