@@ -336,7 +336,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("master.max_lock_ttl", Duration(), "30s",
             "The longest a lookup-and-lock holds an object against eviction; a client asking "
             "for longer gets this."),
-    Setting("master.direct_permit", Duration(), "2s",
+    Setting("master.direct_permit", Duration(allow_zero=True), "2s",
             "How long a node may serve reads without the master after its last answered "
             "heartbeat (clients read keys they know in one trip); a remove that cannot "
             "reach a node waits this long, and a new master's first puts too. 0: off."),

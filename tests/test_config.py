@@ -456,3 +456,11 @@ def test_kvstored_debug_is_read_one_way_everywhere():
                       ("0", False), ("no", False), ("off", False), ("2", False)):
         assert debug_requested({"KVSTORED_DEBUG": value}) is on, value
     assert debug_requested({}) is False
+
+
+def test_direct_permit_zero_turns_one_trip_reads_off():
+    """docs/configuration.md: ``master.direct_permit`` 0 is "off", so it must be accepted
+    (a negative one is still refused)."""
+    assert load_config(env={"KVSTORED_MASTER_DIRECT_PERMIT": "0"}).master.direct_permit == 0
+    with pytest.raises(ConfigError, match="master.direct_permit"):
+        load_config(env={"KVSTORED_MASTER_DIRECT_PERMIT": "-1s"})
