@@ -462,5 +462,5 @@ def test_direct_permit_zero_turns_one_trip_reads_off():
     """docs/configuration.md: ``master.direct_permit`` 0 is "off", so it must be accepted
     (a negative one is still refused)."""
     assert load_config(env={"KVSTORED_MASTER_DIRECT_PERMIT": "0"}).master.direct_permit == 0
-    with pytest.raises(ConfigError, match="master.direct_permit"):
+    with pytest.raises(ConfigError, match=r"master\.direct_permit"):
         load_config(env={"KVSTORED_MASTER_DIRECT_PERMIT": "-1s"})
