@@ -140,8 +140,16 @@ def test_full_disk_keeps_serving_from_dram(spawn, tmp_path):
             with pytest.raises(NoSpaceError):
                 for i in range(40):
                     c.put(f"more{i}", os.urandom(MiB))
-        assert kvstore("put", "one-more", "-", input=os.urandom(MiB),
-                       master=master.addr).returncode == 6
+        # The CLI says so too, with its own exit code. Offload may still free a little
+        # room now and then (what the full disk takes of the retries), so a put or two
+        # may yet fit: the store refuses one within a few MiB, never fails otherwise.
+        codes = []
+        for i in range(10):
+            codes.append(kvstore("put", f"one-more{i}", "-", input=os.urandom(MiB),
+                                 master=master.addr).returncode)
+            if codes[-1] == 6:
+                break
+        assert codes[-1] == 6 and set(codes) <= {0, 6}, codes
 
 
 def test_corrupt_ssd_record_is_a_miss_quarantined_and_counted(embedded, tmp_path):
