@@ -78,7 +78,7 @@ def test_a_node_that_just_failed_is_not_asked_again_for_a_while():
 def test_bad_bytes_are_never_a_result_and_are_reported_to_their_node():
     found = [len(VALUE), crc32c(VALUE), [["n1", "dram", 0], ["n2", "ssd", -1]]]
     read = _read(_reply(found), ["a"])
-    _deliver(read, "n1", b"X" + VALUE[1:])
+    _deliver(read, "n1", bytes([VALUE[0] ^ 0xFF]) + VALUE[1:])  # always a different byte
     assert read.pending and read.results == [MISSING]
     assert read.take_corrupt() == {"n1": (["a"], [crc32c(VALUE)])}
     assert read.take_corrupt() == {}
