@@ -36,6 +36,7 @@ from kvstored.client import MISSING, Client, connect
 from kvstored.client.core import ClientCore, Step
 from kvstored.config import ClientSettings, load_config
 from kvstored.errors import BadRequestError, StoreError
+from kvstored.sdk.units import parse_bool
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -59,6 +60,10 @@ class StoreSettings:
     token_file: str | None = None
     #: Seconds a lookup locks its hits for the read that follows (0: none).
     lock_ttl: float = DEFAULT_LOCK_TTL
+    #: Whether an engine's host memory in shared files is registered with the node on
+    #: this host (it then moves the bytes itself); off, this process copies them, which
+    #: is faster where the kernel's file copy is slower than a memcpy (docs/integrations.md).
+    register_memory: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, prefix: str = "",
@@ -66,7 +71,8 @@ class StoreSettings:
         """Settings from an engine's option mapping: ``{prefix}master``,
         ``{prefix}transport`` (auto|tcp|shm), ``{prefix}timeout`` (seconds),
         ``{prefix}token_file`` (default: the client's own, see docs/security.md) and
-        ``{prefix}lock_ttl`` (seconds a lookup locks its hits; 0: no locks). An
+        ``{prefix}lock_ttl`` (seconds a lookup locks its hits; 0: no locks) and
+        ``{prefix}register_memory`` (true/false: see the field). An
         option the engine does not set is the client setting of the same name, from
         kvstored's configuration (``KVSTORE_MASTER``, ``KVSTORED_CLIENT_*``, the file of
         ``KVSTORED_CONFIG``): ``defaults`` when given, else loaded now."""
@@ -86,12 +92,21 @@ class StoreSettings:
                                  f"{option(name, None)!r}")
             return value
 
+        def boolean(name: str, default: bool) -> bool:
+            value = option(name, default)
+            try:
+                return parse_bool(value if isinstance(value, bool | str) else str(value))
+            except ValueError:
+                raise ValueError(f"{prefix}{name} must be true or false (or 1/0), not "
+                                 f"{value!r}") from None
+
         token_file = option("token_file", None)
         return cls(master=str(option("master", "") or client.master),
                    transport=str(option("transport", client.transport)),
                    timeout=seconds("timeout", client.timeout),
                    token_file=str(token_file) if token_file else None,
-                   lock_ttl=seconds("lock_ttl", DEFAULT_LOCK_TTL))
+                   lock_ttl=seconds("lock_ttl", DEFAULT_LOCK_TTL),
+                   register_memory=boolean("register_memory", True))
 
     def connect(self) -> Client:
         return connect(self.master, transport=self.transport, token_file=self.token_file,

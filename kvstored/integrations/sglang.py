@@ -125,7 +125,8 @@ class KvstoredStorage(HiCacheStorage):
     """HiCache L3 storage in kvstored. Built by SGLang's backend factory as
     ``KvstoredStorage(storage_config, kwargs)``; options come from
     ``--hicache-storage-backend-extra-config``: ``master``, ``transport``, ``timeout``,
-    ``token_file``, ``lock_ttl`` (see :class:`~kvstored.integrations.objects.StoreSettings`)."""
+    ``token_file``, ``lock_ttl``, ``register_memory`` (see
+    :class:`~kvstored.integrations.objects.StoreSettings`)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig,
                  kwargs: dict[str, Any] | None = None) -> None:
@@ -156,9 +157,10 @@ class KvstoredStorage(HiCacheStorage):
             self._buffers = _PoolBuffers(mem_pool_host)
         # SGLang's shm allocator ("allocator": "shm" in the extra config) puts the pool
         # in memfds: registered, the node on this host moves pages in and out of them
-        # itself, with no copy by this process.
+        # itself, with no copy by this process (unless the operator turned it off).
         allocator = getattr(mem_pool_host, "allocator", None)
-        for fd, mapping in zip(getattr(allocator, "fds", ()), getattr(allocator, "mms", ())):
+        fds = getattr(allocator, "fds", ()) if self.settings.register_memory else ()
+        for fd, mapping in zip(fds, getattr(allocator, "mms", ())):
             self.io.register_memory(mapping, fd)
         log.info("kvstored HiCache keys: %s", self.namespace.prefix)
 

@@ -42,9 +42,10 @@ def make_host_pool(kind: str, layout: str, allocator_type: str = "default"):
 
 
 def storage_config(master: str, *, mla: bool, layout: str, tp_rank: int = 0, tp_size: int = 1,
-                   interface_v1: int = 1, model: str = "org/test-model"):
+                   interface_v1: int = 1, model: str = "org/test-model", **options):
     extra = {"backend_name": "kvstored", "module_path": "kvstored.integrations.sglang",
-             "class_name": "KvstoredStorage", "interface_v1": interface_v1, "master": master}
+             "class_name": "KvstoredStorage", "interface_v1": interface_v1, "master": master,
+             **options}
     return hicache_storage.HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
         attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
@@ -139,6 +140,26 @@ def test_a_pool_in_shared_memory_is_moved_by_the_node_itself(store, rng, layout)
     assert memory.stats.moved_objects == 2 * pages and memory.stats.fallback_objects == 0
     assert backend.io.copies.gathered_bytes == backend.io.copies.scattered_bytes == 0
     backend.close()
+
+
+def test_an_operator_can_keep_a_shared_memory_pool_unregistered(store, rng):
+    """``"register_memory": 0`` in the extra config: the pool stays in SGLang's memfds,
+    but this process copies the pages (the node is never handed the files)."""
+    pool = make_host_pool("mha", "page_first", allocator_type="shm")
+    backend = attach(store.addr, pool, mla=False, layout="page_first", register_memory=0)
+    src = pool.alloc(2 * PAGE)
+    fill_random(pool, src, rng)
+    keys = page_hashes(rng, 2)
+    assert backend.batch_set_v1(keys, src) == [True, True]
+    dst = pool.alloc(2 * PAGE)
+    assert backend.batch_get_v1(keys, dst) == [True, True]
+    for i in range(2):
+        assert page_bytes(pool, int(dst[i * PAGE])) == page_bytes(pool, int(src[i * PAGE]))
+    memory = backend.io.client.memory
+    assert not memory.buffers and memory.stats.moved_objects == 0
+    backend.close()
+    with pytest.raises(ValueError, match="register_memory must be true or false"):
+        attach(store.addr, pool, mla=False, layout="page_first", register_memory="maybe")
 
 
 def test_batch_exists_counts_only_the_leading_pages(store, rng):
