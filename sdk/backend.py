@@ -67,6 +67,16 @@ Integrity
     :attr:`~kvstored.sdk.ReadStatus.CORRUPT`; bytes that failed their checksum are
     never presented as a value.
 
+Read streams
+    :meth:`~StorageBackend.read_stream` reads the same as ``batch_read`` and hands out
+    each ``(index, result)`` as its read completes, while later reads are in flight:
+    every index of the keys exactly once, in no promised order; ``result`` is what
+    ``batch_read`` would give (the same checksum on every read, the same corrupt reads
+    reported, nothing of a failed read's stored bytes in its buffer). A key is looked up
+    and pinned when its read starts and stays pinned until its item has been yielded;
+    closing the iterator early (``close()``, or dropping it) waits for the reads in
+    flight and releases every pin. Bad buffers raise at the call, as for ``batch_read``.
+
 Records that check
     At open, a record is admitted into the index only if its header checksum holds,
     its key and length are those the header says, the whole value (its full length)
@@ -132,8 +142,10 @@ After close
     :meth:`~StorageBackend.close` is idempotent. Afterwards every other method and
     property raises :class:`~kvstored.sdk.BackendClosedError`: the batch calls,
     ``stat``, ``locate``, ``scan``, ``usage``, ``evict``, ``check``, ``pin``,
-    ``capabilities`` and ``write_batch_hint``, and the next step of a ``scan()``
-    iterator begun before the close (the SDK guards the last three for every subclass).
+    ``capabilities`` and ``write_batch_hint``, and the next step of a ``scan()`` or a
+    ``read_stream()`` iterator begun before the close (the SDK guards the capabilities,
+    ``write_batch_hint`` and ``scan`` of every subclass, and every step of a stream made
+    by :func:`kvstored.sdk.streams.stream_groups`).
 
 Opening, and who else may
     A backend is opened in one of three modes (:class:`~kvstored.sdk.OpenMode`, the
@@ -191,7 +203,7 @@ import abc
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import ClassVar, Self
 
@@ -204,6 +216,13 @@ from kvstored.sdk.errors import (
     ValueTooLargeError,
 )
 from kvstored.sdk.pins import ReadPins
+from kvstored.sdk.streams import (
+    DEFAULT_GROUP_KEYS,
+    BatchReadGroup,
+    StreamedRead,
+    spans,
+    stream_groups,
+)
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -444,6 +463,51 @@ class StorageBackend(abc.ABC):
         duration, so eviction cannot remove them underneath the read. A read-only
         buffer, or a count of buffers other than of keys, raises InvalidRequestError.
         """
+
+    def read_stream(self, keys: Sequence[str], buffers: Sequence[memoryview]
+                    ) -> Generator[StreamedRead, None, None]:
+        """Read each key's value into the matching writable buffer, as ``batch_read``
+        does, handing out ``(index, result)`` as the reads complete while later ones are
+        in flight, so that a caller going through many keys keeps the disk busy while it
+        handles what came back.
+
+        Every index of ``keys`` is yielded exactly once, in no promised order; ``result``
+        is what ``batch_read`` gives for that key: the value's length (the bytes are in
+        ``buffers[index][:length]`` when the item is yielded), or a negative
+        :class:`ReadStatus`, after which that buffer holds nothing of the stored bytes.
+        Every value's CRC-32C is checked before its item is yielded; a corrupt value is
+        reported (and counted, logged) as by ``batch_read``, never handed out. A key is
+        looked up and pinned when its read starts (a key deleted before then reads
+        ``MISSING``) and stays pinned until its item was yielded. ``buffers[index]`` is
+        the backend's until its item is yielded; buffers must not overlap.
+
+        Closing the iterator before its end (``close()``, leaving a ``for`` loop,
+        dropping it) waits for the reads in flight and releases every pin: nothing is
+        written into a buffer afterwards. Iterate on one thread: the thread that took
+        the first item (the reads in flight are that thread's io ring's).
+
+        Raises:
+            InvalidRequestError: at the call, before any read (not at the first step):
+                a read-only buffer, or a count of buffers other than of keys; at a step,
+                a step taken on another thread than the first.
+            BackendClosedError: at the call, or at the next step after :meth:`close`.
+
+        The default reads group after group with ``batch_read`` (its keys pinned,
+        :class:`~kvstored.sdk.streams.BatchReadGroup`): correct for every backend, with
+        no reads overlapping the caller's work. A backend whose I/O can stay in flight
+        across calls overrides :meth:`_stream_reads` (bucket and offset do).
+        """
+        self._check_open()
+        self._check_read_buffers(keys, buffers)
+        return self._stream_reads(keys, buffers)
+
+    def _stream_reads(self, keys: Sequence[str], buffers: Sequence[memoryview]
+                      ) -> Generator[StreamedRead, None, None]:
+        """The iterator of :meth:`read_stream`, its arguments already checked. Override
+        it with :func:`kvstored.sdk.streams.stream_groups` and groups of your own."""
+        return stream_groups(self, spans(len(keys), DEFAULT_GROUP_KEYS),
+                             lambda span: BatchReadGroup(self, keys, buffers, span),
+                             ahead=0)
 
     @abc.abstractmethod
     def batch_delete(self, keys: Sequence[str]) -> list[bool]:

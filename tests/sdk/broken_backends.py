@@ -492,6 +492,51 @@ class ClaimsNotPersistent(FilePerKeyBackend):
         return replace(super().capabilities, persistent=False)
 
 
+class StreamRepeatsIndex(FilePerKeyBackend):
+    """Its read stream hands out the first item a second time at the end."""
+
+    def _stream_reads(self, keys, buffers):
+        items = list(super()._stream_reads(keys, buffers))
+        yield from items
+        if items:
+            yield items[0]
+
+
+class StreamBadIndex(FilePerKeyBackend):
+    """Its read stream numbers items from 1 (an off-by-one): the last index is one past
+    the keys, and index 0 never comes."""
+
+    def _stream_reads(self, keys, buffers):
+        for index, result in super()._stream_reads(keys, buffers):
+            yield index + 1, result
+
+
+class StreamLeaksPins(FilePerKeyBackend):
+    """Its read stream pins every key at the start and releases the pins only when it
+    runs to its end: a stream closed early leaves them pinned for good."""
+
+    def _stream_reads(self, keys, buffers):
+        pinned = self._pins.acquire(keys)
+        yield from super()._stream_reads(keys, buffers)
+        self._pins.release(pinned)
+
+
+class StreamSkipsChecksum(FilePerKeyBackend):
+    """Its read stream copies each value from its file without checking the CRC."""
+
+    def _stream_reads(self, keys, buffers):
+        for index, (key, buf) in enumerate(zip(keys, buffers)):
+            entry = self.index.get(key)
+            if entry is None:
+                yield index, ReadStatus.MISSING
+                continue
+            with open(entry.path, "rb") as f:
+                f.seek(VALUE_OFFSET)
+                data = f.read(entry.size)
+            buf[:len(data)] = data
+            yield index, len(data)
+
+
 def make_file_per_key(path, **options):
     """A module-level factory: what check_backend takes, importable by a child."""
     return FilePerKeyBackend(path, **options)

@@ -48,6 +48,10 @@ CASES = {
     "OverwritesExisting": {"put_existing_key"},
     "IgnoresMaxValueOption": {"capabilities_well_formed"},
     "SharedLocationOffByHeader": {"shared_objects_readable_elsewhere"},
+    "StreamRepeatsIndex": {"read_stream_matches_batch_read", "read_stream_missing_and_bad_buffers"},
+    "StreamBadIndex": {"read_stream_matches_batch_read", "read_stream_missing_and_bad_buffers"},
+    "StreamLeaksPins": {"read_stream_closed_early_releases_pins"},
+    "StreamSkipsChecksum": {"read_stream_corrupt_is_miss"},
 }
 
 #: The honest backend each broken one is derived from.

@@ -16,11 +16,12 @@ from kvstored.sdk.testing.checks import (  # noqa: F401  (imported to register t
     power,
     requests,
     roundtrip,
+    streams,
 )
 from kvstored.sdk.testing.checks._common import REGISTERED
 
-MODULES = ("roundtrip", "requests", "persistence", "corruption", "inspection", "capacity",
-           "opening", "concurrency", "power", "faults")
+MODULES = ("roundtrip", "requests", "streams", "persistence", "corruption", "inspection",
+           "capacity", "opening", "concurrency", "power", "faults")
 CHECKS = [c for module in MODULES for c in REGISTERED[module]]
 
 __all__ = ["CHECKS", "MODULES"]

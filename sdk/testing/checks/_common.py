@@ -40,6 +40,7 @@ class Clause(enum.Enum):
     WRITE_ONCE = "Write-once"
     BATCHES = "Batch failures"
     INTEGRITY = "Integrity"
+    STREAMS = "Read streams"
     RECORDS = "Records that check"
     DELETES = "Deletes"
     CAPACITY = "Capacity"

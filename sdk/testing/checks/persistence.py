@@ -34,11 +34,14 @@ from kvstored.sdk.types import EvictionGranularity
 def close_refuses_every_method(kit: Kit) -> None:
     """close() twice is fine; afterwards every method and property of the contract,
     capabilities and write_batch_hint included, raises BackendClosedError, and so does
-    the next step of a scan() begun before the close."""
+    the next step of a scan() or a read_stream() begun before the close."""
     backend = kit.open()
     write_all(backend, make_items("closed", 5, 4 * KiB))
     unfinished = backend.scan()
     next(unfinished)
+    streaming = backend.read_stream([f"closed/{n}" for n in range(5)],
+                                    [memoryview(bytearray(4 * KiB)) for _ in range(5)])
+    next(streaming)
     backend.close()
     backend.close()
     calls = {
@@ -50,6 +53,8 @@ def close_refuses_every_method(kit: Kit) -> None:
         "locate": lambda: backend.locate("closed/0"),
         "scan": lambda: next(backend.scan()),
         "scan (unfinished)": lambda: next(unfinished),
+        "read_stream": lambda: backend.read_stream(["closed/0"], [memoryview(bytearray(8))]),
+        "read_stream (unfinished)": lambda: next(streaming),
         "usage": backend.usage,
         "evict": lambda: backend.evict(1),
         "check": backend.check,

@@ -1,0 +1,127 @@
+"""Read streams: the machinery under :meth:`StorageBackend.read_stream`.
+
+A read stream hands out each read's result as its group of reads completes, while the
+next groups are already in flight, so that a caller going through many keys keeps the
+disk's queue full across what would have been the end of one ``batch_read`` and the
+start of the next. This module is the part every backend shares: cutting the keys into
+groups, keeping up to ``ahead`` groups in flight, handing out each group's results, and
+giving every group back (pins released, I/O drained) however the stream ends: finished,
+closed early by the caller (``close()`` on the iterator, or dropping it), or failed.
+
+It is not the I/O: a backend supplies :class:`ReadGroup` objects that start their reads
+when made and wait for them in :meth:`ReadGroup.results`. The default of
+:class:`~kvstored.sdk.StorageBackend` makes groups of ``batch_read`` calls with their
+keys pinned (:class:`BatchReadGroup`), so every backend streams, without overlap; a
+backend whose io engine can keep batches in flight across calls supplies its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from kvstored.sdk.errors import InvalidRequestError
+
+#: One item of a read stream: ``(index, result)``, where ``index`` is the item's position
+#: in the keys asked for and ``result`` is what ``batch_read`` gives for it (the value's
+#: length, or a negative :class:`~kvstored.sdk.ReadStatus`).
+StreamedRead = tuple[int, int]
+
+#: Keys per group of the default stream: as many as a ``batch_read`` caller would send.
+DEFAULT_GROUP_KEYS = 128
+
+
+class ReadGroup(Protocol):
+    """The reads of one group of a stream, started when the group was made.
+
+    ``results`` waits for them (verified, as ``batch_read`` would) and returns one
+    ``(index, result)`` for each of the group's items, every index of the group exactly
+    once. ``release`` gives back what the group holds (its pins, its scratch memory), once
+    the kernel is done with its buffers: it waits for reads still in flight first, so it
+    is also how a group that will never be handed out is cancelled. ``release`` is
+    called exactly once, after ``results`` or instead of it.
+    """
+
+    def results(self) -> Sequence[StreamedRead]: ...
+
+    def release(self) -> None: ...
+
+
+class Streaming(Protocol):
+    """What a stream needs of its backend (a :class:`~kvstored.sdk.StorageBackend`)."""
+
+    path: str
+
+    def _check_open(self) -> None: ...
+
+    def pin(self, keys: Iterable[str]) -> AbstractContextManager[None]: ...
+
+    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]: ...
+
+
+def spans(count: int, group: int) -> Iterator[range]:
+    """The indices ``0..count-1`` cut into ranges of ``group``."""
+    return (range(first, min(first + group, count)) for first in range(0, count, group))
+
+
+def stream_groups(backend: Streaming, groups: Iterator[range],
+                  start: Callable[[range], ReadGroup], *, ahead: int
+                  ) -> Generator[StreamedRead, None, None]:
+    """Stream the reads of ``groups`` (ranges of indices), ``start``-ing each when
+    there is room: up to ``ahead`` groups stay in flight while the caller looks at one
+    group's results. Checks before every item that ``backend`` is open (after a close,
+    the next step raises BackendClosedError) and that the thread is the one the stream
+    began on (an io engine waits for a batch on the thread that started it)."""
+    in_flight: collections.deque[ReadGroup] = collections.deque()
+    thread = threading.get_ident()
+
+    def handed_out(group: ReadGroup) -> Generator[StreamedRead, None, None]:
+        try:
+            for item in group.results():
+                backend._check_open()
+                if threading.get_ident() != thread:
+                    raise InvalidRequestError(
+                        "a read stream is iterated by the thread that began it (its reads "
+                        "are waited for on that thread's io ring)", path=backend.path)
+                yield item
+        finally:
+            group.release()
+
+    try:
+        for span in groups:
+            backend._check_open()
+            in_flight.append(start(span))
+            if len(in_flight) > ahead:
+                yield from handed_out(in_flight.popleft())
+        while in_flight:
+            yield from handed_out(in_flight.popleft())
+    finally:
+        # Closed early or failed: never hand buffers back while the kernel still fills
+        # them, nor leave a pin behind.
+        while in_flight:
+            in_flight.popleft().release()
+
+
+class BatchReadGroup:
+    """A group of the default stream: its keys pinned when it is made, then read by one
+    ``batch_read`` when its results are asked for (no reads overlap the caller's work:
+    ``batch_read`` is all such a backend offers)."""
+
+    __slots__ = ("backend", "buffers", "keys", "pins", "span")
+
+    def __init__(self, backend: Streaming, keys: Sequence[str],
+                 buffers: Sequence[memoryview], span: range) -> None:
+        self.backend, self.span = backend, span
+        self.keys = [keys[i] for i in span]
+        self.buffers = [buffers[i] for i in span]
+        self.pins = backend.pin(self.keys)
+        self.pins.__enter__()
+
+    def results(self) -> list[StreamedRead]:
+        return list(zip(self.span, self.backend.batch_read(self.keys, self.buffers)))
+
+    def release(self) -> None:
+        self.pins.__exit__(None, None, None)
