@@ -110,6 +110,25 @@ def xdist_scope(nodeid: str) -> str:
     return nodeid.rsplit("::", 1)[0]
 
 
+#: The key under which the controller tells its xdist workers its ``--dist`` mode.
+DIST_KEY = "kvstored_dist"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist sets ``--dist`` to ``no`` on its workers, and the workers collect: tell them
+    the controller's mode, or :func:`pytest_collection_modifyitems` never reorders."""
+    node.workerinput[DIST_KEY] = getattr(node.config.option, "dist", "no")
+
+
+def dist_mode(config: pytest.Config) -> str:
+    """The run's ``--dist`` mode, also on an xdist worker (see :func:`pytest_configure_node`)."""
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        return worker.get(DIST_KEY, "no")
+    return getattr(config.option, "dist", "no")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``--dist loadscope``, hand out the scopes holding a test marked ``slow``
@@ -122,7 +141,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     while the others are idle. Largest first leaves only short scopes for the end.
     The order inside a scope is kept, and is the same on every worker (xdist requires
     it)."""
-    if getattr(config.option, "dist", "no") != "loadscope":
+    if dist_mode(config) != "loadscope":
         return
     scopes: dict[str, list[pytest.Item]] = {}
     for item in items:
