@@ -16,9 +16,11 @@ import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Generic, TypeVar
 
 from kvstored.errors import BadRequestError, StoreError, UnreachableError, from_wire
+from kvstored.protocol.compiled import Compiled
 from kvstored.protocol.enums import Op, Role
 from kvstored.protocol.master_api import (
     CommitReply,
@@ -109,22 +111,33 @@ class OpSpec(Generic[Req, Rep]):
     def _fields(self) -> Fields:
         return self.request.shape()
 
+    # The generated check, decode and encode of the two messages (see
+    # kvstored.protocol.compiled): a request and its reply go through them on every call.
+
+    @cached_property
+    def _request_codec(self) -> Compiled:
+        return _codec(self.request)
+
+    @cached_property
+    def _reply_codec(self) -> Compiled:
+        return _codec(self.reply)
+
     def request_header(self, request: Req) -> dict[str, Any]:
-        return {"op": self.op.value, **request.to_wire()}
+        return self._request_codec.encode_into(request, {"op": self.op.value})
 
     def check(self, header: Mapping[str, Any]) -> Req:
         """The request in ``header``; :class:`BadRequestError` naming the field if it
         does not fit this op."""
-        fields = self._fields()
-        if not fields.ok(header):
-            where, message = fields.explain_fields(dict(header))
+        request = self._request_codec.parse(header)
+        if request is None:
+            where, message = self._fields().explain_fields(dict(header))
             raise BadRequestError(f"malformed {self.name} request: "
                                   + " ".join(filter(None, (where, message))))
-        return fields.decode(header)
+        return request
 
     @staticmethod
     def reply_header(reply: Message) -> dict[str, Any]:
-        return {"ok": True, **reply.to_wire()}
+        return _codec(type(reply)).encode_into(reply, {"ok": True})
 
     def decode_reply(self, header: Mapping[str, Any]) -> Rep:
         """The reply in ``header``, or the error it carries raised. A reply that is not
@@ -133,12 +146,16 @@ class OpSpec(Generic[Req, Rep]):
         if header.get("ok") is not True:
             error = header.get("error")
             raise from_wire(error if isinstance(error, dict) else {})
-        if self.reply_payload and not self.reply.shape().ok(header):
+        codec = self._reply_codec
+        if self.reply_payload:
             # Its sizes say how to read the bytes that follow: check them (cheap).
-            where, message = self.reply.shape().explain_fields(dict(header))
-            raise FrameError(f"malformed {self.name} reply: {where} {message}")
+            reply = codec.parse(header)
+            if reply is None:
+                where, message = self.reply.shape().explain_fields(dict(header))
+                raise FrameError(f"malformed {self.name} reply: {where} {message}")
+            return reply
         try:
-            return self.reply.from_wire(header)
+            return codec.decode(header)
         except (KeyError, TypeError, ValueError) as exc:
             raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
 
@@ -161,6 +178,12 @@ class OpSpec(Generic[Req, Rep]):
                 else:
                     views.append(view[:size])
         return views
+
+
+def _codec(message_type: type[Message]) -> Compiled:
+    compiled = message_type.shape().compiled()
+    assert compiled is not None, "a message type's shape builds it"
+    return compiled
 
 
 # The errors of a connection, worded once: every client (blocking, trio, asyncio) and the
