@@ -53,6 +53,12 @@ DEFAULT_MAX_PAYLOAD = 4 * 1024**3
 READ_AHEAD = 64 * 1024
 #: Pieces per sendmsg (IOV_MAX is 1024 on Linux).
 MAX_PIECES = 512
+#: The read-ahead of a header followed by a large item bound for the caller's buffer
+#: (see :func:`header_read_ahead`): the prefix and a header of a few dozen keys.
+SMALL_READ_AHEAD = 1024
+#: An item at least this large is received straight into its buffer: one more system
+#: call costs less than copying it out of the read-ahead.
+DIRECT_ITEM = 16 * 1024
 
 Buffer = memoryview | bytes | bytearray
 
@@ -164,6 +170,8 @@ class FrameDecoder:
         self._filled = 0
         self._header_len = 0
         self._header: dict[str, Any] | None = None
+        #: How far the reads of the current header may reach (None: the read-ahead's end).
+        self._reach: int | None = None
 
     # -- the read-ahead buffer ------------------------------------------------------------
 
@@ -201,21 +209,27 @@ class FrameDecoder:
         return data
 
     def _free_room(self) -> memoryview:
-        """The free end of the read-ahead, after moving unread bytes to the front."""
+        """The free end of the read-ahead, after moving unread bytes to the front (up to
+        the reach of the header being read, but never short of the header)."""
         if self._pos:
             left = self._end - self._pos
             self._ahead[:left] = self._ahead[self._pos:self._end]
             self._pos, self._end = 0, left
-        return self._ahead[self._end:]
+        if self._reach is None:
+            return self._ahead[self._end:]
+        return self._ahead[self._end:max(self._reach, self._header_len, self._end + 1)]
 
     # -- reads ------------------------------------------------------------------------------
 
-    def read_header(self) -> None:
+    def read_header(self, reach: int | None = None) -> None:
         """Start reading the next frame's prefix and header. Whatever is left of the
-        current frame's payload must have been read or skipped."""
+        current frame's payload must have been read or skipped. With ``reach``, reads
+        bring in at most that many bytes of the frame beyond what the header needs (see
+        :func:`header_read_ahead`)."""
         if self.payload_left:
             raise FrameError(f"{self.payload_left} bytes of the last payload are unread")
         self._goal, self._target, self._header_len, self._header = _HEADER, None, 0, None
+        self._reach = reach
 
     def header(self) -> dict[str, Any]:
         """The header :meth:`read_header` started to read (once ``room`` is None)."""
@@ -300,6 +314,17 @@ class FrameDecoder:
         return True
 
 
+def header_read_ahead(into: Sequence[Into] | None) -> int | None:
+    """The reach of the header read of a reply whose items land in ``into``: short when
+    the first is large, so that its bytes are received into its buffer, not copied out
+    of the read-ahead (on a single 64 KiB get, that copy is a tenth of the client's
+    time); None (the whole read-ahead) otherwise, for small items arrive with the header
+    in one system call."""
+    if into and len(into[0]) >= DIRECT_ITEM:
+        return SMALL_READ_AHEAD
+    return None
+
+
 # -- sending -------------------------------------------------------------------------------
 
 class Outgoing:
@@ -354,8 +379,8 @@ class AsyncFrames:
         while (room := decoder.room()) is not None:
             decoder.received(await recv_into(room))
 
-    async def recv_header(self) -> dict[str, Any]:
-        self.decoder.read_header()
+    async def recv_header(self, reach: int | None = None) -> dict[str, Any]:
+        self.decoder.read_header(reach)
         await self._pump()
         return self.decoder.header()
 
@@ -396,12 +421,13 @@ class FrameReader:
         while (room := decoder.room()) is not None:
             decoder.received(recv_into(room))
 
-    def recv_header(self) -> dict[str, Any]:
+    def recv_header(self, reach: int | None = None) -> dict[str, Any]:
         """Read the next frame's prefix and header (skipping what is left of the last
-        frame's payload); then read its ``payload_left``."""
+        frame's payload); then read its ``payload_left``. ``reach``: see
+        :meth:`FrameDecoder.read_header`."""
         if self.decoder.payload_left:
             self.discard_payload()
-        self.decoder.read_header()
+        self.decoder.read_header(reach)
         self._pump()
         return self.decoder.header()
 
@@ -418,6 +444,9 @@ def send_frame(sock: socket.socket, header: dict[str, Any],
                payload: Sequence[Buffer] = ()) -> None:
     """Send a frame over a blocking socket; ``payload`` pieces go out back to back
     without being joined."""
+    if not payload:
+        sock.sendall(pack_header(header))  # a request's usual case: no scatter list
+        return
     out = Outgoing(header, payload)
     while pieces := out.pieces():
         out.sent(sock.sendmsg(pieces))

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from kvstored.errors import BadRequestError
 from kvstored.protocol import HELLO, MASTER_OPS, NODE_OPS, Hello, Role
+from kvstored.protocol.shapes import (
+    Bool,
+    EnumOf,
+    Fields,
+    Int,
+    KeyStr,
+    List,
+    Map,
+    Name,
+    Number,
+    Opt,
+    Shape,
+    Str,
+    Tagged,
+)
 
 
 def _refused(spec, header: dict) -> str:
@@ -64,3 +84,133 @@ def test_the_hello_is_typed():
                 {"op": "hello", "version": 1, "token": b"bin"}):
         with pytest.raises(BadRequestError):
             Hello.parse(bad)
+
+
+# -- the generated check, decode and encode (kvstored.protocol.compiled) ---------------------
+
+def _message_shapes() -> list[Fields]:
+    """Every message shape the protocol uses: requests, replies, and what they nest."""
+    found: dict[str, Fields] = {}
+
+    def visit(shape: Shape) -> None:
+        if isinstance(shape, Fields):
+            if shape.name in found:
+                return
+            found[shape.name] = shape
+            for inner in shape.fields.values():
+                visit(inner)
+        elif isinstance(shape, Tagged):
+            for variant in shape.variants.values():
+                visit(variant)
+        elif isinstance(shape, Opt | List | Map):
+            visit(shape.inner)
+
+    for spec in [HELLO, *MASTER_OPS.values(), *NODE_OPS.values()]:
+        visit(spec.request.shape())
+        visit(spec.reply.shape())
+    return list(found.values())
+
+
+def _sample(shape: Shape, rng: random.Random, depth: int = 0) -> Any:
+    """A value that fits ``shape`` (lists short, so item-by-item checks run too)."""
+    if isinstance(shape, Opt):
+        return None if rng.random() < 0.3 else _sample(shape.inner, rng, depth)
+    if isinstance(shape, Fields):
+        out = {}
+        for name, inner in shape.fields.items():
+            if name not in shape.optional or rng.random() < 0.7:
+                out[name] = _sample(inner, rng, depth + 1)
+        count = rng.randint(0, 3)
+        for name in shape.same_length:
+            if name in out and isinstance(out[name], list):
+                out[name] = [_sample(_list_of(shape.fields[name]), rng, depth + 1)
+                             for _ in range(count)]
+        return out
+    if isinstance(shape, Tagged):
+        tag, variant = rng.choice(sorted(shape.variants.items()))
+        return {**_sample(variant, rng, depth), shape.tag: tag}
+    if isinstance(shape, List):
+        return [_sample(shape.inner, rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if isinstance(shape, Map):
+        return {f"m{i}": _sample(shape.inner, rng, depth + 1) for i in range(rng.randint(0, 2))}
+    if isinstance(shape, EnumOf):
+        return rng.choice(sorted(shape.members))
+    if isinstance(shape, Int):
+        lo = -5 if math.isinf(shape.lo) else int(shape.lo)
+        hi = lo + 10**6 if math.isinf(shape.hi) else int(shape.hi)
+        return rng.choice([lo, hi, rng.randint(lo, hi)])
+    if isinstance(shape, Number):
+        return max(shape.lo, min(shape.hi, rng.choice([0, 1.5, 7])))
+    if isinstance(shape, Bool):
+        return rng.random() < 0.5
+    if isinstance(shape, Name):
+        return "n" * rng.randint(1, shape.max_len)
+    if isinstance(shape, KeyStr):
+        return rng.choice(["k", "é" * 256, "x" * 1024, "a/b"])
+    if isinstance(shape, Str):
+        return rng.choice(["", "s", "é"])
+    return rng.choice([None, 1, "x", [1], {"a": 1}])  # AnyValue
+
+
+def _list_of(shape: Shape) -> Shape:
+    while isinstance(shape, Opt):
+        shape = shape.inner
+    assert isinstance(shape, List)
+    return shape.inner
+
+
+_ODD = [None, True, 0, -1, 2**32, 2**63, 1.5, float("nan"), "", "x" * 5000, "é" * 300,
+        b"bin", [], [None], [1, "a"], ["k"] * 17, [-1] * 17, {}, {"a": None}, {1: 2}]
+
+
+def _mutations(value: Any, rng: random.Random) -> Iterator[Any]:
+    """Values near ``value``: a field dropped, replaced by something odd, a list grown."""
+    yield value
+    if not isinstance(value, dict):
+        return
+    for name in list(value):
+        yield {k: v for k, v in value.items() if k != name}
+        yield {**value, name: rng.choice(_ODD)}
+        if isinstance(value[name], list):
+            yield {**value, name: [*value[name], rng.choice(_ODD)]}
+            yield {**value, name: value[name] * 20}
+        if isinstance(value[name], dict):
+            for inner in _mutations(value[name], rng):
+                yield {**value, name: inner}
+
+
+def test_the_generated_code_agrees_with_the_generic_walk():
+    """For every message shape, on values that fit and many that do not: the generated
+    check says what the generic walk says, and decodes and encodes to the same."""
+    rng = random.Random(16)
+    shapes = _message_shapes()
+    assert {"HeldGetRequest", "GetReply", "HeartbeatRequest", "LookupReply"} <= {
+        s.name for s in shapes}
+    tried = 0
+    for shape in shapes:
+        compiled = shape.compiled()
+        assert compiled is not None
+        for _ in range(40):
+            for value in _mutations(_sample(shape, rng), rng):
+                tried += 1
+                ok = shape.walk_ok(value)
+                assert compiled.check(value) is ok, (shape.name, value)
+                parsed = compiled.parse(value)
+                if not ok:
+                    assert parsed is None, (shape.name, value)
+                    continue
+                assert parsed == shape.walk_decode(value), (shape.name, value)
+                assert compiled.decode(value) == parsed
+                assert compiled.encode_into(parsed, {}) == shape.walk_encode(parsed)
+    assert tried > 10000
+
+
+def test_a_refused_request_still_names_its_field():
+    held = NODE_OPS["get_held"]
+    assert held.check({"keys": ["k"], "checksums": [1]}).keys == ["k"]
+    assert "checksums[0] must be an integer from 0 to 4294967295" in _refused(
+        held, {"keys": ["k"], "checksums": [-1]})
+    assert "one entry per key expected, but keys has 1, checksums has 2" in _refused(
+        held, {"keys": ["k"], "checksums": [1, 2]})
+    assert "keys[16] must be a key" in _refused(held, {"keys": ["k"] * 16 + [""]})
+    assert "keys[0] must be a key" in _refused(held, {"keys": ["x" * 1025]})

@@ -17,7 +17,7 @@ from kvstored.errors import StoreError, UnauthorizedError
 from kvstored.protocol import HELLO, Hello, HelloReply, OpSpec, Role
 from kvstored.protocol.ops import Rep, Req, connect_failures, exchange_failures
 from kvstored.security import ClientToken
-from kvstored.wire import Buffer, FrameReader, Into, send_frame
+from kvstored.wire import Buffer, FrameReader, Into, header_read_ahead, send_frame
 
 
 class Connection:
@@ -47,18 +47,20 @@ class Connection:
         """Send ``request`` and return the reply (raising the error the peer answered).
         A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
         or discarded."""
+        reader = self.reader
         with exchange_failures(self.where, self.timeout, self.close, op=spec.name):
             send_frame(self.sock, spec.request_header(request), payload)
-            header = self.reader.recv_header()
+            header = reader.recv_header(header_read_ahead(into))
             try:
                 reply = spec.decode_reply(header)
             except StoreError:
-                self.reader.discard_payload()
+                reader.discard_payload()
                 raise
             if into is not None:
                 for view in spec.payload_views(reply, into):
-                    self.reader.recv_payload_into(view)
-            self.reader.discard_payload()
+                    reader.recv_payload_into(view)
+            if reader.payload_left:
+                reader.discard_payload()
             return reply
 
     def close(self) -> None:

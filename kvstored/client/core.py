@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvstored.address import split_address
-from kvstored.client.held import HeldLocations
+from kvstored.client.held import HeldCopy, HeldLocations
 from kvstored.client.memory import HostMemory
 from kvstored.client.metrics import CallKind, ClientMetrics, metered
 from kvstored.client.parts import checksum, gather, parts_of, views_of
@@ -70,7 +70,7 @@ from kvstored.protocol.node_api import (
 )
 from kvstored.protocol.ops import Rep, Req
 from kvstored.sdk.errors import InvalidKeyError
-from kvstored.sdk.types import encode_key
+from kvstored.sdk.types import MAX_KEY_BYTES, encode_key
 from kvstored.security import ClientToken
 from kvstored.wire import Buffer, Into, Parts
 
@@ -193,6 +193,10 @@ class ObjectInfo:
 
 def check_keys(keys: Sequence[str]) -> None:
     for key in keys:
+        # An ASCII key's length is its size in UTF-8: most keys need no encoding to tell
+        # (isascii is a flag of the string, not a scan).
+        if type(key) is str and key.isascii() and 0 < len(key) <= MAX_KEY_BYTES:
+            continue
         try:
             encode_key(key)
         except InvalidKeyError as exc:
@@ -406,26 +410,27 @@ class ClientCore:
         keys = list(keys)
         check_keys(keys)
         fresh = not buffers
-        direct = self.held.plan(keys, (lambda i: None) if fresh else
-                                (lambda i: len(_into(buffers[i]))), self._ask_directly)
+        direct = self.held.plan(keys, self._ask_directly)
         if not direct:
             return (yield from self._read_looked_up(keys, buffers, tiers))
         results = [MISSING] * len(keys)
         if fresh:
             buffers.extend([None] * len(keys))
-        for node, idx in direct.items():
-            yield from self._get_held(node, keys, idx, buffers, results)
+        for node, picked in direct.items():
+            yield from self._get_held(node, keys, picked, buffers, results)
         rest = [i for i, n in enumerate(results) if n < 0]
+        if not rest:
+            if tiers is not None:
+                tiers[:] = [Tier.DRAM] * len(keys)
+            return results
         got_tiers: list[Tier | None] = [None if n < 0 else Tier.DRAM for n in results]
-        if rest:
-            sub_buffers = [] if fresh else [buffers[i] for i in rest]
-            sub_tiers: list[Tier | None] = []
-            sub = yield from self._read_looked_up([keys[i] for i in rest], sub_buffers,
-                                                  sub_tiers)
-            for j, i in enumerate(rest):
-                results[i], got_tiers[i] = sub[j], sub_tiers[j]
-                if fresh:
-                    buffers[i] = sub_buffers[j]
+        sub_buffers = [] if fresh else [buffers[i] for i in rest]
+        sub_tiers: list[Tier | None] = []
+        sub = yield from self._read_looked_up([keys[i] for i in rest], sub_buffers, sub_tiers)
+        for j, i in enumerate(rest):
+            results[i], got_tiers[i] = sub[j], sub_tiers[j]
+            if fresh:
+                buffers[i] = sub_buffers[j]
         if tiers is not None:
             tiers[:] = got_tiers
         return results
@@ -439,17 +444,29 @@ class ClientCore:
                 and not self.health.is_down(node)
                 and self.segments.mapping(node, contact) is None)
 
-    def _get_held(self, node: str, keys: list[str], idx: list[int], buffers: list[Any],
-                  results: list[int]) -> Step[None]:
-        """Ask ``node`` for ``idx`` without a lookup; what it serves and passes the
-        checksum is in ``results``, the rest is forgotten (and read the usual way)."""
-        copies = [self.held.get(keys[i]) for i in idx]
-        idx = [i for i, c in zip(idx, copies) if c is not None]
-        held = [c for c in copies if c is not None]
-        for i, copy in zip(idx, held):
-            if buffers[i] is None:
-                buffers[i] = bytearray(copy.size)
-        views = [_into(buffers[i]) for i in idx]
+    def _get_held(self, node: str, keys: list[str], picked: list[tuple[int, HeldCopy]],
+                  buffers: list[Any], results: list[int]) -> Step[None]:
+        """Ask ``node`` for ``picked`` (indexes, and what is known of them) without a
+        lookup; what it serves and passes the checksum is in ``results``, the rest is
+        forgotten (and read the usual way, as is a key whose buffer is too small: that
+        read says what is wrong with it)."""
+        idx: list[int] = []
+        held: list[HeldCopy] = []
+        views: list[Into] = []
+        for i, copy in picked:
+            buffer = buffers[i]
+            if buffer is None:
+                buffer = buffers[i] = bytearray(copy.size)
+                view: Into = memoryview(buffer)
+            else:
+                view = _into(buffer)
+                if len(view) < copy.size:
+                    continue
+            idx.append(i)
+            held.append(copy)
+            views.append(view)
+        if not idx:
+            return
         try:
             reply = yield from call(ops.GET_HELD, HeldGetRequest(
                 [keys[i] for i in idx], [c.checksum for c in held]), node=node, into=views)

@@ -90,24 +90,27 @@ class HeldLocations:
 
     # -- a read --------------------------------------------------------------------------
 
-    def plan(self, keys: Sequence[str], room: Callable[[int], int | None],
-             usable: Callable[[str], bool]) -> dict[str, list[int]]:
-        """Per node, the indexes of ``keys`` to ask it for with get_held: known here,
-        not locked by this client, with a buffer of at least their size (``room(i)``:
-        its length, None for a new one), on a node ``usable`` says to ask directly."""
-        out: dict[str, list[int]] = {}
+    def plan(self, keys: Sequence[str], usable: Callable[[str], bool]
+             ) -> dict[str, list[tuple[int, HeldCopy]]]:
+        """Per node, the indexes of ``keys`` to ask it for with get_held and what is
+        known of each: known here, not locked by this client, on a node ``usable`` says
+        to ask directly (asked once per node)."""
+        out: dict[str, list[tuple[int, HeldCopy]]] = {}
         where = self._where
         if not where:
             return out
-        now = self.clock()
+        asked: dict[str, bool] = {}
+        locks = self._locks
+        now = self.clock() if locks else 0.0
         with self._mutex:
             for i, key in enumerate(keys):
                 copy = where.get(key)
-                if copy is None or (self._locks and self._is_locked(key, now)):
+                if copy is None or (locks and self._is_locked(key, now)):
                     continue
-                length = room(i)
-                if length is not None and length < copy.size:
-                    continue  # the usual read says what is wrong with the buffer
-                if usable(copy.node):
-                    out.setdefault(copy.node, []).append(i)
+                node = copy.node
+                ok = asked.get(node)
+                if ok is None:
+                    ok = asked[node] = usable(node)
+                if ok:
+                    out.setdefault(node, []).append((i, copy))
         return out

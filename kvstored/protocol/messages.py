@@ -111,7 +111,7 @@ def _build(cls: type[Message]) -> Fields:
         if not isinstance(shapes.get(name), List | Opt):
             raise TypeError(f"{cls.__name__}.SAME_LENGTH names {name!r}, not a list field")
     build: Callable[[dict[str, Any]], Any] = lambda args: cls(**args)  # noqa: E731
-    return Fields(cls.__name__, shapes, frozenset(optional), cls.SAME_LENGTH, build)
+    return Fields(cls.__name__, shapes, frozenset(optional), cls.SAME_LENGTH, build, cls)
 
 
 _SCALARS: dict[Any, Callable[[], Shape]] = {str: Str, bool: Bool, int: Int, float: Number,

@@ -12,6 +12,10 @@ A :class:`Shape` answers three questions about a decoded msgpack value:
   back. Most shapes are the identity (``identity`` is then true, and a list of them is
   passed through untouched); enums become their members, maps become messages.
 
+``ok_source`` gives ``ok`` as a Python expression, from which
+:mod:`kvstored.protocol.compiled` generates each message's check and decode (a message's
+``Fields`` runs those); ``explain`` stays generic, since it only runs on a bad value.
+
 Shapes are built by :mod:`kvstored.protocol.messages` from a message's field types; a
 field whose type says too little (a key, a size, a checksum) names its shape with
 ``Annotated`` (:data:`Key`, :data:`Size`, ...).
@@ -26,6 +30,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
+from kvstored.protocol.compiled import Compiled, Source, compile_fields
 from kvstored.sdk.types import MAX_KEY_BYTES
 
 #: Items in one list field (keys of a batch, ...).
@@ -57,6 +62,11 @@ class Shape:
         """``ok`` for every one of ``values`` (a non-empty list)."""
         return all(map(self.ok, values))
 
+    def ok_source(self, var: str, source: Source) -> str | None:
+        """``ok`` of the value named ``var`` as a Python expression (names it needs
+        bound in ``source``), or None: generated code calls ``ok``."""
+        return None
+
     def explain(self, value: Any) -> tuple[str, str]:
         """``(path inside value, message)`` for a value that is not ok."""
         return "", f"must be {self.expected}, not {_kind(value)}"
@@ -79,6 +89,9 @@ class _Exactly(Shape):
     def all_ok(self, values: list[Any]) -> bool:
         return _all_of_type(values, self.kind)
 
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return f"type({var}) is {source.bind(self.kind, 'type')}"
+
 
 class Str(_Exactly):
     expected = "a string"
@@ -95,6 +108,10 @@ class KeyStr(Shape):
         # A UTF-8 character is at most 4 bytes: most keys need no encoding to tell.
         return type(value) is str and (0 < len(value) <= MAX_KEY_BYTES // 4 or (
             len(value) > 0 and len(value.encode()) <= MAX_KEY_BYTES))
+
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return (f"(type({var}) is _str and (0 < _len({var}) <= {MAX_KEY_BYTES // 4} "
+                f"or {source.bind(self.ok, 'key')}({var})))")
 
     def all_ok(self, values: list[Any]) -> bool:
         if not _all_of_type(values, str):
@@ -120,6 +137,9 @@ class Name(Shape):
     def ok(self, value: Any) -> bool:
         return type(value) is str and 0 < len(value) <= self.max_len
 
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return f"(type({var}) is _str and 0 < _len({var}) <= {self.max_len})"
+
     def explain(self, value: Any) -> tuple[str, str]:
         if type(value) is str:
             return "", f"must be {self.expected}; this one has {len(value)}"
@@ -141,6 +161,11 @@ class Int(Shape):
 
     def all_ok(self, values: list[Any]) -> bool:
         return _all_of_type(values, int) and self.lo <= min(values) and max(values) <= self.hi
+
+    def ok_source(self, var: str, source: Source) -> str | None:
+        lo = "" if math.isinf(self.lo) else f" and {int(self.lo)} <= {var}"
+        hi = "" if math.isinf(self.hi) else f" and {var} <= {int(self.hi)}"
+        return f"(type({var}) is _int{lo}{hi})"
 
     def explain(self, value: Any) -> tuple[str, str]:
         if type(value) is int:
@@ -193,6 +218,9 @@ class EnumOf(Shape):
     def all_ok(self, values: list[Any]) -> bool:
         return _all_of_type(values, str) and set(values) <= self.members.keys()
 
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return f"(type({var}) is _str and {var} in {source.bind(self.members, 'members')})"
+
     def explain(self, value: Any) -> tuple[str, str]:
         return "", f"must be {self.expected}, not {value!r:.40}"
 
@@ -217,6 +245,9 @@ class Opt(Shape):
     def all_ok(self, values: list[Any]) -> bool:
         present = [v for v in values if v is not None]
         return not present or self.inner.all_ok(present)
+
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return f"({var} is None or {source.ok(self.inner, var)})"
 
     def explain(self, value: Any) -> tuple[str, str]:
         return self.inner.explain(value)
@@ -260,6 +291,21 @@ class List(_Collection):
             return False
         # Item by item is cheaper for a few items; all_ok's C passes win beyond.
         return all(map(self.inner.ok, value)) if len(value) <= 16 else self.inner.all_ok(value)
+
+    def ok_source(self, var: str, source: Source) -> str | None:
+        # A function of its own: a loop over the items, as ok() (which it must equal).
+        name = source.fresh("list")
+        source.helpers.append("\n".join((
+            f"def {name}(v):",
+            f"    if type(v) is not _list or _len(v) > {self.max_len}:",
+            "        return False",
+            "    if _len(v) <= 16:",
+            "        for x in v:",
+            f"            if not {source.ok(self.inner, 'x')}:",
+            "                return False",
+            "        return True",
+            f"    return {source.bind(self.inner.all_ok, 'all')}(v)")))
+        return f"{name}({var})"
 
     def _explain_entries(self, value: list[Any]) -> tuple[str, str]:
         for i, item in enumerate(value):
@@ -311,6 +357,9 @@ class AnyValue(Shape):
     def ok(self, value: Any) -> bool:
         return True
 
+    def ok_source(self, var: str, source: Source) -> str | None:
+        return "True"
+
 
 class Fields(Shape):
     """A map with named fields, each of its own shape (a message; see
@@ -318,23 +367,59 @@ class Fields(Shape):
 
     A field in ``optional`` may be absent; other fields the map carries are ignored (an
     older receiver of a newer sender). ``same_length`` names list fields that hold one
-    entry per key. ``build`` turns the decoded fields into the message."""
+    entry per key. ``build`` turns the decoded fields into the message.
+
+    The shape of a message type (``message_type``) checks, decodes and encodes through
+    the functions :mod:`kvstored.protocol.compiled` generates from it (:meth:`compiled`);
+    the ``walk_*`` methods are the same, generically (the reference the generated code
+    is tested against, and the way of a ``Fields`` that builds no message type)."""
 
     identity = False
 
     def __init__(self, name: str, fields: Mapping[str, Shape], optional: frozenset[str],
                  same_length: tuple[str, ...],
-                 build: Callable[[dict[str, Any]], Any]) -> None:
+                 build: Callable[[dict[str, Any]], Any],
+                 message_type: type | None = None) -> None:
         self.name = name
         self.fields = dict(fields)
         self.optional = optional
         self.same_length = same_length
         self.build = build
+        self.message_type = message_type
         self.expected = "a map"
         self._plain = [n for n, s in self.fields.items() if s.identity]
         self._converted = [(n, s) for n, s in self.fields.items() if not s.identity]
+        self._compiled: Compiled | None = None
+
+    def compiled(self) -> Compiled | None:
+        """The generated functions of this shape (made on first use: the fields may name
+        messages defined after this one), or None if it builds no message type."""
+        if self._compiled is None and self.message_type is not None:
+            self._compiled = compile_fields(self, self.message_type)
+        return self._compiled
 
     def ok(self, value: Any) -> bool:
+        compiled = self.compiled()
+        return self.walk_ok(value) if compiled is None else compiled.check(value)
+
+    def parse(self, value: Any) -> Any | None:
+        """The message of ``value`` if it is ok, else None (``explain_fields`` says why)."""
+        compiled = self.compiled()
+        if compiled is None:
+            return self.walk_decode(value) if self.walk_ok(value) else None
+        return compiled.parse(value)
+
+    def decode(self, value: Any) -> Any:
+        """The message of a map that is ok. Absent fields take the message's defaults; a
+        required one that is absent raises KeyError or TypeError (a malformed reply)."""
+        compiled = self.compiled()
+        return self.walk_decode(value) if compiled is None else compiled.decode(value)
+
+    def encode(self, value: Any) -> Any:
+        compiled = self.compiled()
+        return self.walk_encode(value) if compiled is None else compiled.encode_into(value, {})
+
+    def walk_ok(self, value: Any) -> bool:
         if type(value) is not dict:
             return False
         for name, shape in self.fields.items():
@@ -367,9 +452,7 @@ class Fields(Shape):
         shown = ", ".join(f"{n} has {k}" for n, k in lengths.items())
         return "", f"one entry per key expected, but {shown}"
 
-    def decode(self, value: Any) -> Any:
-        """The message of a map that is ok. Absent fields take the message's defaults; a
-        required one that is absent raises TypeError (a malformed reply)."""
+    def walk_decode(self, value: Any) -> Any:
         args = {n: value[n] for n in self._plain if n in value}
         for name, shape in self._converted:
             item = value.get(name)
@@ -379,7 +462,7 @@ class Fields(Shape):
                 args[name] = None
         return self.build(args)
 
-    def encode(self, value: Any) -> Any:
+    def walk_encode(self, value: Any) -> Any:
         out = {n: getattr(value, n) for n in self._plain}
         for name, shape in self._converted:
             out[name] = shape.encode(getattr(value, name))
