@@ -59,6 +59,8 @@ class Connection:
                 for view in spec.payload_views(reply, into):
                     self.reader.recv_payload_into(view)
             self.reader.discard_payload()
+            if spec.trailer_follows(reply):
+                reply = spec.with_trailer(reply, self.reader.recv_header())
             return reply
 
     def close(self) -> None:
