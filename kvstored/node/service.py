@@ -142,6 +142,8 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
         try:
             node = Node(config, backend, segment, outcomes, credentials=credentials,
                         limits=limits, metrics=metrics, startup=startup)
+            if config.populate:  # as the segment: slow to create, fast to use
+                await trio.to_thread.run_sync(node.staging.prepare)
             yield node
         finally:
             if node is not None:

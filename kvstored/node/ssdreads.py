@@ -19,7 +19,9 @@ Not here: what a get sends (the data server), or the backend's own reading.
 
 from __future__ import annotations
 
+import collections
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -114,11 +116,11 @@ class SsdReads:
         views = [view for reading in batch for _, view in reading.items]
         failure: list[BaseException] = []
 
-        def deliver(n: int, result: int) -> None:
-            reading, i = owners[n]
-            reading._send.send_nowait((i, result))
-
-        def finish() -> None:
+        def deliver(item: tuple[int, int] | None) -> None:
+            if item is not None:
+                reading, i = owners[item[0]]
+                reading._send.send_nowait((i, item[1]))
+                return
             error = None
             if failure:
                 exc = failure[0]
@@ -129,19 +131,51 @@ class SsdReads:
                 reading._send.close()
                 reading.done.set()
 
+        handoff = _Handoff(token, deliver)
+
         def work() -> None:
-            # Every delivery and then finish() go through the one queue of run_sync_soon,
-            # in order: a get sees all its results before the end of its stream.
+            # Every result and then the end (None) go through the one handoff, in order:
+            # a get sees all its results before the end of its stream.
             started = time.perf_counter()
             try:
-                for n, result in self.read_stream(keys, views):
-                    token.run_sync_soon(deliver, n, result)
+                for item in self.read_stream(keys, views):
+                    handoff.post(item)
             except BaseException as exc:  # the gets must hear of it, whatever it was
                 failure.append(exc)
             finally:
                 self.observe(time.perf_counter() - started)
-                token.run_sync_soon(finish)
+                handoff.post(None)
 
         await trio.to_thread.run_sync(work)
         if failure and not isinstance(failure[0], StoreError):
             raise failure[0]  # the node's supervisor logs and counts it
+
+
+class _Handoff:
+    """Items from a worker thread to the trio thread, in order, with one wakeup of trio
+    per burst rather than per item: each ``run_sync_soon`` writes to trio's wakeup
+    socket, about 20 µs under load, and a batch of 32 small reads yields 32 items at
+    once (py-spy: 8% of the daemon's time in those writes at 64 KiB)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken,
+                 deliver: Callable[[tuple[int, int] | None], None]) -> None:
+        self._token = token
+        self._deliver = deliver
+        self._items: collections.deque[tuple[int, int] | None] = collections.deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, item: tuple[int, int] | None) -> None:
+        """From the worker thread."""
+        self._items.append(item)
+        with self._lock:
+            if self._scheduled:  # a drain is due, and will take this item too
+                return
+            self._scheduled = True
+        self._token.run_sync_soon(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._scheduled = False  # what is posted from now on schedules another drain
+        while self._items:
+            self._deliver(self._items.popleft())
