@@ -8,8 +8,8 @@ many connections together hold more than a bound. So:
 - at most ``budget`` bytes are lent at once over all connections; a request waits for
   room, and one that needs more than the whole budget is refused with an error saying
   so (clients split their gets below it: the node announces the budget in its hello);
-- one *arena* of ``budget // 4`` bytes is mapped once (pre-faulted: :meth:`prepare` at
-  start, or on first use) and kept; each request takes a page-aligned extent of it
+- one *arena* of ``budget // 4`` bytes is allocated once (pre-faulted: :meth:`prepare`
+  at start, or on first use) and kept; each request takes a page-aligned extent of it
   (kvstored.allocator), so concurrent gets of any sizes share it and none pays for
   fresh pages. A request the arena cannot hold now gets a buffer of its own, freed
   when it returns.
@@ -23,7 +23,7 @@ This module holds memory, not I/O.
 
 from __future__ import annotations
 
-import mmap
+import ctypes
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -37,6 +37,14 @@ from kvstored.sdk.units import format_size
 ALIGN = 4096
 
 
+def aligned(size: int) -> memoryview:
+    """``size`` zeroed (so touched) bytes starting on a page. A bytearray, not an
+    anonymous mapping: mappings are how a backend tells the node's DRAM segment."""
+    raw = bytearray(size + ALIGN)
+    skip = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % ALIGN
+    return memoryview(raw)[skip:skip + size]
+
+
 class StagingPool:
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -48,15 +56,13 @@ class StagingPool:
 
     @property
     def kept(self) -> int:
-        """Bytes held for reuse (the arena, once mapped)."""
+        """Bytes held for reuse (the arena, once allocated)."""
         return 0 if self._arena is None else self._arena.nbytes
 
     def prepare(self) -> None:
-        """Map and pre-fault the arena now (slow: a thread's work at start)."""
+        """Allocate and pre-fault the arena now (slow: a thread's work at start)."""
         if self._arena is None and self.keep:
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) \
-                | getattr(mmap, "MAP_POPULATE", 0)
-            self._arena = memoryview(mmap.mmap(-1, self.keep, flags=flags))
+            self._arena = aligned(self.keep)
 
     def check(self, size: int) -> None:
         """Refuse at once a request that could never fit."""
@@ -81,7 +87,7 @@ class StagingPool:
             assert self._arena is not None
             buffer = self._arena[offset:offset + size]
         else:
-            buffer = memoryview(mmap.mmap(-1, max(size, 1)))[:size]
+            buffer = aligned(size)
         try:
             yield buffer
         finally:

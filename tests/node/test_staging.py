@@ -54,13 +54,13 @@ def test_requests_share_one_kept_arena_and_what_does_not_fit_gets_its_own_buffer
     pool = StagingPool(64 * MiB)
 
     async def main():
-        assert pool.kept == 0  # mapped on first use (or by prepare() at start)
+        assert pool.kept == 0  # allocated on first use (or by prepare() at start)
         async with pool.lend(100) as small:
             small[:5] = b"hello"
             arena = small.obj
         assert pool.kept == pool.keep == 16 * MiB
         async with pool.lend(MiB) as again, pool.lend(3 * MiB) as other:
-            assert again.obj is arena and other.obj is arena  # the same mapping, reused
+            assert again.obj is arena and other.obj is arena  # the same arena, reused
             assert bytes(again[:5]) == b"hello"  # the same pages: no fresh ones
             again[:] = b"a" * MiB
             other[:] = b"b" * (3 * MiB)
