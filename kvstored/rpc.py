@@ -479,6 +479,8 @@ async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
         for view in spec.payload_views(reply, into):
             await conn.recv_payload_into(view)
     await conn.discard_payload()
+    if spec.trailer_follows(reply):
+        reply = spec.with_trailer(reply, await conn.recv_header())
     return reply
 
 

@@ -330,13 +330,22 @@ def header_read_ahead(into: Sequence[Into] | None) -> int | None:
 class Outgoing:
     """The ``sendmsg`` calls of one frame: its prefix and header, then the payload pieces
     back to back, never joined. The shell loops ``while (pieces := out.pieces()):
-    out.sent(sendmsg(pieces))``."""
+    out.sent(sendmsg(pieces))``.
+
+    A frame may be sent in parts: ``payload_len`` announces more payload than
+    ``payload`` holds, and the rest follows as ``Outgoing(None, more)`` (no prefix or
+    header), as many times as it takes to send exactly that many bytes."""
 
     __slots__ = ("_cursor", "_pieces")
 
-    def __init__(self, header: dict[str, Any], payload: Sequence[Buffer] = ()) -> None:
+    def __init__(self, header: dict[str, Any] | None, payload: Sequence[Buffer] = (),
+                 payload_len: int | None = None) -> None:
         views = [memoryview(p).cast("B") for p in payload if len(p)]
-        self._pieces = [memoryview(pack_header(header, sum(v.nbytes for v in views))), *views]
+        if header is None:
+            self._pieces = views
+        else:
+            length = sum(v.nbytes for v in views) if payload_len is None else payload_len
+            self._pieces = [memoryview(pack_header(header, length)), *views]
         self._cursor = 0
 
     def pieces(self) -> list[memoryview]:
@@ -396,8 +405,11 @@ class AsyncFrames:
     async def _send(self, pieces: list[memoryview]) -> int:
         return await self.sock.sendmsg(pieces)
 
-    async def send_frame(self, header: dict[str, Any], payload: Sequence[Buffer] = ()) -> None:
-        out = Outgoing(header, payload)
+    async def send_frame(self, header: dict[str, Any] | None, payload: Sequence[Buffer] = (),
+                         payload_len: int | None = None) -> None:
+        """Send a frame, or a part of one (see :class:`Outgoing`): ``header`` None sends
+        more of the payload a header announced with ``payload_len``."""
+        out = Outgoing(header, payload, payload_len)
         while pieces := out.pieces():
             out.sent(await self._send(pieces))
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from kvstored.errors import BadRequestError
-from kvstored.protocol import HELLO, MASTER_OPS, NODE_OPS, Hello, Role
+from kvstored.protocol import HELLO, MASTER_OPS, NODE_OPS, Hello, OpSpec, Role, ops
+from kvstored.protocol.node_api import GetReply
 from kvstored.protocol.shapes import (
     Bool,
     EnumOf,
@@ -26,6 +27,7 @@ from kvstored.protocol.shapes import (
     Str,
     Tagged,
 )
+from kvstored.wire import FrameError
 
 
 def _refused(spec, header: dict) -> str:
@@ -84,6 +86,26 @@ def test_the_hello_is_typed():
                 {"op": "hello", "version": 1, "token": b"bin"}):
         with pytest.raises(BadRequestError):
             Hello.parse(bad)
+
+
+def test_a_get_trailer_may_only_turn_announced_items_into_misses():
+    reply = ops.GET.decode_reply(OpSpec.reply_header(
+        GetReply([5, -1, 3, 0], from_ssd=[0, 2], trailer=True)))
+    assert ops.GET.trailer_follows(reply)
+    final = ops.GET.with_trailer(reply, ops.GET.trailer_header([5, -1, -2, 0]))
+    assert final.sizes == [5, -1, -2, 0] and final.from_ssd == [0, 2]
+    for bad in ([5, -1, 3], [5, 4, 3, 0], [6, -1, 3, 0], [5, -1, 3, 0, 1]):
+        with pytest.raises(FrameError):
+            ops.GET.with_trailer(reply, ops.GET.trailer_header(bad))
+    with pytest.raises(FrameError):
+        ops.GET.with_trailer(reply, {"ok": True, "sizes": "no"})
+    with pytest.raises(FrameError):
+        ops.GET.with_trailer(reply, {"ok": False, "error": {}})
+    # get_held never streams: a reply saying otherwise is not this protocol.
+    with pytest.raises(FrameError):
+        ops.GET_HELD.decode_reply(OpSpec.reply_header(GetReply([1], trailer=True)))
+    assert not ops.GET.trailer_follows(ops.GET.decode_reply(OpSpec.reply_header(
+        GetReply([1]))))
 
 
 # -- the generated check, decode and encode (kvstored.protocol.compiled) ---------------------

@@ -54,6 +54,9 @@ from kvstored.errors import StoreError
 from kvstored.sdk.units import parse_size
 
 PEERS = ("raw-socket", "memcpy", "mooncake")
+#: The runners of kvstored and of Mooncake, which ``--runners`` picks from.
+RUNNERS = ("kvstored-tcp", "kvstored-shm", "kvstored-ssd", "mooncake-remote", "mooncake-shm",
+           "mooncake-ssd")
 
 #: (goal, size, runner, versus, op, measure, minimum ratio). For latency the ratio is
 #: theirs over ours, so that above 1 always means kvstored is better.
@@ -192,20 +195,25 @@ def _measure_peer(name: str, size: int, count: int, say: Callable[[str], None]) 
         server.stop()
 
 
-def _run_mooncake(binaries: dict, workdir: Path, size: int, count: int,
+def _run_mooncake(binaries: dict, workdir: Path, size: int, count: int, runners: set[str],
                   out: dict, notes: dict, say: Callable[[str], None]) -> None:
     label = _label(size)
-    # Both modes' objects (single + batch sets, twice) stay below Mooncake's eviction
-    # watermark (90%); otherwise the oldest are evicted and later read as missing.
-    cluster = MooncakeCluster(binaries, workdir / f"dram-{label}",
-                              segment=5 * count * size + (256 << 20))
-    try:
-        for mode in ("remote", "shm"):
-            say(f"{label}: mooncake-{mode} ...")
-            document = cluster.measure(mode, size, count)
-            out[f"mooncake-{mode}"] = document.get("results") or {"error": document["error"]}
-    finally:
-        cluster.stop()
+    modes = [m for m in ("remote", "shm") if f"mooncake-{m}" in runners]
+    if modes:
+        # Both modes' objects (single + batch sets, twice) stay below Mooncake's eviction
+        # watermark (90%); otherwise the oldest are evicted and later read as missing.
+        cluster = MooncakeCluster(binaries, workdir / f"dram-{label}",
+                                  segment=5 * count * size + (256 << 20))
+        try:
+            for mode in modes:
+                say(f"{label}: mooncake-{mode} ...")
+                document = cluster.measure(mode, size, count)
+                out[f"mooncake-{mode}"] = (document.get("results")
+                                           or {"error": document["error"]})
+        finally:
+            cluster.stop()
+    if "mooncake-ssd" not in runners:
+        return
     # SSD: a small segment, so that the objects are pushed out to disk.
     cluster = MooncakeCluster(binaries, workdir / f"ssd-{label}",
                               segment=max(256 << 20, 2 * BATCH * size),
@@ -234,8 +242,8 @@ def _guarded(runner: KvstoredRunner, say: Callable[[str], None], measure: Callab
 
 
 def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], total: int,
-               peers: list[str], workdir: Path, tag: str, say: Callable[[str], None]
-               ) -> tuple[dict, dict]:
+               peers: list[str], runners: set[str], workdir: Path, tag: str,
+               say: Callable[[str], None]) -> tuple[dict, dict]:
     results: dict[str, dict] = {}
     notes: dict[str, Any] = {}
     for size in sizes:
@@ -244,20 +252,22 @@ def _one_round(runner: KvstoredRunner, binaries: dict | None, sizes: list[int], 
         noted = notes[label] = {}
         buffers = Buffers(size)
         prefix = f"{label}-{tag.split('/')[0].replace(' ', '')}"
-        for transport in ("tcp", "shm"):
+        for transport in [t for t in ("tcp", "shm") if f"kvstored-{t}" in runners]:
             say(f"{tag}{label}: kvstored-{transport} ({count} objects per op) ...")
             out[f"kvstored-{transport}"] = _guarded(
                 runner, say, runner.run_dram, transport, size, count, buffers,
                 f"kv-{transport}-{prefix}")
-        say(f"{tag}{label}: kvstored-ssd (flush, evict, drop caches, read) ...")
-        ssd = _guarded(runner, say, runner.run_ssd, size, count, buffers, f"kv-ssd-{prefix}")
-        out["kvstored-ssd"], noted["kvstored-ssd"] = (ssd, {}) if "error" in ssd else ssd
+        if "kvstored-ssd" in runners:
+            say(f"{tag}{label}: kvstored-ssd (flush, evict, drop caches, read) ...")
+            ssd = _guarded(runner, say, runner.run_ssd, size, count, buffers,
+                           f"kv-ssd-{prefix}")
+            out["kvstored-ssd"], noted["kvstored-ssd"] = (ssd, {}) if "error" in ssd else ssd
         for peer in ("raw-socket", "memcpy"):
             if peer in peers:
                 say(f"{tag}{label}: {peer} ...")
                 out[peer] = _measure_peer(peer, size, count, say)
         if binaries is not None:
-            _run_mooncake(binaries, workdir / tag, size, count, out, noted,
+            _run_mooncake(binaries, workdir / tag, size, count, runners, out, noted,
                           lambda message: say(tag + message))
     return results, notes
 
@@ -289,8 +299,8 @@ def median_of_rounds(rounds: list[dict]) -> dict:
     return merged
 
 
-def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: Path,
-         rounds: int, say: Callable[[str], None]) -> tuple[dict, dict, dict]:
+def _run(sizes: list[int], total: int, peers: list[str], runners: set[str], backend: str,
+         workdir: Path, rounds: int, say: Callable[[str], None]) -> tuple[dict, dict, dict]:
     skipped: dict[str, str] = {}
     binaries = None
     if "mooncake" in peers:
@@ -306,7 +316,7 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
         for number in range(1, rounds + 1):
             tag = f"round {number}/{rounds} " if rounds > 1 else ""
             results, notes[f"round {number}"] = _one_round(
-                runner, binaries, sizes, total, peers, workdir / f"round-{number}",
+                runner, binaries, sizes, total, peers, runners, workdir / f"round-{number}",
                 tag, say)
             every.append(results)
     finally:
@@ -321,11 +331,13 @@ def _run(sizes: list[int], total: int, peers: list[str], backend: str, workdir: 
               help="Comma-separated object sizes.")
 @click.option("--peers", default=",".join(PEERS), show_default=True,
               help="Comma-separated: raw-socket, memcpy, mooncake (kvstored always runs).")
+@click.option("--runners", default=",".join(RUNNERS), show_default=True,
+              help="Comma-separated: which of kvstored's and Mooncake's runners run.")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
               help="Repeat everything; each figure is the median over the rounds.")
 @click.option("--backend", default="bucket", show_default=True, help="kvstored's SSD backend.")
 @run_outputs("store")
-def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
+def store_command(total: str, sizes: str, peers: str, runners: str, rounds: int, backend: str,
                   workdir: Path | None, json_out: Path, markdown_out: Path | None) -> None:
     """kvstored's data path against Mooncake Store, a raw socket and memcpy.
 
@@ -345,6 +357,13 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     if unknown:
         raise click.BadParameter(f"unknown peer {unknown[0]!r}; choose from "
                                  f"{', '.join(PEERS)}", param_hint="--peers")
+    runner_set = {r.strip() for r in runners.split(",") if r.strip()}
+    unknown = sorted(runner_set - set(RUNNERS))
+    if unknown or not runner_set:
+        what = f"unknown runner {unknown[0]!r}; " if unknown else "no runner given; "
+        raise click.BadParameter(what + f"choose from {', '.join(RUNNERS)}",
+                                 param_hint="--runners")
+
     def terminated(signum, frame) -> None:
         raise SystemExit(128 + signum)  # unwinds, so every child process is stopped
 
@@ -356,8 +375,8 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     workdir = Path(tempfile.mkdtemp(prefix="kvstored-bench-store-")) if temporary else workdir
     run = RunStart()
     try:
-        results, skipped, notes = _run(size_list, total_bytes, peer_list, backend, workdir,
-                                       rounds, say)
+        results, skipped, notes = _run(size_list, total_bytes, peer_list, runner_set,
+                                       backend, workdir, rounds, say)
     except BenchError as exc:
         # The daemons' logs stay behind (even in a temporary directory) to explain it.
         raise BenchError(f"{exc} (logs under {workdir})") from None
@@ -369,9 +388,14 @@ def store_command(total: str, sizes: str, peers: str, rounds: int, backend: str,
     if "mooncake" not in peer_list:
         for runner in ("mooncake-remote", "mooncake-shm", "mooncake-ssd"):
             skipped[runner] = "not requested (--peers)"
+    for runner in RUNNERS:
+        if runner not in runner_set:
+            skipped.setdefault(runner, "not requested (--runners)")
     report = {
         **run.header("store", f"kvstore bench store --total {total} --sizes {sizes} "
                               f"--peers {peers} --rounds {rounds}"
+                              + (f" --runners {runners}" if runner_set != set(RUNNERS)
+                                 else "")
                               + (f" --backend {backend}" if backend != "bucket" else "")),
         "total_per_op": total_bytes, "batch": BATCH, "ops": list(OPS), "rounds": rounds,
         "sizes": [_label(s) for s in size_list],

@@ -61,6 +61,8 @@ class Connection:
                     reader.recv_payload_into(view)
             if reader.payload_left:
                 reader.discard_payload()
+            if spec.trailer_follows(reply):
+                reply = spec.with_trailer(reply, reader.recv_header())
             return reply
 
     def close(self) -> None:

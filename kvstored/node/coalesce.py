@@ -2,10 +2,10 @@
 joined into the next call.
 
 The node answers a put after the master has committed it, over one master connection
-that carries one request at a time, and it reads SSD objects through a worker thread,
-whose hand-off costs the event loop more than a small read does. Done once per request,
-both made concurrent clients queue behind each other's round trips and hand-offs (the
-store's bottleneck under mixed load from 8 threads, see docs/benchmarks.md).
+that carries one request at a time. Done once per request, commits made concurrent
+clients queue behind each other's round trips (the store's bottleneck under mixed load
+from 8 threads, see docs/benchmarks.md). (SSD reads are joined the same way, streamed:
+kvstored.node.ssdreads.)
 :class:`Coalescer` gathers what concurrent requests want while a call runs and sends all
 of it as the next call; a request waits only for the call that carries its items.
 

@@ -6,7 +6,9 @@
 - ``alloc`` / ``seal`` / ``abort``: a same-host client copies through its mapping of the
   segment; the node only allocates, then checks and commits.
 - ``get``: DRAM objects are sent from the segment (pinned for the send); SSD objects are
-  read in one backend batch into a reused staging buffer and sent. The client passes
+  read in one backend submission into a reused staging buffer, each sent as soon as it
+  is read and the ones before it are out (kvstored.node.ssdreads), and a trailer frame
+  then says which reads failed (zeros went out for them). The client passes
   the checksums the master gave it, so a node never serves another version of a key
   (one removed and written again) in its place.
 - ``register_memory`` / ``copy_in`` / ``copy_out``: a same-host client's shared-memory
@@ -39,8 +41,9 @@ from kvstored.metrics import NodeMetrics
 from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.regions import Regions, extents_of, read_in, write_out
 from kvstored.node.report import Integrity, Outcomes
+from kvstored.node.ssdreads import SsdReads
 from kvstored.node.staging import StagingPool
-from kvstored.protocol import PutStatus, Tier, ops
+from kvstored.protocol import OpSpec, PutStatus, Tier, ops
 from kvstored.protocol.master_api import Empty, KeysRequest
 from kvstored.protocol.node_api import (
     AllocReply,
@@ -61,7 +64,7 @@ from kvstored.protocol.node_api import (
     RevokeRequest,
     SsdLocation,
 )
-from kvstored.rpc import Answered, Binding, FramedSocket
+from kvstored.rpc import ANSWERED, Answered, Binding, FramedSocket
 from kvstored.sdk import ObjectRecord, ReadStatus, StorageBackend
 from kvstored.shm import DramSegment
 
@@ -70,9 +73,6 @@ log = logging.getLogger(__name__)
 #: Commits received objects at the master (all of them, or raises); per object, whether
 #: the master took it.
 Commit = Callable[[list[DramObject]], Awaitable[list[bool]]]
-#: Reads ``(key, destination)`` pairs from the SSD tier in one batch; per item the length
-#: read or a ReadStatus.
-ReadFromSsd = Callable[[list[tuple[str, memoryview]]], Awaitable[list[int]]]
 
 
 class NodeControl(Protocol):
@@ -108,7 +108,7 @@ class NodeControl(Protocol):
 class DataServer:
     def __init__(self, node: NodeControl, *, dram: DramTier, segment: DramSegment,
                  backend: StorageBackend, staging: StagingPool, commit: Commit,
-                 read_from_ssd: ReadFromSsd, outcomes: Outcomes, integrity: Integrity,
+                 ssd_reads: SsdReads, outcomes: Outcomes, integrity: Integrity,
                  metrics: NodeMetrics, put_timeout: float) -> None:
         self.node = node
         self.dram = dram
@@ -116,7 +116,7 @@ class DataServer:
         self.backend = backend
         self.staging = staging
         self.commit = commit
-        self.read_from_ssd = read_from_ssd
+        self.ssd_reads = ssd_reads
         self.outcomes = outcomes
         self.integrity = integrity
         self.metrics = metrics
@@ -124,6 +124,7 @@ class DataServer:
         self.regions = Regions()
         # Looked up once: a labels() call costs as much as the rest of a small get.
         self._served_dram = metrics.bytes_served.labels(tier=Tier.DRAM)
+        self._served_ssd = metrics.bytes_served.labels(tier=Tier.SSD)
 
     def bindings(self) -> list[Binding]:
         return [Binding(ops.PUT, self.put), Binding(ops.ALLOC, self.alloc),
@@ -334,10 +335,9 @@ class DataServer:
                 return await conn.answer(GetReply(sizes, held=held),
                                          [p for p in pieces if p is not None])
             async with self.staging.lend(need) as staging:
-                from_ssd = await self._load_from_ssd(keys, ssd_wanted, wanted, records,
-                                                     staging, sizes, pieces)
-                return await conn.answer(GetReply(sizes, from_ssd, held),
-                                         [p for p in pieces if p is not None])
+                await self._stream_from_ssd(conn, keys, ssd_wanted, wanted, records,
+                                            staging, sizes, pieces, held)
+                return ANSWERED
         finally:
             self.dram.unpin(pinned.values())
 
@@ -375,35 +375,88 @@ class DataServer:
         self.staging.check(sum(r.size for r in records.values()))
         return records
 
-    async def _load_from_ssd(self, keys: list[str], indexes: list[int],
-                             wanted: list[int | None] | None, records: dict[str, ObjectRecord],
-                             staging: memoryview, sizes: list[int],
-                             pieces: list[memoryview | None]) -> list[int]:
-        """Read ``records`` into ``staging`` in one backend batch, then point every index
-        that wants the version read at its bytes; returns those indexes."""
+    async def _stream_from_ssd(self, conn: FramedSocket, keys: list[str],
+                               indexes: list[int], wanted: list[int | None] | None,
+                               records: dict[str, ObjectRecord], staging: memoryview,
+                               sizes: list[int], pieces: list[memoryview | None],
+                               held: list[int]) -> None:
+        """Answer a get whose ``indexes`` are to be read from SSD (``records``, into
+        ``staging``), the others being ``pieces`` of DRAM: the header goes out at once,
+        with the sizes planned; the items follow in order, each as soon as it is there
+        (the disk reads all of them in one submission meanwhile), then a trailer with
+        the final sizes. An item whose read failed (its checksum, its record gone) is
+        sent as zeros and is a miss in the trailer: never bytes that are not the
+        object's. Returns once the reads are over, so that ``staging`` is free."""
         views, cursor = {}, 0
         for key, record in records.items():
             views[key] = staging[cursor:cursor + record.size]
             cursor += record.size
-        results = await self.read_from_ssd(list(zip(records, views.values())))
-        got_by_key = dict(zip(records, results))
-        for key, got in got_by_key.items():
-            if got >= 0:
-                self.metrics.bytes_served.labels(tier=Tier.SSD).inc(got)
-            elif got == ReadStatus.CORRUPT:
-                self.integrity.corrupt(key, Tier.SSD)
-                self.outcomes.dropped([(key, Tier.SSD, records[key].checksum)])
-                self.node.schedule_quarantine()
-                self.node.wake_heartbeat()
-        served = []
-        for i in indexes:
-            key = keys[i]
-            got = got_by_key.get(key, ReadStatus.MISSING)
-            if got >= 0 and (wanted is None or wanted[i] == records[key].checksum):
-                sizes[i] = got
-                pieces[i] = views[key][:got]
-                served.append(i)
-        return served
+        reading = self.ssd_reads.start(list(views.items()))
+        started = False
+        try:
+            from_ssd = []
+            for i in indexes:
+                record = records.get(keys[i])
+                if record is not None and (wanted is None or wanted[i] == record.checksum):
+                    sizes[i] = record.size
+                    from_ssd.append(i)
+            final = list(sizes)
+            await conn.send_frame(OpSpec.reply_header(GetReply(sizes, from_ssd, held,
+                                                                trailer=True)),
+                                  payload_len=sum(s for s in sizes if s > 0))
+            started = True
+            order = list(views)
+            got: dict[str, int] = {}
+            ready: list[memoryview] = []
+            for i in range(len(keys)):
+                if sizes[i] < 0:
+                    continue
+                piece = pieces[i]
+                if piece is None:
+                    key = keys[i]
+                    while key not in got:
+                        if ready:  # send what is there before waiting for the disk
+                            await conn.send_frame(None, ready)
+                            ready = []
+                        arrived = await reading.next()
+                        if arrived is None:  # the backend call failed: the rest is lost
+                            got.update(dict.fromkeys(
+                                [k for k in order if k not in got], ReadStatus.IO_ERROR))
+                            break
+                        done_key = order[arrived[0]]
+                        got[done_key] = self._read_back(done_key, arrived[1],
+                                                        records[done_key])
+                    piece = views[key]
+                    if got[key] != sizes[i]:
+                        final[i] = got[key] if got[key] < 0 else ReadStatus.CORRUPT
+                        piece[:] = bytes(piece.nbytes)  # what the staging held before
+                ready.append(piece)
+            await conn.send_frame(None, ready)
+            if reading.error is not None:
+                log.warning("node %s: an SSD read failed: %s", self.node.name,
+                            reading.error)
+            await conn.send_frame(ops.GET.trailer_header(final))
+        except Exception as exc:
+            if not started or isinstance(exc, OSError | trio.BrokenResourceError):
+                raise
+            # Half a reply is out: an error frame now would be read as payload. Hang up.
+            log.exception("node %s: a get failed mid-reply; closing its connection",
+                          self.node.name)
+            raise trio.BrokenResourceError("the get failed mid-reply") from exc
+        finally:
+            with trio.CancelScope(shield=True):
+                await reading.done.wait()
+
+    def _read_back(self, key: str, got: int, record: ObjectRecord) -> int:
+        """Count what an SSD read of ``key`` gave; a bad record is dropped and reported."""
+        if got >= 0:
+            self._served_ssd.inc(got)
+        elif got == ReadStatus.CORRUPT:
+            self.integrity.corrupt(key, Tier.SSD)
+            self.outcomes.dropped([(key, Tier.SSD, record.checksum)])
+            self.node.schedule_quarantine()
+            self.node.wake_heartbeat()
+        return got
 
 
 def _address(value: object) -> tuple[str, int] | None:

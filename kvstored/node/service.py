@@ -40,6 +40,7 @@ from kvstored.node.dataserver import DataServer
 from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.report import Integrity, Outcomes
+from kvstored.node.ssdreads import SsdReads, read_stream
 from kvstored.node.staging import StagingPool
 from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.node.tasks import TaskRunner
@@ -141,6 +142,8 @@ async def open_node(config: NodeConfig, *, credentials: Credentials | None = Non
         try:
             node = Node(config, backend, segment, outcomes, credentials=credentials,
                         limits=limits, metrics=metrics, startup=startup)
+            if config.populate:  # as the segment: slow to create, fast to use
+                await trio.to_thread.run_sync(node.staging.prepare)
             yield node
         finally:
             if node is not None:
@@ -179,11 +182,12 @@ class Node:
         self.staging = StagingPool(config.max_read_staging)
         self.heartbeat_interval = 0.2
         self._wake = trio.Event()
-        # Concurrent puts commit in one master call; concurrent SSD reads go to the
-        # backend in one batch (kvstored.node.coalesce).
+        # Concurrent puts commit in one master call (kvstored.node.coalesce); concurrent
+        # SSD reads go to the backend in one submission (kvstored.node.ssdreads).
         self.commits: Coalescer[DramObject, bool] = Coalescer(self._send_commit)
-        self.ssd_reads: Coalescer[tuple[str, memoryview], int] = Coalescer(
-            self._read_from_ssd, in_flight=SSD_READS_IN_FLIGHT)
+        self.ssd_reads = SsdReads(
+            functools.partial(read_stream, backend), in_flight=SSD_READS_IN_FLIGHT,
+            observe=self.metrics.io_seconds.labels(op="load").observe)
         self.offloader = Offloader(
             node=self.name or "(starting)", backend=backend, dram=self.dram,
             outcomes=outcomes, metrics=self.metrics, supervisor=self.supervisor,
@@ -194,7 +198,7 @@ class Node:
                                 put_timeout=config.put_timeout)
         self.dataserver = DataServer(
             self, dram=self.dram, segment=segment, backend=backend, staging=self.staging,
-            commit=self.commits.submit, read_from_ssd=self.ssd_reads.submit,
+            commit=self.commits.submit, ssd_reads=self.ssd_reads,
             outcomes=outcomes, integrity=self.integrity, metrics=self.metrics,
             put_timeout=config.put_timeout)
         self.service = Service("node", NODE_OPS, self.dataserver.bindings(),
@@ -417,15 +421,6 @@ class Node:
             else:
                 self.dram.free(obj.key, obj.offset)
         return reply.results
-
-    async def _read_from_ssd(self, items: list[tuple[str, memoryview]]) -> list[int]:
-        """One backend batch read (on a worker thread) for the SSD reads of every
-        connection that are waiting."""
-        started = time.perf_counter()
-        results = await trio.to_thread.run_sync(
-            self.backend.batch_read, [k for k, _ in items], [v for _, v in items])
-        self.metrics.io_seconds.labels(op="load").observe(time.perf_counter() - started)
-        return results
 
     # -- background --------------------------------------------------------------------
 

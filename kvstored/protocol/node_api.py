@@ -68,6 +68,21 @@ class GetReply(Message):
     #: a client put here, not revoked): where a client may read them next time without
     #: asking the master first.
     held: Sizes = field(default_factory=list)
+    #: A :class:`GetTrailer` frame follows the payload. The node then sent this header
+    #: before its SSD reads finished, so that each item goes out as soon as it is read:
+    #: ``sizes`` are what it planned to send, and an item whose read failed (a checksum,
+    #: a record gone) travels as zeros and is a miss in the trailer.
+    trailer: bool = False
+
+
+@message
+class GetTrailer(Message):
+    """After a ``get`` reply's payload when the reply says ``trailer``: the final size of
+    every item. Each equals the reply's, or is negative (a :class:`kvstored.sdk.
+    ReadStatus`) for an item read from SSD whose bytes in the payload are not the
+    object's and must not be used."""
+
+    sizes: list[int]
 
 
 @message

@@ -11,6 +11,7 @@ not exist, a node that is not registered) is the handler's business.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,6 +70,7 @@ from kvstored.protocol.node_api import (
     CopyOutReply,
     GetReply,
     GetRequest,
+    GetTrailer,
     HeldGetRequest,
     LocateReply,
     PutReply,
@@ -84,8 +86,9 @@ from kvstored.protocol.shapes import Fields
 from kvstored.wire import ConnectionClosed, FrameError, Into, Parts
 
 #: Version 2: typed messages, batches as columns, tasks with a ``kind``. Version 3: reads
-#: in one trip (``get_held``, the master's ``revoke``, the permit, ``held_reads``).
-PROTOCOL_VERSION = 3
+#: in one trip (``get_held``, the master's ``revoke``, the permit, ``held_reads``). Version
+#: 4: a ``get`` reply with SSD items streams them as they are read, then a trailer.
+PROTOCOL_VERSION = 4
 
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
@@ -103,6 +106,9 @@ class OpSpec(Generic[Req, Rep]):
     reply: type[Rep]
     payload: bool = False
     reply_payload: bool = False
+    #: The frame that follows the payload of a reply whose ``trailer`` field is set: the
+    #: final ``sizes`` (see :meth:`with_trailer`). None: this op's replies have none.
+    trailer: type[Message] | None = None
 
     @cached_property
     def name(self) -> str:
@@ -153,11 +159,42 @@ class OpSpec(Generic[Req, Rep]):
             if reply is None:
                 where, message = self.reply.shape().explain_fields(dict(header))
                 raise FrameError(f"malformed {self.name} reply: {where} {message}")
-            return reply
-        try:
-            return codec.decode(header)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
+        else:
+            try:
+                reply = codec.decode(header)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
+        if getattr(reply, "trailer", False) and self.trailer is None:
+            raise FrameError(f"a {self.name} reply announces a trailer; this op has none")
+        return reply
+
+    def trailer_follows(self, reply: Rep) -> bool:
+        """Whether a trailer frame follows ``reply``'s payload (read it with
+        :meth:`with_trailer` once the payload is in)."""
+        return self.trailer is not None and getattr(reply, "trailer", False) is True
+
+    def trailer_header(self, sizes: list[int]) -> dict[str, Any]:
+        """The trailer frame's header, with the final ``sizes``."""
+        assert self.trailer is not None, f"{self.name} replies have no trailer"
+        return self.reply_header(self.trailer(sizes=sizes))  # pyright: ignore[reportCallIssue]
+
+    def with_trailer(self, reply: Rep, header: Mapping[str, Any]) -> Rep:
+        """``reply`` with the final sizes of its trailer frame (``header``). A final size
+        either equals the one the reply announced (the item is good) or is negative: the
+        item's bytes, already received, are not the object's. Anything else is a
+        :class:`~kvstored.wire.FrameError` (the peer does not speak this protocol)."""
+        assert self.trailer is not None, f"{self.name} replies have no trailer"
+        shape = self.trailer.shape()
+        if header.get("ok") is not True or not shape.ok(header):
+            where, message = shape.explain_fields(dict(header))
+            raise FrameError(f"malformed {self.name} trailer: {where} {message}".strip())
+        final: list[int] = shape.decode(header).sizes  # pyright: ignore[reportAttributeAccessIssue]
+        planned: list[int] = reply.sizes  # pyright: ignore[reportAttributeAccessIssue]
+        if len(final) != len(planned) or any(
+                f != p and (f >= 0 or p < 0) for f, p in zip(final, planned)):
+            raise FrameError(f"a {self.name} trailer's sizes {final[:8]!r:.200} do not "
+                             f"follow its reply's {planned[:8]!r:.200}")
+        return dataclasses.replace(reply, sizes=final)  # pyright: ignore[reportArgumentType]
 
     def payload_views(self, reply: Rep, into: Sequence[Into]) -> list[memoryview]:
         """Where the items of ``reply``'s payload go: ``into[i][:size]`` for each entry
@@ -381,7 +418,8 @@ PUT = OpSpec(Op.PUT, Role.CLIENT, PutRequest, PutReply, payload=True)
 ALLOC = OpSpec(Op.ALLOC, Role.CLIENT, PutRequest, AllocReply)
 SEAL = OpSpec(Op.SEAL, Role.CLIENT, KeysRequest, PutReply)
 ABORT = OpSpec(Op.ABORT, Role.CLIENT, KeysRequest, Empty)
-GET = OpSpec(Op.GET, Role.CLIENT, GetRequest, GetReply, reply_payload=True)
+GET = OpSpec(Op.GET, Role.CLIENT, GetRequest, GetReply, reply_payload=True,
+             trailer=GetTrailer)
 # A get of keys the client knows this node holds, without a master lookup first: what the
 # node serves is a version the master has not removed (it revokes before a remove returns).
 GET_HELD = OpSpec(Op.GET_HELD, Role.CLIENT, HeldGetRequest, GetReply, reply_payload=True)

@@ -138,3 +138,16 @@ def test_rounds_merge_to_medians_and_keep_failures():
     only_errors = median_of_rounds([{"4MiB": {"x": {"error": "e1"}}},
                                     {"4MiB": {"x": {"error": "e2"}}}])
     assert only_errors == {"4MiB": {"x": {"error": "e1"}}}
+
+
+def test_runners_picks_which_runners_run(tmp_path):
+    report = run_bench(tmp_path, "--total", "2MiB", "--sizes", "64KiB", "--peers",
+                       "memcpy", "--runners", "kvstored-ssd")
+    rows = report["results"]["64KiB"]
+    assert set(rows) == {"kvstored-ssd", "memcpy"}
+    assert set(rows["kvstored-ssd"]) == {"get-single", "get-batch"}
+    assert report["skipped"]["kvstored-tcp"] == "not requested (--runners)"
+    assert "--runners kvstored-ssd" in report["command"]
+    wrong = subprocess.run([KVSTORE, "bench", "store", "--runners", "kvstored-ssd,nope"],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "unknown runner 'nope'" in wrong.stderr

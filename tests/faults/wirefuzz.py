@@ -216,7 +216,7 @@ class Case:
 
 
 #: The protocol version the templates are written in (kvstored.protocol.PROTOCOL_VERSION).
-VERSION = 3
+VERSION = 4
 
 
 def hello(role: str, token: str | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import trio
 import trio.testing
 
 from kvstored.errors import BadRequestError
-from kvstored.node.staging import MIN_BUFFER, StagingPool
+from kvstored.node.staging import StagingPool
 
 MiB = 1 << 20
 
@@ -50,16 +50,26 @@ def test_requests_wait_for_room_and_get_it_back_when_cancelled():
     trio.run(main)
 
 
-def test_buffers_are_reused_and_what_is_kept_is_bounded():
+def test_requests_share_one_kept_arena_and_what_does_not_fit_gets_its_own_buffer():
     pool = StagingPool(64 * MiB)
 
     async def main():
+        assert pool.kept == 0  # allocated on first use (or by prepare() at start)
         async with pool.lend(100) as small:
-            first = small.obj
-        async with pool.lend(MIN_BUFFER) as again:
-            assert again.obj is first  # reused, not allocated again
-        async with pool.lend(40 * MiB):
-            pass
-        assert pool.kept <= pool.keep == 16 * MiB  # the 40 MiB buffer was not kept
+            small[:5] = b"hello"
+            arena = small.obj
+        assert pool.kept == pool.keep == 16 * MiB
+        async with pool.lend(MiB) as again, pool.lend(3 * MiB) as other:
+            assert again.obj is arena and other.obj is arena  # the same arena, reused
+            assert bytes(again[:5]) == b"hello"  # the same pages: no fresh ones
+            again[:] = b"a" * MiB
+            other[:] = b"b" * (3 * MiB)
+            assert bytes(again) == b"a" * MiB  # disjoint extents
+        async with pool.lend(10 * MiB) as one, pool.lend(10 * MiB) as two:
+            assert one.obj is arena and two.obj is not arena  # the arena is full
+            assert len(two) == 10 * MiB
+        async with pool.lend(40 * MiB) as big:
+            assert big.obj is not arena and len(big) == 40 * MiB
+        assert pool.kept == 16 * MiB and pool.lent == 0
 
     trio.run(main)
