@@ -307,12 +307,15 @@ class Outgoing:
     back to back, never joined. The shell loops ``while (pieces := out.pieces()):
     out.sent(sendmsg(pieces))``."""
 
-    __slots__ = ("_cursor", "_pieces")
+    __slots__ = ("_cursor", "_pieces", "left")
 
     def __init__(self, header: dict[str, Any], payload: Sequence[Buffer] = ()) -> None:
         views = [memoryview(p).cast("B") for p in payload if len(p)]
-        self._pieces = [memoryview(pack_header(header, sum(v.nbytes for v in views))), *views]
+        size = sum(v.nbytes for v in views)
+        self._pieces = [memoryview(pack_header(header, size)), *views]
         self._cursor = 0
+        #: Bytes not sent yet.
+        self.left = self._pieces[0].nbytes + size
 
     def pieces(self) -> list[memoryview]:
         """What to send next (at most MAX_PIECES pieces); empty once all is sent."""
@@ -320,6 +323,7 @@ class Outgoing:
 
     def sent(self, n: int) -> None:
         """``n`` bytes of :meth:`pieces` went out."""
+        self.left -= n
         pieces = self._pieces
         while n:
             head = pieces[self._cursor]
