@@ -336,7 +336,7 @@ class Outgoing:
     ``payload`` holds, and the rest follows as ``Outgoing(None, more)`` (no prefix or
     header), as many times as it takes to send exactly that many bytes."""
 
-    __slots__ = ("_cursor", "_pieces")
+    __slots__ = ("_cursor", "_pieces", "left")
 
     def __init__(self, header: dict[str, Any] | None, payload: Sequence[Buffer] = (),
                  payload_len: int | None = None) -> None:
@@ -347,6 +347,8 @@ class Outgoing:
             length = sum(v.nbytes for v in views) if payload_len is None else payload_len
             self._pieces = [memoryview(pack_header(header, length)), *views]
         self._cursor = 0
+        #: Bytes not sent yet (of this part of the frame).
+        self.left = sum(v.nbytes for v in self._pieces)
 
     def pieces(self) -> list[memoryview]:
         """What to send next (at most MAX_PIECES pieces); empty once all is sent."""
@@ -354,6 +356,7 @@ class Outgoing:
 
     def sent(self, n: int) -> None:
         """``n`` bytes of :meth:`pieces` went out."""
+        self.left -= n
         pieces = self._pieces
         while n:
             head = pieces[self._cursor]

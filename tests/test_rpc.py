@@ -3,15 +3,18 @@ bounds, roles, request checks, connection limits, and what a failed connect leav
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import pytest
 import trio
 
+from kvstored import rpc
 from kvstored.errors import BadRequestError, UnauthorizedError, UnreachableError
 from kvstored.protocol import PROTOCOL_VERSION, Message, Op, OpSpec, Role, message
 from kvstored.protocol.master_api import Empty
@@ -60,7 +63,7 @@ def _service(**limits: Any) -> Service:
                    limits=ServerLimits(**limits))
 
 
-def _run(service: Service, scenario: Callable[[tuple[str, int]], Awaitable[None]]) -> None:
+def _run(service: Service, scenario: Callable[[tuple[str, int]], None]) -> None:
     """Serve ``service`` on a free loopback port while ``scenario(address)`` runs in a
     worker thread (blocking sockets), then stop."""
     async def main() -> None:
@@ -293,6 +296,89 @@ def test_a_peer_that_stops_reading_is_disconnected():
         sock.close()
 
     _run(service, scenario)
+
+
+def test_a_large_answer_arrives_whole_through_the_worker_thread(monkeypatch):
+    """An answer larger than the socket's buffer is finished by blocking sends in a
+    worker thread; the peer gets every byte, in order, and the connection goes on."""
+    big = os.urandom(1 << 20) * 24
+    threaded = []
+    real = rpc._send_blocking
+
+    def spy(*args):
+        threaded.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(rpc, "_send_blocking", spy)
+
+    async def answer(conn, request: Empty):
+        return await conn.answer(Empty(), [big[:8 << 20], big[8 << 20:]])
+
+    spec = OpSpec(Op.STATUS, Role.CLIENT, Empty, Empty)
+    service = Service("test", {spec.name: spec}, [Binding(spec, answer)])
+
+    def scenario(address):
+        sock, reader, _ = _hello(address)
+        for _ in range(2):
+            sock.sendall(pack_header({"op": "status"}))
+            assert reader.recv_header()["ok"] is True
+            got = memoryview(bytearray(reader.payload_left))
+            reader.recv_payload_into(got)
+            assert got == big
+        sock.close()
+
+    _run(service, scenario)
+    assert threaded, "a 24 MiB answer was sent without the worker thread"
+
+
+def test_cancelling_a_threaded_send_ends_it_before_the_handler_lets_go(monkeypatch):
+    """A node shutting down while a large answer waits on a peer that reads nothing:
+    the worker thread's send is ended at once (the socket is shut down), and the
+    handler, whose pins hold the answer's memory, returns only after the thread is out."""
+    big = b"x" * (32 << 20)
+    entered = threading.Event()
+    order: list[str] = []
+    real = rpc._send_blocking
+
+    def spy(*args):
+        entered.set()
+        try:
+            return real(*args)
+        finally:
+            order.append("thread out")
+
+    monkeypatch.setattr(rpc, "_send_blocking", spy)
+
+    async def flood(conn, request: Empty):
+        try:
+            return await conn.answer(Empty(), [big])
+        finally:
+            order.append("handler out")
+
+    spec = OpSpec(Op.STATUS, Role.CLIENT, Empty, Empty)
+    service = Service("test", {spec.name: spec}, [Binding(spec, flood)],
+                      limits=ServerLimits(send_stall=math.inf))
+    socks = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(serve, service, "127.0.0.1", 0)
+
+            def ask():
+                sock, _, _ = _hello(address)
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(pack_header({"op": "status"}))
+                assert entered.wait(20), "the answer never reached the worker thread"
+
+            await trio.to_thread.run_sync(ask)
+            nursery.cancel_scope.cancel()
+
+    started = time.monotonic()
+    trio.run(main)
+    assert time.monotonic() - started < 20
+    assert order == ["thread out", "handler out"]
+    socks[0].close()
 
 
 def test_bad_request_error_is_the_one_a_spec_raises():

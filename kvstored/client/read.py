@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstored.client.parts import checksum, scatter
+from kvstored.client.parts import checksum, scatter_checked
 from kvstored.client.segments import Segments
 from kvstored.errors import BadRequestError
 from kvstored.protocol import Tier
@@ -180,19 +180,22 @@ class BatchRead:
         """Copy what this host's mapped segments hold into the buffers and check it. If
         that took so long (``clock() - started``) that the lookup's lease may have run
         out under the copies, they are read again over TCP instead of trusted."""
-        copied = []
+        copied: list[tuple[int, int]] = []
         for copy in self.shm_copies():
             mapping = self.segments.mapping(copy.node, self.nodes[copy.node])
             if mapping is None:  # unmapped since the plan (closed): ask over TCP
                 self._advance(copy.index)
                 continue
-            scatter(mapping.view(copy.offset, copy.size), self.buffers[copy.index])
-            copied.append(copy.index)
+            # The CRC of what was stored, taken on the way: checked only once the lease
+            # is known to have covered the whole copy.
+            crc = scatter_checked(mapping.view(copy.offset, copy.size),
+                                  self.buffers[copy.index])
+            copied.append((copy.index, crc))
         if copied and clock() - started > 0.8 * self.lease_ttl:
-            self.lease_ran_out(copied)
+            self.lease_ran_out([i for i, _ in copied])
             return
-        for i in copied:
-            self.copied(i)
+        for i, crc in copied:
+            self.copied(i, crc)
 
     def shm_copies(self) -> list[ShmCopy]:
         """The objects to copy out of a mapping now."""
@@ -224,10 +227,13 @@ class BatchRead:
         if self._cursor[i] >= len(self._routes[i]):
             self._open.discard(i)
 
-    def _verify(self, i: int, size: int, tier: Tier) -> bool:
+    def _verify(self, i: int, size: int, tier: Tier, crc: int | None = None) -> bool:
+        """Whether object ``i``'s buffer holds its ``size`` bytes with its CRC-32C
+        (``crc``, if the copy took it, else computed here over the buffer)."""
         expected = self.checksums[i]
         assert expected is not None  # only found objects are read
-        if size == self.sizes[i] and checksum(self.buffers[i], size) == expected:
+        if size == self.sizes[i] and (checksum(self.buffers[i], size) if crc is None
+                                      else crc) == expected:
             self.results[i] = size
             self.tiers[i] = tier
             self._open.discard(i)
@@ -240,9 +246,10 @@ class BatchRead:
         self._advance(i)
         return False
 
-    def copied(self, i: int) -> bool:
-        """The object was copied out of its mapping into its buffer: check it."""
-        return self._verify(i, self.sizes[i], Tier.DRAM)
+    def copied(self, i: int, crc: int | None = None) -> bool:
+        """The object was copied out of its mapping into its buffer (``crc``: the CRC-32C
+        the copy took of the bytes it stored): check it."""
+        return self._verify(i, self.sizes[i], Tier.DRAM, crc)
 
     def lease_ran_out(self, indexes: list[int]) -> None:
         """Copies that took so long that their lease may have expired under them: read

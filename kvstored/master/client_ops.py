@@ -55,6 +55,10 @@ REMOVE_PREFIX_CHUNK = 4096
 MAX_NAMESPACES = 1024
 
 
+#: The lookups counter's result for a hit, by the tier of the first readable copy.
+_HIT = {tier: f"hit_{tier.value}" for tier in Tier}
+
+
 async def between_chunks() -> None:
     """Where a removal of a prefix lets other requests run (a checkpoint)."""
     await trio.sleep(0)
@@ -171,6 +175,9 @@ class ClientOps:
         checksums: list[int | None] = []
         replicas = Replicas()
         referenced: set[str] = set()
+        # Counted per result once per batch: a labelled counter's update costs a few
+        # microseconds, which per key was a third of a 32-key lookup.
+        results: dict[str, int] = {}
         for i, key in enumerate(request.keys):
             meta = table.lookup(key, now, lease_ttl, request.holder) if request.lease \
                 else table.objects.get(key)
@@ -179,11 +186,12 @@ class ClientOps:
             if meta is None or not readable:
                 sizes.append(None)
                 checksums.append(None)
-                metrics.lookups.labels(result="miss").inc()
+                results["miss"] = results.get("miss", 0) + 1
                 continue
             readable.sort(key=lambda r: r.tier is not DRAM)  # DRAM copies first
             first = readable[0]
-            metrics.lookups.labels(result=f"hit_{first.tier.value}").inc()
+            result = _HIT[first.tier]
+            results[result] = results.get(result, 0) + 1
             if first.tier is SSD and count_ssd_read(meta, cluster.policy, now):
                 let_go = nodes[first.node].queue_promotion(key)
                 if let_go:
@@ -196,6 +204,8 @@ class ClientOps:
                 replicas.tiers.append(replica.tier)
                 replicas.offsets.append(replica.offset)
                 referenced.add(replica.node)
+        for result, count in results.items():
+            metrics.lookups.labels(result=result).inc(count)
         return LookupReply(sizes, checksums, replicas, lease_ttl, self._contacts(referenced))
 
     async def lock(self, conn: FramedSocket, request: LockRequest) -> LockReply:

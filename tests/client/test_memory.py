@@ -59,7 +59,7 @@ def _no_client_copies(monkeypatch) -> None:
     def refuse(*args):
         raise AssertionError("the client copied bytes the node should have moved")
     monkeypatch.setattr(core, "gather", refuse)
-    monkeypatch.setattr(read, "scatter", refuse)
+    monkeypatch.setattr(read, "scatter_checked", refuse)
 
 
 @pytest.mark.parametrize("kind", ["memfd", "dev-shm"])
