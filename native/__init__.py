@@ -12,19 +12,32 @@ The contract (what blocks, what is per item, which errors) is on :class:`IoEngin
 design is in docs/io-engine.md.
 """
 
-from kvstored.native.engine import IoEngine, IoFile, sync_written, write_synced
+from kvstored.native.engine import (
+    FinishedBatch,
+    IoEngine,
+    IoFile,
+    LentBatch,
+    PendingBatch,
+    sync_written,
+    write_synced,
+)
 from kvstored.native.errors import EngineUnavailableError, IoError
 from kvstored.native.probe import probe_uring
-from kvstored.native.scratch import ScratchMemory
+from kvstored.native.scratch import ScratchLoan, ScratchMemory, ScratchPool
 from kvstored.native.selection import ENGINES, get_engine, uring_status
 
 __all__ = [
     "ENGINES",
     "EngineUnavailableError",
+    "FinishedBatch",
     "IoEngine",
     "IoError",
     "IoFile",
+    "LentBatch",
+    "PendingBatch",
+    "ScratchLoan",
     "ScratchMemory",
+    "ScratchPool",
     "get_engine",
     "probe_uring",
     "sync_written",

@@ -382,13 +382,15 @@ static void pending_dealloc(PyObject *self)
     Pending *p = (Pending *)self;
     PyTypeObject *type = Py_TYPE(self);
     if (p->ring) {
+        /* Another thread cannot wait: leak the whole object on purpose (see above). Its
+           struct kv_batch stays linked in the ring's queue until the ring finishes it,
+           so even the object's own memory must not be freed. */
         if (PyThread_get_thread_ident() != p->thread)
-            goto free_self; /* leak buffers and ring on purpose: see above */
+            return;
         pending_finish(p);
         release(&p->b);
         Py_CLEAR(p->ring);
     }
-free_self:;
     freefunc tp_free = (freefunc)PyType_GetSlot(type, Py_tp_free);
     tp_free(self);
     Py_DECREF(type);

@@ -13,6 +13,7 @@ import errno
 import logging
 import operator
 import os
+import threading
 import typing
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,6 +24,7 @@ import cffi
 from kvstored.native import direct
 from kvstored.native.direct import ALIGN, READ, VECTORED, WRITE, Op, Outcome, Pieces
 from kvstored.native.errors import IoError, log_once
+from kvstored.native.scratch import ScratchLoan, ScratchPool
 
 try:  # the compiled module's ffi, so pointers made here can go straight into requests
     from kvstored.native._io import ffi as _ffi
@@ -52,9 +54,10 @@ class PendingBatch(Protocol):
         ...
 
 
-class _Finished:
-    """A batch that was run to the end when it was started (the posix engine, and any
-    batch the general path takes)."""
+class FinishedBatch:
+    """A batch that was run to the end when it was started (the posix engine, any batch
+    the general path takes, and a caller that ran ``read`` and wants a
+    :class:`PendingBatch` of its results)."""
 
     __slots__ = ("results",)
 
@@ -63,6 +66,38 @@ class _Finished:
 
     def wait(self) -> list[int | IoError]:
         return self.results
+
+
+class LentBatch:
+    """A read batch whose requests fill scratch memory lent by a :class:`ScratchPool`.
+
+    With a ``loan``, the batch is started (:meth:`IoEngine.start_read`) and stays in
+    flight until :meth:`wait`; without one, it is read to the end here (``engine.read``,
+    into the caller's own scratch, nothing left in flight). :meth:`close` waits for the
+    batch if nobody did, then gives the loan back: the pool never lends memory that the
+    kernel may still fill. Closed on another thread than the one that started it (which
+    cannot wait for it: the batch is in that thread's ring), it drops the loan instead
+    of giving it back, and the batch holds its memory for as long as it needs."""
+
+    __slots__ = ("loan", "pending", "pool", "thread")
+
+    def __init__(self, engine: IoEngine, items: list[Item], pool: ScratchPool | None = None,
+                 loan: ScratchLoan | None = None) -> None:
+        self.pool, self.loan = pool, loan
+        self.thread = threading.get_ident()
+        self.pending: PendingBatch = (engine.start_read(items) if loan is not None
+                                      else FinishedBatch(engine.read(items)))
+
+    def wait(self) -> list[int | IoError]:
+        return self.pending.wait()
+
+    def close(self) -> None:
+        loan, self.loan = self.loan, None
+        if loan is None or threading.get_ident() != self.thread:
+            return
+        self.pending.wait()
+        assert self.pool is not None, "a loan comes with its pool"
+        self.pool.give_back(loan)
 
 
 class IoFile:
@@ -347,7 +382,7 @@ class IoEngine(abc.ABC):
 
     def _start(self, code: int, items: list) -> PendingBatch:
         """Starts a batch; engines with a queue that outlives a call override this."""
-        return _Finished(self._transfer(code, items))
+        return FinishedBatch(self._transfer(code, items))
 
     def fsync(self, files: Iterable[IoFile], datasync: bool = True) -> list[int | IoError]:
         """``fdatasync`` (or ``fsync`` with ``datasync=False``) each file, together.

@@ -38,3 +38,47 @@ class ScratchMemory(threading.local):
         if len(fresh) <= KEEP_BYTES:
             self.memory = fresh
         return memoryview(fresh)[:size]
+
+
+class ScratchLoan:
+    """Memory lent by a :class:`ScratchPool`: ``view`` is the caller's until it gives the
+    loan back."""
+
+    __slots__ = ("memory", "view")
+
+    def __init__(self, memory: mmap.mmap, size: int) -> None:
+        self.memory = memory
+        self.view = memoryview(memory)[:size]
+
+
+class ScratchPool:
+    """Page-aligned scratch memory lent out and given back, for memory that must stay
+    valid past its thread's next use (the groups of a read stream in flight together):
+    :meth:`ScratchMemory.take` hands out the same pages again at the thread's next call.
+    Given-back memory is kept (up to :data:`KEEP_BYTES` in all) for the next loan of any
+    thread, so its pages are already faulted in."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[mmap.mmap] = []
+        self._kept = 0
+
+    def lend(self, size: int) -> ScratchLoan:
+        """``size`` bytes of page-aligned memory, whatever they held before."""
+        with self._lock:
+            for n, memory in enumerate(self._free):
+                if len(memory) >= size:
+                    del self._free[n]
+                    self._kept -= len(memory)
+                    return ScratchLoan(memory, size)
+        return ScratchLoan(mmap.mmap(-1, max(1 << max(size - 1, 0).bit_length(), MIN_BYTES)),
+                           size)
+
+    def give_back(self, loan: ScratchLoan) -> None:
+        """Return ``loan``: its memory may be lent again at once, so nothing (no io
+        request in flight) may still use it."""
+        memory = loan.memory
+        with self._lock:
+            if self._kept + len(memory) <= KEEP_BYTES:
+                self._free.append(memory)
+                self._kept += len(memory)

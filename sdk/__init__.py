@@ -30,6 +30,7 @@ from kvstored.sdk.errors import (
     ValueTooLargeError,
 )
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
+from kvstored.sdk.group_reads import GroupReadBackend
 from kvstored.sdk.index import IndexedBackend, ObjectIndex
 from kvstored.sdk.lock import StoreLock
 from kvstored.sdk.quarantine import Quarantine
@@ -72,6 +73,7 @@ __all__ = [
     "EvictionGranularity",
     "EvictionOrder",
     "EvictionPolicy",
+    "GroupReadBackend",
     "IndexedBackend",
     "InvalidKeyError",
     "InvalidRequestError",

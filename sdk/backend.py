@@ -488,8 +488,10 @@ class StorageBackend(abc.ABC):
 
         Raises:
             InvalidRequestError: at the call, before any read (not at the first step):
-                a read-only buffer, or a count of buffers other than of keys; at a step,
-                a step taken on another thread than the first.
+                a read-only buffer, or a count of buffers other than of keys; at a step
+                taken on another thread than the first, which ends the stream (its pins
+                released; reads already in flight finish on the first thread's ring,
+                into their buffers: do not do that).
             BackendClosedError: at the call, or at the next step after :meth:`close`.
 
         The default reads group after group with ``batch_read`` (its keys pinned,

@@ -38,8 +38,9 @@ class ReadPins:
                 if left > 0:
                     self._counts[key] = left
                     continue
-                del self._counts[key]
-                due.extend(self._on_release.pop(key, ()))
+                self._counts.pop(key)  # Counter's own __delitem__ is Python: slower
+                if self._on_release:
+                    due.extend(self._on_release.pop(key, ()))
         for callback in due:
             callback()
 

@@ -24,6 +24,8 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from kvstored.sdk.errors import InvalidRequestError
+from kvstored.sdk.record import ReadOutcome
+from kvstored.sdk.types import ReadStatus
 
 #: One item of a read stream: ``(index, result)``, where ``index`` is the item's position
 #: in the keys asked for and ``result`` is what ``batch_read`` gives for it (the value's
@@ -32,6 +34,11 @@ StreamedRead = tuple[int, int]
 
 #: Keys per group of the default stream: as many as a ``batch_read`` caller would send.
 DEFAULT_GROUP_KEYS = 128
+#: Keys per group, and groups in flight beyond the one handed out, of a stream whose
+#: reads stay in flight across calls (bucket, offset): two groups of 64 keep a queue of 32
+#: full while the caller handles a third.
+STREAM_GROUP_KEYS = 64
+STREAM_AHEAD = 2
 
 
 class ReadGroup(Protocol):
@@ -78,15 +85,19 @@ def stream_groups(backend: Streaming, groups: Iterator[range],
     in_flight: collections.deque[ReadGroup] = collections.deque()
     thread = threading.get_ident()
 
+    def check() -> None:
+        backend._check_open()
+        if threading.get_ident() != thread:
+            raise InvalidRequestError(
+                "a read stream is iterated by the thread that began it (its reads are "
+                "waited for on that thread's io ring)", path=backend.path)
+
     def handed_out(group: ReadGroup) -> Generator[StreamedRead, None, None]:
         try:
+            check()
             for item in group.results():
-                backend._check_open()
-                if threading.get_ident() != thread:
-                    raise InvalidRequestError(
-                        "a read stream is iterated by the thread that began it (its reads "
-                        "are waited for on that thread's io ring)", path=backend.path)
                 yield item
+                check()  # the step that resumed here may come after a close, or elsewhere
         finally:
             group.release()
 
@@ -101,8 +112,20 @@ def stream_groups(backend: Streaming, groups: Iterator[range],
     finally:
         # Closed early or failed: never hand buffers back while the kernel still fills
         # them, nor leave a pin behind.
-        while in_flight:
-            in_flight.popleft().release()
+        release_all(in_flight)
+
+
+def release_all(groups: collections.deque[ReadGroup]) -> None:
+    """Release every group of ``groups`` (emptying it), even when one fails; then raise
+    the first failure."""
+    failure: BaseException | None = None
+    while groups:
+        try:
+            groups.popleft().release()
+        except BaseException as exc:  # the others' pins must go all the same
+            failure = failure or exc
+    if failure is not None:
+        raise failure
 
 
 class BatchReadGroup:
@@ -125,3 +148,69 @@ class BatchReadGroup:
 
     def release(self) -> None:
         self.pins.__exit__(None, None, None)
+
+
+class IssuedReads(Protocol):
+    """The reads of a group's records, started by a backend (through its io engine)."""
+
+    def finish(self) -> Sequence[ReadOutcome]:
+        """Wait for the reads; each record verified
+        (:func:`kvstored.sdk.record.verified_reads`), its value in its destination."""
+        ...
+
+    def close(self) -> None:
+        """Wait for any read still in flight, then give back the memory the reads used.
+        Idempotent; called after :meth:`finish`, or instead of it."""
+        ...
+
+
+#: Outcomes a read path reports (counts, logs) as a failed read; a MISSING found on the
+#: way (the record's file removed since the lookup) is an ordinary miss.
+NOTED = frozenset({ReadStatus.CORRUPT, ReadStatus.IO_ERROR})
+
+
+class RecordReadGroup:
+    """A :class:`ReadGroup` of a backend that reads records: the items its lookup
+    answered (``answered``: MISSING, BUFFER_TOO_SMALL), the others (``read_at``, in the
+    order of ``reads``' outcomes) from ``reads``; each failed read is reported through
+    ``note(k, outcome)`` (``k``: its place among ``reads``' outcomes), and ``unhold``
+    lets go of what the lookup held (pins, readers of a file) once the group is
+    released. ``batch_read`` is one such group,
+    waited for at once, so a batch and a stream share every step."""
+
+    __slots__ = ("answered", "note", "read_at", "reads", "released", "span", "unhold")
+
+    def __init__(self, span: range, answered: list[int], read_at: Sequence[int],
+                 reads: IssuedReads | None, note: Callable[[int, ReadOutcome], None],
+                 unhold: Callable[[], None]) -> None:
+        self.span, self.answered, self.read_at, self.reads = span, answered, read_at, reads
+        self.note, self.unhold = note, unhold
+        self.released = False
+
+    def outcomes(self) -> list[int]:
+        """Every item's result, in the group's order (what ``batch_read`` returns)."""
+        reads = self.reads
+        if reads is not None:
+            try:
+                outcomes = reads.finish()
+            finally:
+                reads.close()  # the values are in their destinations: the scratch can go
+            answered = self.answered
+            for k, (n, outcome) in enumerate(zip(self.read_at, outcomes)):
+                answered[n] = outcome.status
+                if outcome.status in NOTED:
+                    self.note(k, outcome)
+        return self.answered
+
+    def results(self) -> list[StreamedRead]:
+        return list(zip(self.span, self.outcomes()))
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        try:
+            if self.reads is not None:
+                self.reads.close()
+        finally:
+            self.unhold()

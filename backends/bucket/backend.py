@@ -10,7 +10,9 @@ How the pieces fit (the byte layouts are in docs/format.md):
   then are the objects visible and reported WRITTEN.
 - ``batch_read`` reads every record asked for in one engine submission and checks both
   CRCs of each (records.py). A bucket being read cannot be evicted, and its space is not
-  counted free until the read ends.
+  counted free until the read ends. ``read_stream`` reads the same way, a group of keys
+  at a time with the next groups' submissions in flight (kvstored.sdk.streams), each
+  group's buckets held until its results are handed out.
 - ``batch_delete`` flags the keys deleted in their buckets' indexes (rewritten
   atomically) before it returns; a bucket left with no visible key is removed at once.
 - Eviction removes whole buckets, oldest written first (``fifo``) or least recently read
@@ -48,7 +50,7 @@ from kvstored.backends.bucket.index import (
     write_indexes,
 )
 from kvstored.backends.bucket.layout import BUCKETS_DIR, LAYOUT_VERSION, QUARANTINE_DIR
-from kvstored.backends.bucket.records import NewRecord, read_records
+from kvstored.backends.bucket.records import NewRecord, RecordReads, start_records
 from kvstored.backends.bucket.recovery import recover
 from kvstored.backends.bucket.state import Bucket, Slot
 from kvstored.backends.bucket.writer import Claimed, cut, new_bucket, write_buckets
@@ -60,9 +62,11 @@ from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import BackendError, CapacityError, InvalidRequestError, from_oserror
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import fsync_dir, make_private_dirs
+from kvstored.sdk.group_reads import GroupReadBackend
 from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import ReadOutcome, align_up, record_size
+from kvstored.sdk.streams import RecordReadGroup
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -82,7 +86,7 @@ log = logging.getLogger("kvstored.backends.bucket")
 MiB = 1024 * 1024
 
 
-class BucketBackend(BuiltinBackend):
+class BucketBackend(GroupReadBackend, BuiltinBackend):
     """The default SSD backend: objects grouped into buckets, one data file and one index
     file each, evicted a whole bucket at a time.
 
@@ -113,7 +117,7 @@ class BucketBackend(BuiltinBackend):
     """
 
     name = "bucket"
-    sdk_version = "1.0"
+    sdk_version = "1.1"
     eviction_granularity = EvictionGranularity.BUCKET
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BUCKETS_DIR,)
@@ -389,41 +393,43 @@ class BucketBackend(BuiltinBackend):
 
     # -- reads -------------------------------------------------------------------------
 
-    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
-        self._check_open()
-        self._check_read_buffers(keys, buffers)
-        views = [memoryview(buf).cast("B") for buf in buffers]
-        for key, view in zip(keys, views):
-            if view.readonly:
-                raise InvalidRequestError("batch_read needs writable buffers; this one is "
-                                          "read-only (pass a bytearray or a writable view)",
-                                          key=key, path=self.path)
-        results: list[int] = [ReadStatus.MISSING] * len(keys)
-        wanted: list[tuple[int, Slot]] = []
+    def _start_group(self, keys: Sequence[str], buffers: Sequence[memoryview], span: range, *,
+                     wait: bool = False) -> RecordReadGroup:
+        """Look up the keys of ``span`` and start reading them: a ``batch_read`` (``wait``:
+        read at once) or one group of a stream. The buckets read are held (not removed,
+        their space not reused) until the group is released."""
+        answered: list[int] = [ReadStatus.MISSING] * len(span)
+        wanted: list[int] = []
+        slots: list[Slot] = []
+        dests: list[memoryview] = []
         with self._lock:
-            for i, key in enumerate(keys):
-                slot = self.index.get(key)
+            for n, i in enumerate(span):
+                slot = self.index.get(keys[i])
                 if slot is None:
                     continue
-                if views[i].nbytes < slot.size:
-                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                dest = memoryview(buffers[i]).cast("B")
+                if dest.nbytes < slot.size:
+                    answered[n] = ReadStatus.BUFFER_TOO_SMALL
                     continue
                 slot.bucket.readers += 1
-                wanted.append((i, slot))
+                wanted.append(n)
+                slots.append(slot)
+                dests.append(dest)
                 self._buckets.touch(slot.bucket.id)
-        if not wanted:
-            return results
-        slots = [slot for _, slot in wanted]
         try:
-            outcomes = self._read_held(slots, [views[i] for i, _ in wanted])
-        finally:
+            outcomes, reads, where = self._start_held(slots, dests, wait=wait)
+        except BaseException:
             self._end_reads(slots)
-        for (i, slot), outcome in zip(wanted, outcomes):
-            results[i] = outcome.status
-            if outcome.status in (ReadStatus.CORRUPT, ReadStatus.IO_ERROR):
-                self._note_failed_read(slot.key, f"{slot.bucket.data_path} at {slot.offset}",
-                                       outcome)
-        return results
+            raise
+        for n, outcome in zip(wanted, outcomes):
+            if outcome is not None:
+                answered[n] = outcome.status
+        return RecordReadGroup(span, answered, [wanted[k] for k in where], reads,
+                               lambda k, outcome: self._note_read(slots[where[k]], outcome),
+                               lambda: self._end_reads(slots))
+
+    def _note_read(self, slot: Slot, outcome: ReadOutcome) -> None:
+        self._note_failed_read(slot.key, f"{slot.bucket.data_path} at {slot.offset}", outcome)
 
     def _hold(self, slots: Sequence[Slot]) -> list[Slot]:
         """Of ``slots``, those still visible, with their buckets held against removal."""
@@ -433,8 +439,11 @@ class BucketBackend(BuiltinBackend):
                 slot.bucket.readers += 1
         return held
 
-    def _read_held(self, slots: Sequence[Slot], dests: Sequence[memoryview]) -> list[ReadOutcome]:
-        """Read ``slots`` (whose buckets the caller holds) into ``dests``, verified."""
+    def _start_held(self, slots: Sequence[Slot], dests: Sequence[memoryview], *,
+                    wait: bool) -> tuple[list[ReadOutcome | None], RecordReads | None, list[int]]:
+        """Start reading ``slots`` (whose buckets the caller holds) into ``dests``: the
+        outcomes known without reading (a bucket's file gone or not opening; None for the
+        others), the reads of the others, and their positions in ``slots``."""
         files = self._files_of({slot.bucket for slot in slots})
         outcomes: list[ReadOutcome | None] = [None] * len(slots)
         requests, where = [], []
@@ -444,12 +453,20 @@ class BucketBackend(BuiltinBackend):
                 # Every key of the bucket was deleted since the lookup: a miss.
                 outcomes[n] = ReadOutcome(ReadStatus.MISSING)
             elif isinstance(file, OSError):
-                outcomes[n] = ReadOutcome(ReadStatus.IO_ERROR, str(file))
+                failed = outcomes[n] = ReadOutcome(ReadStatus.IO_ERROR, str(file))
+                self._note_read(slot, failed)
             else:
                 requests.append((slot, file, dest))
                 where.append(n)
-        if requests:
-            for n, outcome in zip(where, read_records(self.engine, requests)):
+        if not requests:
+            return outcomes, None, []
+        return outcomes, start_records(self.engine, requests, wait=wait), where
+
+    def _read_held(self, slots: Sequence[Slot], dests: Sequence[memoryview]) -> list[ReadOutcome]:
+        """Read ``slots`` (whose buckets the caller holds) into ``dests``, verified."""
+        outcomes, reads, where = self._start_held(slots, dests, wait=True)
+        if reads is not None:
+            for n, outcome in zip(where, reads.finish()):
                 outcomes[n] = outcome
         return outcomes  # type: ignore[return-value]
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from kvstored.backends.bucket.state import Slot
-from kvstored.native import IoEngine, IoError, IoFile, ScratchMemory
+from kvstored.native import IoEngine, IoError, IoFile, LentBatch, ScratchMemory, ScratchPool
 from kvstored.sdk.record import (
     ALIGN,
     VALUE_OFFSET,
@@ -47,6 +47,8 @@ WRITE_CHUNK_BYTES = 16 * 1024 * 1024
 
 #: This module's scratch memory: record headers, small values, partial blocks.
 _scratch = ScratchMemory()
+#: The same, lent to reads that stay in flight past their thread's next call (streams).
+_stream_scratch = ScratchPool()
 
 
 class NewRecord(NamedTuple):
@@ -118,20 +120,65 @@ def write_records(engine: IoEngine, buckets: Sequence[tuple[IoFile, Sequence[New
     return errors
 
 
-def read_records(engine: IoEngine,
-                 requests: Sequence[tuple[Slot, IoFile, memoryview]]) -> list[ReadOutcome]:
-    """Read and verify each ``(slot, file, destination)`` in one engine submission, one
-    request per record.
-
-    On success the value is in ``destination[:slot.size]`` and the outcome is its size;
-    otherwise ``CORRUPT`` (with the reason) or ``IO_ERROR``. Destinations must be byte
-    views at least ``slot.size`` long.
-    """
+def read_scratch_bytes(sizes: Sequence[int]) -> int:
+    """Scratch memory :func:`start_records` needs for records of ``sizes``."""
     need = 0
-    for slot, _, _ in requests:
-        need += VALUE_OFFSET + (align_up(slot.size) if slot.size <= SMALL_VALUE_MAX
-                                else align_up(slot.size) - (slot.size & ~(ALIGN - 1)))
-    scratch = _scratch.take(need)
+    for size in sizes:
+        need += VALUE_OFFSET + (align_up(size) if size <= SMALL_VALUE_MAX
+                                else align_up(size) - (size & ~(ALIGN - 1)))
+    return need
+
+
+class RecordReads:
+    """Records being read (:func:`start_records`): ``finish`` waits and verifies them;
+    ``close`` waits for what is still in flight and gives the scratch back. An
+    :class:`~kvstored.sdk.streams.IssuedReads`."""
+
+    __slots__ = ("batch", "plans", "requests")
+
+    def __init__(self, batch: LentBatch, requests: Sequence[tuple[Slot, IoFile, memoryview]],
+                 plans: list[tuple[memoryview, memoryview | None]]) -> None:
+        self.batch, self.requests, self.plans = batch, requests, plans
+
+    def finish(self) -> list[ReadOutcome]:
+        results = self.batch.wait()
+        reads: list[ReadBack] = []
+        for (slot, _, dest), (block, span), result in zip(self.requests, self.plans, results):
+            error = result if isinstance(result, IoError) else None
+            size = slot.size
+            value = None
+            if span is not None:
+                value = span[VALUE_OFFSET:VALUE_OFFSET + size]
+            elif error is None:
+                # The value's whole blocks went straight into dest; its last partial block
+                # came into scratch after the header.
+                whole = size & ~(ALIGN - 1)
+                if size != whole:
+                    dest[whole:size] = block[VALUE_OFFSET:VALUE_OFFSET + size - whole]
+            complete = isinstance(result, int) and result >= record_size(size)
+            reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
+                          slot.checksum, error, complete))
+        return verified_reads(reads)
+
+    def close(self) -> None:
+        self.plans = []
+        self.batch.close()
+
+
+def start_records(engine: IoEngine, requests: Sequence[tuple[Slot, IoFile, memoryview]], *,
+                  wait: bool = False) -> RecordReads:
+    """Start reading each ``(slot, file, destination)`` in one engine submission, one
+    request per record, through scratch memory of this thread's (``wait``: read to the
+    end at once, as ``batch_read`` does) or lent for the reads' life (a stream's group,
+    in flight past the thread's next call).
+
+    Its ``finish`` gives per record: the value in ``destination[:slot.size]`` and its size
+    as the outcome; or ``CORRUPT`` (with the reason) or ``IO_ERROR``. Destinations must be
+    byte views at least ``slot.size`` long, left alone until then.
+    """
+    need = read_scratch_bytes([slot.size for slot, _, _ in requests])
+    loan = None if wait else _stream_scratch.lend(need)
+    memory = _scratch.take(need) if loan is None else loan.view
     items: list[tuple[IoFile, int, Any]] = []
     # Per request: its header view, and the whole record's view when it was read into
     # scratch (None when the value went straight into the destination).
@@ -140,34 +187,17 @@ def read_records(engine: IoEngine,
     for slot, file, dest in requests:
         size = slot.size
         if size <= SMALL_VALUE_MAX:
-            span = scratch[at:at + VALUE_OFFSET + align_up(size)]
+            span = memory[at:at + VALUE_OFFSET + align_up(size)]
             at += span.nbytes
             items.append((file, slot.offset, span))
             plans.append((span, span))
             continue
         whole = size & ~(ALIGN - 1)
-        block = scratch[at:at + VALUE_OFFSET + align_up(size) - whole]
+        block = memory[at:at + VALUE_OFFSET + align_up(size) - whole]
         at += block.nbytes
         pieces = [block[:VALUE_OFFSET], dest[:whole]]
         if size != whole:
             pieces.append(block[VALUE_OFFSET:])
         items.append((file, slot.offset, pieces))
         plans.append((block, None))
-    results = engine.read(items)
-    reads: list[ReadBack] = []
-    for (slot, _, dest), (block, span), result in zip(requests, plans, results):
-        error = result if isinstance(result, IoError) else None
-        size = slot.size
-        value = None
-        if span is not None:
-            value = span[VALUE_OFFSET:VALUE_OFFSET + size]
-        elif error is None:
-            # The value's whole blocks went straight into dest; its last partial block
-            # came into scratch after the header.
-            whole = size & ~(ALIGN - 1)
-            if size != whole:
-                dest[whole:size] = block[VALUE_OFFSET:VALUE_OFFSET + size - whole]
-        complete = isinstance(result, int) and result >= record_size(size)
-        reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
-                      slot.checksum, error, complete))
-    return verified_reads(reads)
+    return RecordReads(LentBatch(engine, items, _stream_scratch, loan), requests, plans)

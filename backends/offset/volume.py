@@ -94,9 +94,12 @@ from kvstored.native import (
     IoEngine,
     IoError,
     IoFile,
+    LentBatch,
     ScratchMemory,
+    ScratchPool,
     get_engine,
 )
+from kvstored.native.engine import Item
 from kvstored.sdk.backend import EvictionCallback
 from kvstored.sdk.claims import WriteClaims
 from kvstored.sdk.errors import (
@@ -109,6 +112,7 @@ from kvstored.sdk.errors import (
 )
 from kvstored.sdk.eviction import EvictionOrder, EvictionPolicy
 from kvstored.sdk.files import PRIVATE_FILE, fsync_dir
+from kvstored.sdk.group_reads import GroupReadBackend
 from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
@@ -120,6 +124,7 @@ from kvstored.sdk.record import (
     record_size,
     verified_reads,
 )
+from kvstored.sdk.streams import RecordReadGroup
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -147,6 +152,36 @@ WRITE_CHUNK = MAX_ENTRY_PAYLOAD // JOURNAL_PUT.size
 TOMBSTONE_CHUNK = 512
 
 
+#: Scratch lent to the reads of a stream's groups, in flight past their thread's next call.
+_stream_scratch = ScratchPool()
+
+
+class EntryReads:
+    """Records of a volume being read (:meth:`OffsetLayoutBackend._start_entries`):
+    ``finish`` waits and verifies them; ``close`` waits for what is still in flight and
+    gives the scratch back. An :class:`~kvstored.sdk.streams.IssuedReads`."""
+
+    __slots__ = ("batch", "heads", "plan")
+
+    def __init__(self, batch: LentBatch, plan: Sequence[tuple[str, Entry, memoryview]],
+                 heads: memoryview) -> None:
+        self.batch, self.plan, self.heads = batch, plan, heads
+
+    def finish(self) -> list[ReadOutcome]:
+        heads = self.heads
+        reads: list[ReadBack] = []
+        for n, ((key, entry, target), got) in enumerate(zip(self.plan, self.batch.wait())):
+            error = got if isinstance(got, IoError) else None
+            reads.append((target, heads[n * ALIGN:(n + 1) * ALIGN], None, key, entry.size,
+                          entry.seq, entry.checksum, error,
+                          error is None and got == ALIGN + entry.size))
+        return verified_reads(reads)
+
+    def close(self) -> None:
+        self.heads = memoryview(b"")
+        self.batch.close()
+
+
 @dataclass(frozen=True, slots=True)
 class Volume:
     """What a subclass's :meth:`~OffsetLayoutBackend._attach` hands over."""
@@ -159,7 +194,7 @@ class Volume:
     device: bool
 
 
-class OffsetLayoutBackend(BuiltinBackend):
+class OffsetLayoutBackend(GroupReadBackend, BuiltinBackend):
     """Objects as records at allocator-chosen offsets of one volume; see the module doc.
 
     Options beyond the common ones: ``policy`` (``fifo`` or ``lru``), ``auto_evict``
@@ -784,52 +819,61 @@ class OffsetLayoutBackend(BuiltinBackend):
 
     # -- reads -------------------------------------------------------------------------
 
-    def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]:
-        self._check_open()
-        self._check_read_buffers(keys, buffers)
-        results: list[int] = [ReadStatus.MISSING] * len(keys)
-        plan: list[tuple[int, str, Entry, memoryview]] = []
+    def _start_group(self, keys: Sequence[str], buffers: Sequence[memoryview], span: range,
+                     *, wait: bool = False) -> RecordReadGroup:
+        """Look up and pin the keys of ``span`` and start reading them: a ``batch_read``
+        (``wait``: read at once) or one group of a stream. The pins hold until the group
+        is released."""
+        answered: list[int] = [ReadStatus.MISSING] * len(span)
+        plan: list[tuple[str, Entry, memoryview]] = []
+        read_at: list[int] = []
         with self._lock:
-            for i, (key, buf) in enumerate(zip(keys, buffers)):
+            for n, i in enumerate(span):
+                key = keys[i]
                 entry = self.index.get(key)
                 if entry is None:
                     continue
-                target = memoryview(buf).cast("B")
+                target = memoryview(buffers[i]).cast("B")
                 if target.nbytes < entry.size:
-                    results[i] = ReadStatus.BUFFER_TOO_SMALL
+                    answered[n] = ReadStatus.BUFFER_TOO_SMALL
                     continue
                 self._order.touch(key)
-                plan.append((i, key, entry, target))
-            pinned = self._pins.acquire([key for _, key, _, _ in plan])
+                plan.append((key, entry, target))
+                read_at.append(n)
+            pinned = self._pins.acquire([key for key, _, _ in plan])
         try:
-            outcomes = self._read_entries([(key, entry, target)
-                                           for _, key, entry, target in plan])
-        finally:
+            reads = self._start_entries(plan, wait=wait) if plan else None
+        except BaseException:
             self._pins.release(pinned)
-        for (i, key, entry, _), outcome in zip(plan, outcomes):
-            results[i] = outcome.status
-            if not outcome.ok:
-                self._note_failed_read(key, f"{self._file.path} at {entry.offset}", outcome)
-        return results
+            raise
+        return RecordReadGroup(span, answered, read_at, reads,
+                               lambda k, outcome: self._note_failed_read(
+                                   plan[k][0], f"{self._file.path} at {plan[k][1].offset}",
+                                   outcome),
+                               lambda: self._pins.release(pinned))
+
+    def _start_entries(self, plan: Sequence[tuple[str, Entry, memoryview]], *,
+                       wait: bool) -> EntryReads:
+        """Start reading each ``(key, entry, destination)`` in one engine submission.
+
+        One vectored request per record: its header block into scratch, its value
+        straight into the destination (so a value is never copied on its way). With
+        ``wait`` the reads are done on return, into this thread's scratch (a
+        ``batch_read``); without, they stay in flight, into scratch lent for their life
+        (a stream's group)."""
+        loan = None if wait else _stream_scratch.lend(len(plan) * ALIGN)
+        heads = self._scratch.take(len(plan) * ALIGN) if loan is None else loan.view
+        items: list[Item] = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN],
+                                                         target[:entry.size]])
+                             for n, (_, entry, target) in enumerate(plan)]
+        return EntryReads(LentBatch(self._engine, items, _stream_scratch, loan), plan, heads)
 
     def _read_entries(self, plan: Sequence[tuple[str, Entry, memoryview]]
                       ) -> list[ReadOutcome]:
-        """Read each ``(key, entry, destination)`` in one engine submission, verified.
-
-        One vectored request per record: its header block into scratch, its value
-        straight into the destination (so a value is never copied on its way).
-        """
-        heads = self._scratch.take(len(plan) * ALIGN)
-        items = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN],
-                                             target[:entry.size]])
-                 for n, (_, entry, target) in enumerate(plan)]
-        results = self._engine.read(items) if items else []
-        reads: list[ReadBack] = []
-        for (_, _, (head, _)), (key, entry, target), got in zip(items, plan, results):
-            error = got if isinstance(got, IoError) else None
-            reads.append((target, head, None, key, entry.size, entry.seq, entry.checksum,
-                          error, error is None and got == ALIGN + entry.size))
-        return verified_reads(reads)
+        """Read each ``(key, entry, destination)`` in one engine submission, verified."""
+        if not plan:
+            return []
+        return self._start_entries(plan, wait=True).finish()
 
     def _location(self, entry: Entry) -> Location:
         return Location(self._file.path, entry.offset + VALUE_OFFSET, entry.size,

@@ -8,14 +8,19 @@ For each backend, in one run and side by side with fio on a file in the same dir
   space, and the file system's block allocation is part of the cost. fio overwriting an
   already written file (``fio-overwrite``), which skips that, is reported beside it. The
   backend's figure includes its own fsyncs.
-- **read**: ``batch_read`` of random stored objects of 4 KiB, 128 KiB and 1 MiB into
-  page-aligned buffers, against fio random reads of the same block size over as many
-  bytes, at the io engine's queue depth (32) for both.
+- **read**: random stored objects of 4 KiB, 128 KiB and 1 MiB read into page-aligned
+  buffers two ways: ``batch_read`` of ``--read-batch`` keys a call (runner ``backend``),
+  and ``read_stream`` of ``--stream-keys`` keys a call (runner ``backend-stream``: the
+  backend keeps reads in flight across its groups, so the queue does not drain at every
+  ``--read-batch``), against fio random reads of the same block size over as many bytes,
+  at the io engine's queue depth (32) for all. For 4 KiB objects fio also reads 8 KiB
+  blocks (``fio-8k``): each 4 KiB object is an 8 KiB read (its header block and its
+  value), so that is the disk's bound for a backend at that size.
 - **reopen**: ``close`` then ``open_backend`` on 100k objects of 4 KiB (warm cache: the
   page cache is left alone on a shared machine).
 
 Only the SDK is used (``open_backend``, ``write_batch_hint``, ``batch_write``,
-``batch_read``, ``batch_contains``, ``close``), so any backend registered when the
+``batch_read``, ``read_stream``, ``batch_contains``, ``close``), so any backend registered when the
 benchmark runs takes part. Every backend gets O_DIRECT (``direct=True``) when it accepts
 the option, as fio does; ``offset`` and ``nvmeof`` preallocate their volume, so they get
 a ``capacity`` large enough for the data, and ``nvmeof`` runs on a regular file.
@@ -75,8 +80,15 @@ READS = (
     Workload("read-128k", "read", 128 * KiB, Pattern("rand-read-128k", False, True, 128 * KiB)),
     Workload("read-1m", "read", MiB, Pattern("rand-read-1m", False, True, MiB)),
 )
-#: (workload, minimum ratio to fio, measure) — the goals of issue 4.
-GOALS = (("flush-1m", 0.8), ("flush-128k", 0.8), ("read-128k", 0.8), ("read-1m", 0.8))
+#: fio at 8 KiB beside the 4 KiB reads: what a 4 KiB object's record (header block and
+#: value) costs the disk.
+FIO_RECORD_4K = Pattern("rand-read-8k", False, True, 8 * KiB)
+#: The read runners: ``batch_read`` calls, and ``read_stream`` calls.
+BATCH, STREAM = "backend", "backend-stream"
+#: (ratio label, minimum ratio to fio): the goals of issue 4, and issue 16's 4 KiB
+#: streamed reads.
+GOALS = (("flush-1m", 0.8), ("flush-128k", 0.8), ("read-128k", 0.8), ("read-1m", 0.8),
+         ("read-4k stream", 0.7))
 REOPEN_GOAL = ("bucket", 2.0)
 
 
@@ -167,19 +179,39 @@ def write_objects(backend, prefix: str, count: int, size: int, staging: Staging)
 def read_objects(backend, prefix: str, count: int, size: int, runtime: float, batch: int,
                  staging: Staging, seed: int) -> Measurement:
     """Batch-read random objects among ``prefix/0..count-1`` for ``runtime`` seconds."""
-    rng = np.random.default_rng(seed)
     buffers = staging.slices(size, batch)
+    return _timed_reads(backend, prefix, count, size, runtime, batch, seed,
+                        lambda keys: zip(keys, backend.batch_read(keys, buffers)))
+
+
+def stream_objects(backend, prefix: str, count: int, size: int, runtime: float, keys: int,
+                   staging: Staging, seed: int) -> Measurement:
+    """``read_stream`` random objects among ``prefix/0..count-1``, ``keys`` a call (as
+    many as the staging memory holds), for ``runtime`` seconds."""
+    keys = max(1, min(keys, len(staging.view) // size))
+    buffers = staging.slices(size, keys)
+    return _timed_reads(backend, prefix, count, size, runtime, keys, seed,
+                        lambda names: ((names[index], got) for index, got
+                                       in backend.read_stream(names, buffers)))
+
+
+def _timed_reads(backend, prefix: str, count: int, size: int, runtime: float, per_call: int,
+                 seed: int, call) -> Measurement:
+    """Read ``per_call`` random objects among ``prefix/0..count-1`` a ``call`` (which
+    yields ``(key, result)`` for each) for ``runtime`` seconds; any result but the
+    object's size fails the run."""
+    rng = np.random.default_rng(seed)
     moved = ops = 0
     started, cpu = time.perf_counter(), _cpu()
     deadline = started + runtime
     while time.perf_counter() < deadline:
-        keys = [f"{prefix}/{n}" for n in rng.integers(0, count, batch).tolist()]
-        for key, got in zip(keys, backend.batch_read(keys, buffers)):
+        keys = [f"{prefix}/{n}" for n in rng.integers(0, count, per_call).tolist()]
+        for key, got in call(keys):
             if got != size:
                 message = f"{backend.name}: reading {key} gave {got}, not {size} bytes"
                 raise CorruptDataError(message) if got == -2 else BenchError(message)
-        moved += size * batch
-        ops += batch
+        moved += size * per_call
+        ops += per_call
     return Measurement(bytes=moved, ops=ops, seconds=time.perf_counter() - started,
                        cpu_seconds=_cpu() - cpu)
 
@@ -196,10 +228,11 @@ class Run:
 
     def __init__(self, root: Path, fio: str | None, data: int, small_data: int,
                  runtime: float, rounds: int, read_batch: int, recovery_objects: int,
-                 engine: str, direct: bool, say) -> None:
+                 engine: str, direct: bool, say, stream_keys: int = 4096) -> None:
         self.root, self.fio, self.say = root, fio, say
         self.data, self.small_data = data, small_data
         self.runtime, self.rounds, self.read_batch = runtime, rounds, read_batch
+        self.stream_keys = stream_keys
         self.recovery_objects, self.engine, self.direct = recovery_objects, engine, direct
         self.fio_file = root / "fio.dat"
         self.staging = Staging(max(64 * MiB, read_batch * MiB))
@@ -216,6 +249,8 @@ class Run:
             raise BenchError("fio_measure needs fio, and none was found")
         fio = self.fio
         size = self.objects(workload) * workload.object_size
+        if runner == "fio-8k":
+            return run_fio(fio, FIO_RECORD_4K, self.fio_file, size, self.runtime)
         if workload.kind == "flush" and runner == "fio":
             target = self.root / "fio-new.dat"
             target.unlink(missing_ok=True)
@@ -228,9 +263,11 @@ class Run:
 
     def runners(self, workload: Workload, round_number: int) -> list[str]:
         """This round's runners, in an order that rotates so drift favours none."""
-        names = ["backend"]
+        names = [BATCH] if workload.kind == "flush" else [BATCH, STREAM]
         if self.fio is not None:
             names += ["fio", "fio-overwrite"] if workload.kind == "flush" else ["fio"]
+            if workload.name == "read-4k":
+                names.append("fio-8k")
         shift = round_number % len(names)
         return names[shift:] + names[:shift]
 
@@ -293,12 +330,16 @@ class Run:
                 for workload in READS:
                     label = stores[workload.name]
                     for runner in self.runners(workload, round_number):
-                        if runner != "backend":
-                            m = self.fio_measure(workload, runner)
-                        else:
+                        if runner == BATCH:
                             m = read_objects(opened[label], label, self.objects(workload),
                                              workload.object_size, self.runtime,
                                              self.read_batch, self.staging, round_number)
+                        elif runner == STREAM:
+                            m = stream_objects(opened[label], label, self.objects(workload),
+                                               workload.object_size, self.runtime,
+                                               self.stream_keys, self.staging, round_number)
+                        else:
+                            m = self.fio_measure(workload, runner)
                         self._say(round_number, workload, runner,
                                   _record(results, workload.name, runner, m))
         finally:
@@ -347,12 +388,16 @@ def summarise(per_backend: dict) -> tuple[dict, list[dict]]:
             for figures in runners.values():
                 figures["median"] = {key: statistics.median(r[key] for r in figures["rounds"])
                                      for key in ("bytes_per_s", "iops", "cpu_pct")}
-            mine = runners.get("backend", {}).get("median")
-            for peer in ("fio", "fio-overwrite"):
-                if mine is not None and peer in runners:
-                    label = workload if peer == "fio" else f"{workload} vs {peer}"
-                    ratios[name][label] = (mine["bytes_per_s"]
-                                           / runners[peer]["median"]["bytes_per_s"])
+            for runner, suffix in ((BATCH, ""), (STREAM, " stream")):
+                mine = runners.get(runner, {}).get("median")
+                for peer in ("fio", "fio-overwrite", "fio-8k"):
+                    if mine is None or peer not in runners:
+                        continue
+                    label = workload + suffix + ("" if peer == "fio" else f" vs {peer}")
+                    # Objects a second against fio's blocks a second: at 8 KiB a block
+                    # is one 4 KiB object's record, so bytes would halve fio's figure.
+                    unit = "iops" if peer == "fio-8k" else "bytes_per_s"
+                    ratios[name][label] = mine[unit] / runners[peer]["median"][unit]
     goals = []
     for name in per_backend:
         for workload, minimum in GOALS:
@@ -374,24 +419,31 @@ def summarise(per_backend: dict) -> tuple[dict, list[dict]]:
 
 
 def table(per_backend: dict, ratios: dict) -> str:
-    head = (f"{'backend':<13}{'workload':<12}{'MB/s':>9}{'obj/s':>10}{'CPU%':>6}"
-            f"{'fio MB/s':>10}{'vs fio':>8}{'fio-ow MB/s':>13}{'vs fio-ow':>10}")
+    head = (f"{'backend':<13}{'workload':<12}{'call':<13}{'MB/s':>9}{'obj/s':>10}{'CPU%':>6}"
+            f"{'fio MB/s':>10}{'vs fio':>8}{'fio-ow MB/s':>13}{'vs fio-ow':>10}"
+            f"{'fio-8k IOPS':>13}{'vs fio-8k':>10}")
     lines = [head]
     for name, report in per_backend.items():
         for workload, runners in report["workloads"].items():
-            mine = runners.get("backend", {}).get("median")
-            if mine is None:
-                continue
-            cells = []
-            for peer, label in (("fio", workload), ("fio-overwrite", f"{workload} vs "
-                                                                     "fio-overwrite")):
-                fio = runners.get(peer, {}).get("median")
-                ratio = ratios[name].get(label)
-                cells.append("" if fio is None else f"{fio['bytes_per_s'] / 1e6:.0f}")
-                cells.append("" if ratio is None else f"{ratio:.2f}x")
-            lines.append(f"{name:<13}{workload:<12}{mine['bytes_per_s'] / 1e6:>9.0f}"
-                         f"{mine['iops']:>10.0f}{mine['cpu_pct']:>6.0f}"
-                         f"{cells[0]:>10}{cells[1]:>8}{cells[2]:>13}{cells[3]:>10}")
+            for runner, call, suffix in ((BATCH, "batch_read", ""),
+                                         (STREAM, "read_stream", " stream")):
+                mine = runners.get(runner, {}).get("median")
+                if mine is None:
+                    continue
+                cells = []
+                for peer, unit in (("fio", "bytes_per_s"), ("fio-overwrite", "bytes_per_s"),
+                                   ("fio-8k", "iops")):
+                    fio = runners.get(peer, {}).get("median")
+                    label = workload + suffix + ("" if peer == "fio" else f" vs {peer}")
+                    ratio = ratios[name].get(label)
+                    scale = 1e6 if unit == "bytes_per_s" else 1
+                    cells.append("" if fio is None else f"{fio[unit] / scale:.0f}")
+                    cells.append("" if ratio is None else f"{ratio:.2f}x")
+                lines.append(f"{name:<13}{workload:<12}{call:<13}"
+                             f"{mine['bytes_per_s'] / 1e6:>9.0f}"
+                             f"{mine['iops']:>10.0f}{mine['cpu_pct']:>6.0f}"
+                             f"{cells[0]:>10}{cells[1]:>8}{cells[2]:>13}{cells[3]:>10}"
+                             f"{cells[4]:>13}{cells[5]:>10}")
         if report.get("reopen"):
             r = report["reopen"]
             lines.append(f"{name:<13}{'reopen':<12}{r['median_s']:>8.3f}s"
@@ -416,6 +468,9 @@ def table(per_backend: dict, ratios: dict) -> str:
               help="Rounds; each figure is the median over them.")
 @click.option("--read-batch", default=128, show_default=True, type=click.IntRange(1),
               help="Objects per batch_read call.")
+@click.option("--stream-keys", default=4096, show_default=True, type=click.IntRange(1),
+              help="Objects per read_stream call (fewer where the staging memory, 64 MiB "
+                   "or 1 MiB per --read-batch, holds fewer).")
 @click.option("--recovery-objects", default=100_000, show_default=True,
               type=click.IntRange(0), help="Objects for the reopen test (0 skips it).")
 @click.option("--engine", default="auto", show_default=True,
@@ -427,9 +482,10 @@ def table(per_backend: dict, ratios: dict) -> str:
               default=Path("bench-results/backend.json"), show_default=True)
 def backend_command(directory: Path | None, backends: str | None, data: str,
                     small_data: str | None, runtime: float, rounds: int, read_batch: int,
-                    recovery_objects: int, engine: str, direct: bool, fio_path: str,
-                    json_out: Path) -> None:
-    """The storage backends' flush, batch reads and reopen, against fio, side by side.
+                    stream_keys: int, recovery_objects: int, engine: str, direct: bool,
+                    fio_path: str, json_out: Path) -> None:
+    """The storage backends' flush, reads (batch_read and read_stream) and reopen, against
+    fio, side by side.
 
     Writes every round's figures, the medians, the ratios to fio and the goals they
     meet or miss (docs/benchmarks.md) to --json-out, and prints a table. Exit codes:
@@ -463,7 +519,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
         raise no_space(f"{root} has {format_size(free)} free; this run needs about "
                        f"{format_size(need)}. Pass --dir elsewhere or a smaller --data.")
     run = Run(root, fio, data_bytes, small_bytes, runtime, rounds, read_batch,
-              recovery_objects, engine, direct, say)
+              recovery_objects, engine, direct, say, stream_keys)
     per_backend = {}
     try:
         if fio is not None:
@@ -479,6 +535,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
     command = (f"kvstore bench backend --backends {','.join(names)} --data {data} "
                f"--small-data {small_data or format_size(small_bytes).replace(' ', '')} "
                f"--runtime {runtime:g} --rounds {rounds} --read-batch {read_batch} "
+               f"--stream-keys {stream_keys} "
                f"--recovery-objects {recovery_objects} --engine {engine} "
                f"{'--direct' if direct else '--buffered'}"
                + ("" if temporary else f" --dir {directory}"))
@@ -486,6 +543,7 @@ def backend_command(directory: Path | None, backends: str | None, data: str,
         **start.header("backend", command),
         "directory": str(root), "data": data_bytes, "small_data": small_bytes,
         "runtime_s": runtime, "rounds": rounds, "read_batch": read_batch,
+        "stream_keys": stream_keys,
         "queue_depth": QUEUE_DEPTH, "engine": engine, "direct": direct,
         "backends": per_backend, "ratios": ratios, "goals": goals,
     }

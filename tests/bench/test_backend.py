@@ -32,9 +32,12 @@ def test_backends_without_fio(tmp_path):
     assert report["backends"]["3fs"]["direct"] is True
     for name, backend in report["backends"].items():
         assert list(backend["workloads"]) == WORKLOADS
-        for runners in backend["workloads"].values():
-            assert set(runners) == {"backend"}
-            assert runners["backend"]["median"]["bytes_per_s"] > 0
+        for workload, runners in backend["workloads"].items():
+            calls = {"backend"} if workload.startswith("flush") else {"backend",
+                                                                      "backend-stream"}
+            assert set(runners) == calls, workload
+            for call in calls:
+                assert runners[call]["median"]["bytes_per_s"] > 0
         assert backend["reopen"]["objects"] == 300 and len(backend["reopen"]["seconds"]) == 3
         assert report["ratios"][name] == {}
     assert all(g["status"] == "not measured" for g in report["goals"])
@@ -51,13 +54,17 @@ def test_against_fio(tmp_path):
     assert report["backends"]["file-per-key"]["direct"] is False, "it takes no direct option"
     runners = report["backends"]["3fs"]["workloads"]
     assert set(runners["flush-1m"]) == {"backend", "fio", "fio-overwrite"}
-    assert set(runners["read-128k"]) == {"backend", "fio"}
+    assert set(runners["read-128k"]) == {"backend", "backend-stream", "fio"}
+    assert set(runners["read-4k"]) == {"backend", "backend-stream", "fio", "fio-8k"}
     assert report["ratios"]["3fs"]["read-1m"] > 0
+    assert report["ratios"]["3fs"]["read-4k stream"] > 0
+    assert report["ratios"]["3fs"]["read-4k stream vs fio-8k"] > 0
     assert report["ratios"]["3fs"]["flush-1m vs fio-overwrite"] > 0
     assert report["fio_version"].startswith("fio-")
     assert {g["goal"] for g in report["goals"] if "ratio" in g and "3fs" in g["goal"]} == {
         "3fs flush-1m >= 0.8x fio", "3fs flush-128k >= 0.8x fio",
-        "3fs read-128k >= 0.8x fio", "3fs read-1m >= 0.8x fio"}
+        "3fs read-128k >= 0.8x fio", "3fs read-1m >= 0.8x fio",
+        "3fs read-4k stream >= 0.7x fio"}
 
 
 def test_unknown_backend_is_a_usage_error(tmp_path):
