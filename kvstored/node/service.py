@@ -40,7 +40,7 @@ from kvstored.node.dataserver import DataServer
 from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.offload import Offloader
 from kvstored.node.report import Integrity, Outcomes
-from kvstored.node.ssdreads import SsdReads, read_stream
+from kvstored.node.ssdreads import SsdReads
 from kvstored.node.staging import StagingPool
 from kvstored.node.startup import StartupProgress, StartupStep
 from kvstored.node.tasks import TaskRunner
@@ -186,7 +186,7 @@ class Node:
         # SSD reads go to the backend in one submission (kvstored.node.ssdreads).
         self.commits: Coalescer[DramObject, bool] = Coalescer(self._send_commit)
         self.ssd_reads = SsdReads(
-            functools.partial(read_stream, backend), in_flight=SSD_READS_IN_FLIGHT,
+            backend.read_stream, in_flight=SSD_READS_IN_FLIGHT,
             observe=self.metrics.io_seconds.labels(op="load").observe)
         self.offloader = Offloader(
             node=self.name or "(starting)", backend=backend, dram=self.dram,

@@ -29,21 +29,10 @@ from dataclasses import dataclass, field
 import trio
 
 from kvstored.errors import InternalError, StoreError
-from kvstored.sdk import StorageBackend
 
 #: Reads ``keys`` into ``buffers``; yields ``(index, result)`` as each completes, every
-#: index once, in any order (a result as :meth:`StorageBackend.batch_read` gives it).
+#: index once, in any order (:meth:`kvstored.sdk.StorageBackend.read_stream`).
 ReadStream = Callable[[list[str], list[memoryview]], Iterator[tuple[int, int]]]
-
-
-def read_stream(backend: StorageBackend, keys: list[str], buffers: list[memoryview]
-                ) -> Iterator[tuple[int, int]]:
-    """``backend.read_stream``, where the backend has one; else its ``batch_read``, each
-    result handed back once the whole batch is in."""
-    stream = getattr(backend, "read_stream", None)
-    if stream is not None:
-        return stream(keys, buffers)
-    return enumerate(backend.batch_read(keys, buffers))
 
 
 @dataclass(eq=False, slots=True)

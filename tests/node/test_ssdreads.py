@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from kvstored.errors import InternalError, UnreachableError
-from kvstored.node.ssdreads import SsdReads, read_stream
+from kvstored.node.ssdreads import SsdReads
 from kvstored.sdk import ReadStatus
 from kvstored.sdk.registry import open_backend
 
@@ -36,7 +36,7 @@ def test_gets_waiting_share_one_call_and_each_gets_its_items_in_any_order(tmp_pa
                         ) -> Iterator[tuple[int, int]]:
         calls.append(list(keys))
         gate.wait(10)  # the first call holds the worker while the next gets queue up
-        return reversed(list(read_stream(backend, keys, buffers)))
+        return reversed(list(backend.read_stream(keys, buffers)))
 
     async def main() -> None:
         reads = SsdReads(reversed_stream)
