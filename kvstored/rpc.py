@@ -39,6 +39,7 @@ from typing import Any, Generic
 
 import trio
 
+from kvstored.checksum import crc32c
 from kvstored.errors import (
     BadRequestError,
     InternalError,
@@ -510,11 +511,13 @@ async def say_hello(conn: AsyncFrames, role: Role, token: str | None) -> HelloRe
 
 
 async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
-                   payload: Payload = (), into: Sequence[Into] | None = None) -> Rep:
+                   payload: Payload = (), into: Sequence[Into] | None = None,
+                   sums: list[int | None] | None = None) -> Rep:
     """One call over ``conn`` (trio's or asyncio's): send ``request`` with ``payload``,
     return the reply (raising the error the peer answered), its payload received into
-    ``into`` (see :meth:`OpSpec.payload_views`) or discarded. Whatever breaks the
-    exchange is the caller's to map (and the connection is then out of step)."""
+    ``into`` (see :meth:`OpSpec.payload_items`) or discarded, and ``sums[i]``, if
+    given, set to the CRC-32C of item ``i`` as it lands. Whatever breaks the exchange
+    is the caller's to map (and the connection is then out of step)."""
     await conn.send_frame(spec.request_header(request), payload)
     header = await conn.recv_header()
     try:
@@ -523,8 +526,14 @@ async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
         await conn.discard_payload()
         raise
     if into is not None:
-        for view in spec.payload_views(reply, into):
-            await conn.recv_payload_into(view)
+        for i, views in spec.payload_items(reply, into):
+            crc = 0
+            for view in views:
+                await conn.recv_payload_into(view)
+                if sums is not None:
+                    crc = crc32c(view, crc)
+            if sums is not None:
+                sums[i] = crc
     await conn.discard_payload()
     return reply
 
@@ -572,16 +581,16 @@ class RpcClient:
         return reply
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Payload = (),
-                   into: Sequence[Into] | None = None) -> Rep:
+                   into: Sequence[Into] | None = None, sums: list[int | None] | None = None) -> Rep:
         """Send ``request`` and return the reply (raising the error the peer answered).
-        A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
-        or discarded."""
+        A reply payload is received into ``into``, or discarded; ``sums`` as in
+        :func:`exchange`."""
         async with self._lock:
             conn = await self._ready()
             with exchange_failures(self.where, self.timeout, self.close, op=spec.name,
                                    timeouts=_TOO_SLOW, broken=_EXCHANGE_BROKEN):
                 with trio.fail_after(self.timeout):
-                    return await exchange(conn, spec, request, payload, into)
+                    return await exchange(conn, spec, request, payload, into, sums)
 
     async def hello(self) -> HelloReply:
         """The server's answer to the hello, connecting first if need be."""

@@ -142,25 +142,25 @@ class OpSpec(Generic[Req, Rep]):
         except (KeyError, TypeError, ValueError) as exc:
             raise FrameError(f"malformed {self.name} reply: {exc!r:.200}") from None
 
-    def payload_views(self, reply: Rep, into: Sequence[Into]) -> list[memoryview]:
-        """Where the items of ``reply``'s payload go: ``into[i][:size]`` for each entry
-        of its ``sizes`` that is not negative (no item: the peer does not have it), or
-        the first ``size`` bytes of its pieces when ``into[i]`` is :class:`Parts`. An
-        item larger than its buffer raises FrameError before anything is read."""
+    def payload_items(self, reply: Rep, into: Sequence[Into]
+                      ) -> list[tuple[int, list[memoryview]]]:
+        """Where the items of ``reply``'s payload go, in order, each as ``(i, views)``:
+        ``into[i][:size]`` for each entry of its ``sizes`` that is not negative (no item:
+        the peer does not have it), or the first ``size`` bytes of its pieces when
+        ``into[i]`` is :class:`Parts`. An item larger than its buffer raises FrameError
+        before anything is read."""
         sizes = getattr(reply, "sizes", None)
         if not self.reply_payload or not isinstance(sizes, list) or len(sizes) != len(into):
             raise FrameError(f"a {self.name} reply carries no payload for {len(into)} "
                              "buffers")
-        views = []
-        for view, size in zip(into, sizes):
+        items = []
+        for i, (view, size) in enumerate(zip(into, sizes)):
             if size > len(view):
                 raise FrameError(f"an item of {size} bytes for a {len(view)}-byte buffer")
             if size >= 0:
-                if isinstance(view, Parts):
-                    views += view.head(size)
-                else:
-                    views.append(view[:size])
-        return views
+                items.append((i, view.head(size) if isinstance(view, Parts)
+                              else [view[:size]]))
+        return items
 
 
 # The errors of a connection, worded once: every client (blocking, trio, asyncio) and the
