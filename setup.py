@@ -10,7 +10,7 @@
   turns an io batch's Python items into requests, which cffi cannot do. It is optional:
   without it the uring engine builds its requests in Python (slower, same results).
   ``kvstored.sdk._record_check`` (sdk/record_check.c) is the other, as optional: the
-  checks of a batch of records read back, in one call; ``kvstored.native._copy``
+  checks of a batch of records read back, in one call; ``kvstored._copy``
   (native/copy.c) a third: a copy and its CRC-32C in one pass (same-host reads).
 - Leaving those build scripts out of the wheel: they read the C sources when imported,
   and a wheel carries the compiled extensions, not the sources (tests/test_packaging.py).
@@ -67,10 +67,11 @@ RECORD_CHECK_EXTENSION = Extension(
     optional=True, define_macros=[("Py_LIMITED_API", "0x030B0000")],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
 
-#: A copy and its CRC-32C in one pass (native/copy.c); optional: without it a same-host
-#: read copies, then checks with the crc32c package.
+#: A copy and its CRC-32C in one pass, and a folding CRC-32C (native/copy.c), for the
+#: data path of every role (kvstored/checksum.py), so in kvstored itself: a client must
+#: not load the io engine's package for it. Optional: without it the crc32c package.
 COPY_EXTENSION = Extension(
-    "kvstored.native._copy", sources=["native/copy.c"], py_limited_api=True,
+    "kvstored._copy", sources=["native/copy.c"], py_limited_api=True,
     optional=True, define_macros=[("Py_LIMITED_API", "0x030B0000")],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
 

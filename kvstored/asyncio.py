@@ -155,12 +155,12 @@ class _Connection:
         return self.sock.fileno() < 0
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Sequence[Buffer],
-                   into: Sequence[Into] | None) -> Rep:
+                   into: Sequence[Into] | None, sums: list[int | None] | None) -> Rep:
         """Send ``request``, return the reply; a broken exchange closes the connection
         and raises UnreachableError, an error the peer answered leaves it open."""
         with exchange_failures(self.where, self.timeout, self.close, op=spec.name):
             async with _deadline(self.timeout):
-                return await exchange(self.frames, spec, request, payload, into)
+                return await exchange(self.frames, spec, request, payload, into, sums)
 
     def close(self) -> None:
         self.sock.close()
@@ -201,11 +201,11 @@ class _Peer:
         return self.greeting
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Sequence[Buffer] = (),
-                   into: Sequence[Into] | None = None) -> Rep:
+                   into: Sequence[Into] | None = None, sums: list[int | None] | None = None) -> Rep:
         async with self._slots:
             conn = await self._take()
             try:
-                return await conn.call(spec, request, payload, into)
+                return await conn.call(spec, request, payload, into, sums)
             finally:
                 if self.closed:
                     conn.close()  # the client closed while this call was out

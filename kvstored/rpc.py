@@ -39,6 +39,7 @@ from typing import Any, Generic
 
 import trio
 
+from kvstored.checksum import crc32c
 from kvstored.errors import (
     BadRequestError,
     InternalError,
@@ -156,8 +157,9 @@ class FramedSocket(AsyncFrames):
     async def send_frame(self, header: dict[str, Any] | None, payload: Sequence[Buffer] = (),
                          payload_len: int | None = None) -> None:
         """Send a frame, or a part of one (``header`` None: more of the payload a header
-        announced with ``payload_len``; see :class:`~kvstored.wire.Outgoing`). A large one (a batch of objects) that the socket's buffer cannot
-        take at once is finished in a worker thread with blocking ``sendmsg`` calls: the
+        announced with ``payload_len``; see :class:`~kvstored.wire.Outgoing`). A large one
+        (a batch of objects) that the socket's buffer cannot take at once is finished in
+        a worker thread with blocking ``sendmsg`` calls: the
         kernel then sends each buffer's worth as the peer drains it, in one call, where
         non-blocking sends from this thread took one call per partial write (about 160
         per 32 MiB on loopback, each building its scatter list again) and a trip through
@@ -536,11 +538,13 @@ async def say_hello(conn: AsyncFrames, role: Role, token: str | None) -> HelloRe
 
 
 async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
-                   payload: Payload = (), into: Sequence[Into] | None = None) -> Rep:
+                   payload: Payload = (), into: Sequence[Into] | None = None,
+                   sums: list[int | None] | None = None) -> Rep:
     """One call over ``conn`` (trio's or asyncio's): send ``request`` with ``payload``,
     return the reply (raising the error the peer answered), its payload received into
-    ``into`` (see :meth:`OpSpec.payload_views`) or discarded. Whatever breaks the
-    exchange is the caller's to map (and the connection is then out of step)."""
+    ``into`` (see :meth:`OpSpec.payload_items`) or discarded, and ``sums[i]``, if
+    given, set to the CRC-32C of item ``i`` as it lands. Whatever breaks the exchange
+    is the caller's to map (and the connection is then out of step)."""
     await conn.send_frame(spec.request_header(request), payload)
     header = await conn.recv_header()
     try:
@@ -549,8 +553,14 @@ async def exchange(conn: AsyncFrames, spec: OpSpec[Req, Rep], request: Req,
         await conn.discard_payload()
         raise
     if into is not None:
-        for view in spec.payload_views(reply, into):
-            await conn.recv_payload_into(view)
+        for i, views in spec.payload_items(reply, into):
+            crc = 0
+            for view in views:
+                await conn.recv_payload_into(view)
+                if sums is not None:
+                    crc = crc32c(view, crc)
+            if sums is not None:
+                sums[i] = crc
     await conn.discard_payload()
     if spec.trailer_follows(reply):
         reply = spec.with_trailer(reply, await conn.recv_header())
@@ -600,16 +610,16 @@ class RpcClient:
         return reply
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Payload = (),
-                   into: Sequence[Into] | None = None) -> Rep:
+                   into: Sequence[Into] | None = None, sums: list[int | None] | None = None) -> Rep:
         """Send ``request`` and return the reply (raising the error the peer answered).
-        A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
-        or discarded."""
+        A reply payload is received into ``into``, or discarded; ``sums`` as in
+        :func:`exchange`."""
         async with self._lock:
             conn = await self._ready()
             with exchange_failures(self.where, self.timeout, self.close, op=spec.name,
                                    timeouts=_TOO_SLOW, broken=_EXCHANGE_BROKEN):
                 with trio.fail_after(self.timeout):
-                    return await exchange(conn, spec, request, payload, into)
+                    return await exchange(conn, spec, request, payload, into, sums)
 
     async def hello(self) -> HelloReply:
         """The server's answer to the hello, connecting first if need be."""

@@ -1,4 +1,4 @@
-/* kvstored.native._copy: copy a buffer and compute its CRC-32C in one pass.
+/* kvstored._copy: copy a buffer and compute its CRC-32C in one pass.
  *
  * A same-host read copies each object out of the node's mapped DRAM segment into the
  * caller's buffer and then checks the copy's CRC-32C. Done as two passes (a memoryview
@@ -19,7 +19,7 @@
  * is bound by the instruction's latency, three by its throughput), joined by shifting a
  * stream's CRC over the length of the blocks after it (a table per block length, built
  * at import, as in Mark Adler's crc32c.c); slicing by 8 and memcpy where SSE4.2 is
- * missing. tests/native/test_copy.py holds it to the crc32c package.
+ * missing. tests/test_checksum.py holds it to the crc32c package.
  *
  * The stable ABI of 3.11 (PyObject_GetBuffer), like batch.c.
  */

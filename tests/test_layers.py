@@ -35,10 +35,11 @@ PACKAGES = {"kvstored": "kvstored", "sdk": "kvstored.sdk", "backends": "kvstored
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Pure helpers that import nothing of kvstored: the offset allocator, the version,
     # the click parameter types every command line shares, the progress bar, stopping a
-    # child process. (Sizes and their units are the SDK's, kvstored.sdk.units.)
+    # child process, the data path's CRC-32C. (Sizes and their units are the SDK's,
+    # kvstored.sdk.units.)
     ("base", ("kvstored.allocator", "kvstored.__version__",
               "kvstored.params", "kvstored.address", "kvstored.progress",
-              "kvstored.processes")),
+              "kvstored.processes", "kvstored.checksum", "kvstored._copy")),
     # The backend SDK: a distribution of its own for backend authors, so it imports
     # nothing else of kvstored (see ALLOWED).
     ("sdk", ("kvstored.sdk",)),
@@ -151,7 +152,8 @@ MODULES = _modules()
 #: an import of one would count as an import of the package above it; they import nothing
 #: of kvstored.
 COMPILED = frozenset({"kvstored.native._io", "kvstored.native._batch",
-                      "kvstored.sdk._record_check", "kvstored.tools._simcore"})
+                      "kvstored.sdk._record_check", "kvstored.tools._simcore",
+                      "kvstored._copy"})
 
 
 def _target(name: str) -> str:

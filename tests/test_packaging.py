@@ -225,7 +225,7 @@ def test_sdist_holds_what_a_wheel_is_built_from(tmp_path):
         assert needed in names, needed
     assert any(n.startswith("kvstored/native/_io") and n.endswith(".so") for n in names)
     assert any(n.startswith("kvstored/native/_batch") and n.endswith(".so") for n in names)
-    assert any(n.startswith("kvstored/native/_copy") and n.endswith(".so") for n in names)
+    assert any(n.startswith("kvstored/_copy") and n.endswith(".so") for n in names)
     assert any(n.startswith("kvstored/sdk/_record_check") and n.endswith(".so") for n in names)
     assert any(n.startswith("kvstored/tools/_simcore") and n.endswith(".so") for n in names)
     assert not [n for n in names if n.endswith((".c", ".h"))], "C sources in the wheel"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
+from kvstored.checksum import crc32c
 from kvstored.errors import StoreError, UnauthorizedError
 from kvstored.protocol import HELLO, Hello, HelloReply, OpSpec, Role
 from kvstored.protocol.ops import Rep, Req, connect_failures, exchange_failures
@@ -43,10 +44,11 @@ class Connection:
         return self.sock.fileno() < 0
 
     def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Sequence[Buffer] = (),
-             into: Sequence[Into] | None = None) -> Rep:
+             into: Sequence[Into] | None = None, sums: list[int | None] | None = None) -> Rep:
         """Send ``request`` and return the reply (raising the error the peer answered).
-        A reply payload is received into ``into`` (see :meth:`OpSpec.payload_views`),
-        or discarded."""
+        A reply payload is received into ``into`` (see :meth:`OpSpec.payload_items`),
+        or discarded; ``sums[i]``, if given, is set to the CRC-32C of item ``i`` as it
+        lands (while its bytes are still in the cache)."""
         reader = self.reader
         with exchange_failures(self.where, self.timeout, self.close, op=spec.name):
             send_frame(self.sock, spec.request_header(request), payload)
@@ -57,8 +59,14 @@ class Connection:
                 reader.discard_payload()
                 raise
             if into is not None:
-                for view in spec.payload_views(reply, into):
-                    reader.recv_payload_into(view)
+                for i, views in spec.payload_items(reply, into):
+                    crc = 0
+                    for view in views:
+                        reader.recv_payload_into(view)
+                        if sums is not None:
+                            crc = crc32c(view, crc)
+                    if sums is not None:
+                        sums[i] = crc
             if reader.payload_left:
                 reader.discard_payload()
             if spec.trailer_follows(reply):

@@ -90,13 +90,18 @@ NO_SPACE_RETRY_PAUSE = 0.05
 @dataclass(frozen=True, slots=True)
 class Call:
     """Send ``request`` (an op of ``spec``) to the master (``node`` None) or a node;
-    ``payload`` follows the request, the reply's payload is received into ``into``."""
+    ``payload`` follows the request, the reply's payload is received into ``into``, and
+    ``sums[i]`` (if given) set to the CRC-32C of item ``i`` as it lands: a check of a
+    1 MiB object right after its receive finds it in the cache, one after the whole
+    batch reads it again from memory. An item a shell leaves None is checked by the
+    core itself."""
 
     spec: Any
     request: Message
     node: str | None = None
     payload: Sequence[Buffer] = ()
     into: Sequence[Into] | None = None
+    sums: list[int | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +122,10 @@ Step = Generator[Effect, Any, T]
 
 
 def call(spec: ops.OpSpec[Req, Rep], request: Req, *, node: str | None = None,
-         payload: Sequence[Buffer] = (), into: Sequence[Into] | None = None
-         ) -> Step[Rep]:
+         payload: Sequence[Buffer] = (), into: Sequence[Into] | None = None,
+         sums: list[int | None] | None = None) -> Step[Rep]:
     """``reply = yield from call(...)``: one request, typed."""
-    reply = yield Call(spec, request, node, payload, into)
+    reply = yield Call(spec, request, node, payload, into, sums)
     return reply
 
 
@@ -467,17 +472,20 @@ class ClientCore:
             views.append(view)
         if not idx:
             return
+        sums: list[int | None] = [None] * len(idx)  # a shell that fills none: checked here
         try:
             reply = yield from call(ops.GET_HELD, HeldGetRequest(
-                [keys[i] for i in idx], [c.checksum for c in held]), node=node, into=views)
+                [keys[i] for i in idx], [c.checksum for c in held]), node=node, into=views,
+                sums=sums)
         except StoreError:
             # Counted as the lookup path counts a node that could not serve (ReadStats).
             self.health.down(node)
             self.stats.count(node_failures=len(idx))
             self.held.forget(keys[i] for i in idx)
             return
-        for i, copy, view, size in zip(idx, held, views, reply.sizes):
-            if size == copy.size and checksum(view, size) == copy.checksum:
+        for i, copy, view, crc, size in zip(idx, held, views, sums, reply.sizes):
+            if size == copy.size and (checksum(view, size) if crc is None
+                                      else crc) == copy.checksum:
                 results[i] = size
                 continue
             self.held.forget([keys[i]])
@@ -608,16 +616,17 @@ class ClientCore:
         parts = split_by_bytes([max(read.sizes[i], 0) for i in idx], hello.max_read_staging)
         for n, part in enumerate(parts):
             chunk = [idx[j] for j in part]
+            sums: list[int | None] = [None] * len(chunk)
             try:
                 reply = yield from call(ops.GET, read.node_get(chunk), node=node,
-                                        into=[read.buffers[i] for i in chunk])
+                                        into=[read.buffers[i] for i in chunk], sums=sums)
             except StoreError:
                 read.failed(node, [idx[j] for later in parts[n:] for j in later])
                 return
             from_ssd = {chunk[j] for j in reply.from_ssd if j < len(chunk)}
             held = {chunk[j] for j in reply.held if j < len(chunk)}
-            for i, size in zip(chunk, reply.sizes):
-                if read.received(i, size, Tier.SSD if i in from_ssd else Tier.DRAM) \
+            for i, size, crc in zip(chunk, reply.sizes, sums):
+                if read.received(i, size, Tier.SSD if i in from_ssd else Tier.DRAM, crc) \
                         and i in held:
                     checksum = read.checksums[i]
                     assert checksum is not None  # found by the lookup

@@ -15,25 +15,12 @@ against the memory it claims.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-from crc32c import crc32c as _package_crc32c
-
+from kvstored.checksum import copy_crc32c, crc32c
 from kvstored.errors import BadRequestError
 from kvstored.wire import Into, Parts
-
-try:  # by name: the module exists only once built (setup.py, optional)
-    _copy = importlib.import_module("kvstored.native._copy")
-except ImportError:  # copies, then checks with the crc32c package
-    _copy = None
-
-#: ``crc32c(data, value=0)``: the native folding CRC where this CPU has the instructions
-#: (about 50 GB/s from cache here, against the crc32c package's 26; 21 against 8-14 GB/s
-#: from memory), else the crc32c package. Same results (tests/native/test_copy.py).
-crc32c: Callable[..., int] = (_copy.crc32c if _copy is not None and _copy.crc32c(b"") == 0
-                              else _package_crc32c)
 
 
 def parts_of(pieces: Iterable[Any], *, key: str, writable: bool) -> Parts:
@@ -90,16 +77,13 @@ def scatter(source: memoryview, target: Into) -> None:
 
 def scatter_checked(source: memoryview, target: Into) -> int:
     """:func:`scatter`, returning the CRC-32C of the bytes copied (chained over the
-    pieces): with the native module, one pass that checks each word as it stores it,
-    about a plain copy's speed, where a copy and then a check read every byte twice."""
-    if _copy is None:
-        scatter(source, target)
-        return checksum(target, source.nbytes)
+    pieces), taken as they are stored (kvstored.checksum): one pass over the
+    bytes, where a copy and then a check read every byte twice."""
     if not isinstance(target, Parts):
-        return _copy.copy_crc32c(target, source)
+        return copy_crc32c(target, source)
     crc, at = 0, 0
     for view in target.head(source.nbytes):
-        crc = _copy.copy_crc32c(view, source[at:at + view.nbytes], crc)
+        crc = copy_crc32c(view, source[at:at + view.nbytes], crc)
         at += view.nbytes
     return crc
 

@@ -257,13 +257,15 @@ class BatchRead:
         for i in indexes:
             self._advance(i)
 
-    def received(self, i: int, size: int, tier: Tier = Tier.DRAM) -> bool:
+    def received(self, i: int, size: int, tier: Tier = Tier.DRAM,
+                 crc: int | None = None) -> bool:
         """The node answered for object ``i``: ``size`` bytes (read from its ``tier``) are
-        in its buffer, or ``size`` < 0 when the node no longer has it."""
+        in its buffer (``crc``: their CRC-32C, taken as they landed), or ``size`` < 0
+        when the node no longer has it."""
         if size < 0:
             self._advance(i)
             return False
-        return self._verify(i, size, tier)
+        return self._verify(i, size, tier, crc)
 
     def failed(self, node: str, indexes: list[int]) -> None:
         """``node`` could not deliver ``indexes`` (unreachable, timed out, or it failed

@@ -108,7 +108,8 @@ class Peer(Protocol):
     async def hello(self) -> HelloReply: ...
 
     async def call(self, spec: OpSpec[Req, Rep], request: Req, payload: Sequence[Buffer] = (),
-                   into: Sequence[Into] | None = None) -> Rep: ...
+                   into: Sequence[Into] | None = None, sums: list[int | None] | None = None
+                   ) -> Rep: ...
 
     def close(self) -> None: ...
 
@@ -154,9 +155,9 @@ class AsyncShell(CoreShell):
 
     async def _perform(self, effect: Effect) -> Any:
         match effect:
-            case Call(spec, request, node, payload, into):
+            case Call(spec, request, node, payload, into, sums):
                 await self._hello(node)
-                return await self._peer(node).call(spec, request, payload, into)
+                return await self._peer(node).call(spec, request, payload, into, sums)
             case Greet(node):
                 return await self._hello(node)
             case Pause(seconds):

@@ -53,8 +53,8 @@ class Client(CoreShell):
 
     def _perform(self, effect: Effect) -> Any:
         match effect:
-            case Call(spec, request, node, payload, into):
-                return self._connection(node).call(spec, request, payload, into)
+            case Call(spec, request, node, payload, into, sums):
+                return self._connection(node).call(spec, request, payload, into, sums)
             case Greet(node):
                 return self._connection(node).hello
             case Pause(seconds):

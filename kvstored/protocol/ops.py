@@ -196,25 +196,25 @@ class OpSpec(Generic[Req, Rep]):
                              f"follow its reply's {planned[:8]!r:.200}")
         return dataclasses.replace(reply, sizes=final)  # pyright: ignore[reportArgumentType]
 
-    def payload_views(self, reply: Rep, into: Sequence[Into]) -> list[memoryview]:
-        """Where the items of ``reply``'s payload go: ``into[i][:size]`` for each entry
-        of its ``sizes`` that is not negative (no item: the peer does not have it), or
-        the first ``size`` bytes of its pieces when ``into[i]`` is :class:`Parts`. An
-        item larger than its buffer raises FrameError before anything is read."""
+    def payload_items(self, reply: Rep, into: Sequence[Into]
+                      ) -> list[tuple[int, list[memoryview]]]:
+        """Where the items of ``reply``'s payload go, in order, each as ``(i, views)``:
+        ``into[i][:size]`` for each entry of its ``sizes`` that is not negative (no item:
+        the peer does not have it), or the first ``size`` bytes of its pieces when
+        ``into[i]`` is :class:`Parts`. An item larger than its buffer raises FrameError
+        before anything is read."""
         sizes = getattr(reply, "sizes", None)
         if not self.reply_payload or not isinstance(sizes, list) or len(sizes) != len(into):
             raise FrameError(f"a {self.name} reply carries no payload for {len(into)} "
                              "buffers")
-        views = []
-        for view, size in zip(into, sizes):
+        items = []
+        for i, (view, size) in enumerate(zip(into, sizes)):
             if size > len(view):
                 raise FrameError(f"an item of {size} bytes for a {len(view)}-byte buffer")
             if size >= 0:
-                if isinstance(view, Parts):
-                    views += view.head(size)
-                else:
-                    views.append(view[:size])
-        return views
+                items.append((i, view.head(size) if isinstance(view, Parts)
+                              else [view[:size]]))
+        return items
 
 
 def _codec(message_type: type[Message]) -> Compiled:

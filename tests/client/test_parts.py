@@ -14,6 +14,8 @@ import trio
 
 import kvstored
 import kvstored.aio
+from kvstored.client import core, read
+from kvstored.client.parts import checksum
 from kvstored.errors import BadRequestError
 from kvstored.wire import Parts
 from tests.daemon.conftest import embedded, spawn  # noqa: F401 - fixtures
@@ -133,3 +135,35 @@ def test_a_copy_that_fails_the_checksum_is_a_miss_in_the_pieces(embedded, transp
         into = _empty([KiB, 63 * KiB])
         assert c.get_into_parts("bad", into) == -1
         assert c.stats.checksum_failures == 1
+
+
+def test_tcp_reads_are_checked_with_the_crc_the_shell_took_as_they_landed(
+        embedded, monkeypatch):  # noqa: F811
+    """Over TCP the shells (blocking and trio) take each object's CRC-32C as it lands, in
+    pieces too, and the core checks that: it computes none itself, on the lookup path and
+    on the one-trip path alike, and the bytes are right."""
+    up = embedded()
+    data = os.urandom(300_000)
+    computed = []
+
+    def counted(value, size=None):
+        computed.append(size)
+        return checksum(value, size)
+
+    with kvstored.connect(up.addr, transport="tcp") as c:
+        assert c.put("crc/a", data)
+        with kvstored.connect(up.addr, transport="tcp") as stranger:  # no held location
+            monkeypatch.setattr(core, "checksum", counted)
+            monkeypatch.setattr(read, "checksum", counted)
+            assert stranger.get("crc/a") == data  # lookup, then get
+            assert stranger.get("crc/a") == data  # get_held
+            into = _empty([1000, len(data) - 1000])
+            assert stranger.get_into_parts("crc/a", into) == len(data)
+            assert _joined(into) == data
+
+    async def trio_side() -> bytes | None:
+        async with kvstored.aio.connect(up.addr, transport="tcp") as t:
+            return await t.get("crc/a")
+
+    assert trio.run(trio_side) == data
+    assert computed == []

@@ -1,7 +1,8 @@
-"""native/copy.c against the crc32c package: ``copy_crc32c`` stores exactly the source's
-bytes and returns their CRC-32C, and ``crc32c`` (the folding CRC) is the package's, at
-every length around the folding step (256 bytes), the three-stream blocks (256 and 8192
-bytes, three of each) and the 8-byte words, from any alignment, continuing any value."""
+"""kvstored/checksum.py and native/copy.c against the crc32c package: ``copy_crc32c``
+stores exactly the source's bytes and returns their CRC-32C, and ``crc32c`` (the folding
+CRC) is the package's, at every length around the folding step (256 bytes), the
+three-stream blocks (256 and 8192 bytes, three of each) and the 8-byte words, from any
+alignment, continuing any value."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from crc32c import crc32c
 
+from kvstored import checksum
 from kvstored.client import parts
 
 LENGTHS = sorted({0, 1, 3, 7, 8, 9, 15, 16, 63, 64, 255, 256, 257, 511, 512, 767, 768, 769,
@@ -22,9 +24,9 @@ LENGTHS = sorted({0, 1, 3, 7, 8, 9, 15, 16, 63, 64, 255, 256, 257, 511, 512, 767
 @pytest.fixture(scope="module")
 def native():
     try:
-        return importlib.import_module("kvstored.native._copy")
+        return importlib.import_module("kvstored._copy")
     except ImportError:
-        pytest.fail("kvstored.native._copy was not built (setup.py's COPY_EXTENSION); "
+        pytest.fail("kvstored._copy was not built (setup.py's COPY_EXTENSION); "
                     "same-host reads copy and then check in two passes")
 
 
@@ -74,8 +76,10 @@ def test_bad_buffers_are_refused_before_a_byte_moves(native):
         native.copy_crc32c(b"read-only", b"x")
 
 
-def test_the_client_checks_with_the_fastest_crc_at_hand(native):
+def test_the_data_path_checks_with_the_fastest_crc_at_hand(native):
     fold = native.crc32c(b"") is not None
-    assert (parts.crc32c is native.crc32c) == fold
+    assert fold == checksum.FOLDING
+    assert (checksum.crc32c is native.crc32c) == fold
+    assert checksum.copy_crc32c is native.copy_crc32c
     data = random.Random(2).randbytes(5000)
     assert parts.checksum(memoryview(data)) == crc32c(data)
