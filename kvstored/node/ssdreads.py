@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from kvstored.errors import InternalError, StoreError
+from kvstored.errors import InternalError, StoreError, UnreachableError
 
 #: Reads ``keys`` into ``buffers``; yields ``(index, result)`` as each completes, every
 #: index once, in any order (:meth:`kvstored.sdk.StorageBackend.read_stream`).
@@ -84,10 +84,17 @@ class SsdReads:
         return reading
 
     async def run(self) -> None:
-        """Make the calls until cancelled."""
-        async with trio.open_nursery() as nursery:
-            for _ in range(self.in_flight):
-                nursery.start_soon(self._caller)
+        """Make the calls until cancelled. Reads still waiting when it ends are ended
+        unread, so that no get waits for them (a get waits for its reads' end before
+        it gives its buffers back)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(self.in_flight):
+                    nursery.start_soon(self._caller)
+        finally:
+            waiting, self._waiting = self._waiting, []
+            _end(waiting, UnreachableError("the node stopped reading from SSD (shutting "
+                                           "down, or its reader failed)"))
 
     async def _caller(self) -> None:
         token = trio.lowlevel.current_trio_token()
@@ -115,10 +122,7 @@ class SsdReads:
                 exc = failure[0]
                 error = exc if isinstance(exc, StoreError) else InternalError(
                     f"an SSD read of {len(keys)} item(s) failed: {exc!r}")
-            for reading in batch:
-                reading.error = error
-                reading._send.close()
-                reading.done.set()
+            _end(batch, error)
 
         handoff = _Handoff(token, deliver)
 
@@ -126,6 +130,7 @@ class SsdReads:
             # Every result and then the end (None) go through the one handoff, in order:
             # a get sees all its results before the end of its stream.
             started = time.perf_counter()
+            ran.append(True)
             try:
                 for item in self.read_stream(keys, views):
                     handoff.post(item)
@@ -135,9 +140,23 @@ class SsdReads:
                 self.observe(time.perf_counter() - started)
                 handoff.post(None)
 
-        await trio.to_thread.run_sync(work)
+        ran: list[bool] = []
+        try:
+            await trio.to_thread.run_sync(work)
+        finally:
+            if not ran:  # cancelled before the thread started: nothing was read
+                _end(batch, UnreachableError("the node stopped reading from SSD"))
         if failure and not isinstance(failure[0], StoreError):
             raise failure[0]  # the node's supervisor logs and counts it
+
+
+def _end(readings: list[Reading], error: StoreError | None) -> None:
+    """End the streams of ``readings`` (what was not delivered is not coming)."""
+    for reading in readings:
+        if not reading.done.is_set():
+            reading.error = error
+            reading._send.close()
+            reading.done.set()
 
 
 class _Handoff:

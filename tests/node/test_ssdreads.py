@@ -110,3 +110,18 @@ def test_a_call_failing_with_a_bug_fails_its_gets_and_raises_for_the_supervisor(
         trio.run(main)
     assert raised.value.subgroup(OSError) is not None
     assert isinstance(seen[0], InternalError) and "Input/output" in seen[0].message
+
+
+def test_reads_left_waiting_when_the_reader_stops_end_unread():
+    """A get waits for its reads' end before giving its buffers back: reads the reader
+    never took (it was cancelled, at shutdown) must end too, or the get waits forever."""
+    async def main() -> None:
+        reads = SsdReads(lambda keys, buffers: iter(()))
+        reading = reads.start(_two_items())  # queued, and no reader is running
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await reads.run()
+        assert reading.done.is_set() and await reading.next() is None
+        assert isinstance(reading.error, UnreachableError)
+
+    trio.run(main)
