@@ -157,13 +157,13 @@ class FramedSocket(AsyncFrames):
     async def send_frame(self, header: dict[str, Any] | None, payload: Sequence[Buffer] = (),
                          payload_len: int | None = None) -> None:
         """Send a frame, or a part of one (``header`` None: more of the payload a header
-        announced with ``payload_len``; see :class:`~kvstored.wire.Outgoing`). A large one
-        (a batch of objects) that the socket's buffer cannot take at once is finished in
-        a worker thread with blocking ``sendmsg`` calls: the
-        kernel then sends each buffer's worth as the peer drains it, in one call, where
-        non-blocking sends from this thread took one call per partial write (about 160
-        per 32 MiB on loopback, each building its scatter list again) and a trip through
-        the scheduler per drain. This thread serves other connections meanwhile."""
+        announced with ``payload_len``; see :class:`~kvstored.wire.Outgoing`). A large
+        one (a batch of objects) that the socket's buffer cannot take at once is finished
+        in a worker thread with blocking ``sendmsg`` calls: the kernel then sends each
+        buffer's worth as the peer drains it, in one call, where non-blocking sends from
+        this thread took one call per partial write (about 160 per 32 MiB on loopback,
+        each building its scatter list again) and a trip through the scheduler per
+        drain. This thread serves other connections meanwhile."""
         out = Outgoing(header, payload, payload_len)
         raw = self._raw
         if raw is not None and out.left > THREADED_SEND:

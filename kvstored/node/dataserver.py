@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
-from crc32c import crc32c
 
+from kvstored.checksum import crc32c
 from kvstored.errors import BadRequestError
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dram import DramObject, DramTier

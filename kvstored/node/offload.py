@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable
 
 import trio
-from crc32c import crc32c
 
+from kvstored.checksum import crc32c
 from kvstored.metrics import NodeMetrics
 from kvstored.node.dram import DramObject, DramTier
 from kvstored.node.report import Outcomes
