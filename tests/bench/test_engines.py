@@ -28,6 +28,8 @@ def run_bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
          *args], capture_output=True, text=True, timeout=600)
 
 
+# A minute or more on a loaded machine: each peer imports SGLang (and torch) afresh.
+@pytest.mark.slow
 def test_kvstored_and_the_file_backend_through_sglangs_own_path(tmp_path):
     available, reason = probe_engine("sglang")
     require("engines", available, reason)

@@ -170,6 +170,7 @@ def test_garbage_on_the_ports_leaves_the_daemon_serving(embedded):
         assert c.get("survivor") == b"still here"
 
 
+@pytest.mark.slow  # 20,000 operations: about 20 s on a loaded machine
 def test_eight_threads_twenty_thousand_mixed_operations(embedded, tmp_path):
     # Stopping drops what is still DRAM-only instead of writing it out: the stop is not what
     # this test checks, and writing thousands of small files took it 30 s.
