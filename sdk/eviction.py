@@ -81,6 +81,11 @@ class EvictionOrder(Generic[K, V]):
         self._items[item] = value
         self._items.move_to_end(item)
 
+    @property
+    def moves_on_read(self) -> bool:
+        """Whether :meth:`touch` does anything (a read path may skip calling it)."""
+        return self._moves_on_read
+
     def touch(self, item: K) -> None:
         """``item`` was read: move it to the back if the policy says so."""
         if self._moves_on_read and item in self._items:

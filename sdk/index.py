@@ -105,6 +105,10 @@ class ObjectIndex(Generic[E]):
     def get(self, key: str) -> E | None:
         return self._entries.get(key)
 
+    def get_many(self, keys: Iterable[str]) -> list[E | None]:
+        """``get`` of each key, in one call (a read path looks up a group of keys)."""
+        return list(map(self._entries.get, keys))
+
     def __getitem__(self, key: str) -> E:
         return self._entries[key]
 

@@ -230,31 +230,41 @@ def verified_reads(reads: Sequence[ReadBack]) -> list[ReadOutcome]:
     says why and zeroes the destination. So C decides only that a record passes, never
     why one fails.
     """
-    if _record_check is None:
-        return [verified_read(dest, head, value, key=key, size=size, seq=seq,
-                              checksum=checksum, complete=complete, error=error)
-                for dest, head, value, key, size, seq, checksum, error, complete in reads]
-    outcomes: list[ReadOutcome | None] = [None] * len(reads)
-    checked, where = [], []
-    for n, (dest, head, value, key, size, seq, checksum, error, complete) in enumerate(reads):
-        if error is None and complete:
-            checked.append((dest, head, value, key, size, seq, checksum))
-            where.append(n)
-    failed = set(_record_check.check(checked))
+    return outcomes_of(*verified_statuses(reads))
+
+
+def outcomes_of(statuses: Sequence[int], failures: dict[int, ReadOutcome]
+                ) -> list[ReadOutcome]:
+    """The outcomes :func:`verified_statuses` describes, one per record."""
     passed: dict[int, ReadOutcome] = {}  # one outcome per size: they are immutable
-    for k, n in enumerate(where):
-        if k not in failed:
-            size = reads[n][4]
-            outcome = passed.get(size)
-            if outcome is None:
-                outcome = passed[size] = ReadOutcome(size)
-            outcomes[n] = outcome
-    for n, outcome in enumerate(outcomes):
+    outcomes = []
+    for n, status in enumerate(statuses):
+        outcome = failures.get(n) if status < 0 else passed.get(status)
         if outcome is None:
-            dest, head, value, key, size, seq, checksum, error, complete = reads[n]
-            outcomes[n] = verified_read(dest, head, value, key=key, size=size, seq=seq,
-                                        checksum=checksum, complete=complete, error=error)
-    return outcomes  # type: ignore[return-value]
+            outcome = passed[status] = ReadOutcome(status)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def verified_statuses(reads: Sequence[ReadBack]) -> tuple[list[int], dict[int, ReadOutcome]]:
+    """:func:`verified_reads` as a read path wants it: each record's status (the value's
+    length, or a negative :class:`~kvstored.sdk.ReadStatus`), and the outcome (with its
+    reason) of each that failed, by position. The same checks, the same destinations."""
+    if _record_check is None:
+        outcomes = [verified_read(dest, head, value, key=key, size=size, seq=seq,
+                                  checksum=checksum, complete=complete, error=error)
+                    for dest, head, value, key, size, seq, checksum, error, complete in reads]
+        return ([o.status for o in outcomes],
+                {n: o for n, o in enumerate(outcomes) if not o.ok})
+    statuses = [read[4] for read in reads]
+    failures: dict[int, ReadOutcome] = {}
+    for n in _record_check.check(reads if type(reads) is list else list(reads)):
+        dest, head, value, key, size, seq, checksum, error, complete = reads[n]
+        outcome = failures[n] = verified_read(dest, head, value, key=key, size=size,
+                                              seq=seq, checksum=checksum,
+                                              complete=complete, error=error)
+        statuses[n] = outcome.status
+    return statuses, failures
 
 
 #: Bytes read at a time by :func:`scan_records`.

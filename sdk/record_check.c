@@ -12,7 +12,9 @@
  *
  * check(records) takes a list of (dest, head, value, key, size, seq, checksum): the
  * record's header block as read, its value as read (None: it was read straight into
- * dest[:size]) and what the index holds. It returns the list of the indexes of those that
+ * dest[:size]) and what the index holds; or of record.py's ReadBack, the same with the
+ * read's error and whether it read whole after them (one that has an error or did not
+ * read whole fails without being looked at). It returns the list of the indexes of those that
  * fail; each one that passes has its value in dest[:size] (copied from value when that is
  * not dest's memory already). The GIL is held throughout: the work is a few hundred
  * nanoseconds a record.
@@ -143,10 +145,18 @@ static int passes(const unsigned char *head, Py_ssize_t n, const char *key, Py_s
    error (a malformed entry). */
 static int check_one(PyObject *entry)
 {
-    if (!PyTuple_Check(entry) || PyTuple_Size(entry) != 7) {
+    Py_ssize_t fields = PyTuple_Check(entry) ? PyTuple_Size(entry) : 0;
+    if (fields != 7 && fields != 9) {
         PyErr_SetString(PyExc_TypeError, "check: each record is (dest, head, value, key, "
-                                         "size, seq, checksum)");
+                                         "size, seq, checksum[, error, complete])");
         return -1;
+    }
+    if (fields == 9) { /* record.py's ReadBack: a read that failed or fell short fails */
+        int complete = PyObject_IsTrue(PyTuple_GetItem(entry, 8));
+        if (complete < 0)
+            return -1;
+        if (PyTuple_GetItem(entry, 7) != Py_None || !complete)
+            return 0;
     }
     PyObject *dest = PyTuple_GetItem(entry, 0), *head = PyTuple_GetItem(entry, 1);
     PyObject *value = PyTuple_GetItem(entry, 2), *key = PyTuple_GetItem(entry, 3);

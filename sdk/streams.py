@@ -62,11 +62,21 @@ class Streaming(Protocol):
 
     path: str
 
+    @property
+    def closed(self) -> bool: ...
+
     def _check_open(self) -> None: ...
 
     def pin(self, keys: Iterable[str]) -> AbstractContextManager[None]: ...
 
     def batch_read(self, keys: Sequence[str], buffers: Sequence[memoryview]) -> list[int]: ...
+
+
+def byte_view(buffer: memoryview) -> memoryview:
+    """``buffer`` as a flat view of bytes (itself when it is one already)."""
+    if type(buffer) is memoryview and buffer.format == "B" and buffer.ndim == 1:
+        return buffer
+    return memoryview(buffer).cast("B")
 
 
 def spans(count: int, group: int) -> Iterator[range]:
@@ -92,12 +102,17 @@ def stream_groups(backend: Streaming, groups: Iterator[range],
                 "a read stream is iterated by the thread that began it (its reads are "
                 "waited for on that thread's io ring)", path=backend.path)
 
+    get_ident = threading.get_ident
+
     def handed_out(group: ReadGroup) -> Generator[StreamedRead, None, None]:
         try:
             check()
             for item in group.results():
                 yield item
-                check()  # the step that resumed here may come after a close, or elsewhere
+                # The step that resumed here may come after a close, or from elsewhere
+                # (inline: this runs for every item).
+                if backend.closed or get_ident() != thread:
+                    check()
         finally:
             group.release()
 
@@ -153,9 +168,10 @@ class BatchReadGroup:
 class IssuedReads(Protocol):
     """The reads of a group's records, started by a backend (through its io engine)."""
 
-    def finish(self) -> Sequence[ReadOutcome]:
-        """Wait for the reads; each record verified
-        (:func:`kvstored.sdk.record.verified_reads`), its value in its destination."""
+    def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
+        """Wait for the reads, each record verified, its value in its destination: what
+        :func:`kvstored.sdk.record.verified_statuses` gives (a status per read, and the
+        outcome of each that failed, by its place among the reads)."""
         ...
 
     def close(self) -> None:
@@ -190,17 +206,22 @@ class RecordReadGroup:
     def outcomes(self) -> list[int]:
         """Every item's result, in the group's order (what ``batch_read`` returns)."""
         reads = self.reads
-        if reads is not None:
-            try:
-                outcomes = reads.finish()
-            finally:
-                reads.close()  # the values are in their destinations: the scratch can go
-            answered = self.answered
-            for k, (n, outcome) in enumerate(zip(self.read_at, outcomes)):
-                answered[n] = outcome.status
-                if outcome.status in NOTED:
-                    self.note(k, outcome)
-        return self.answered
+        if reads is None:
+            return self.answered
+        try:
+            statuses, failures = reads.finish()
+        finally:
+            reads.close()  # the values are in their destinations: the scratch can go
+        answered, read_at = self.answered, self.read_at
+        if len(read_at) == len(answered):  # every key was found: the usual case
+            self.answered = answered = statuses
+        else:
+            for n, status in zip(read_at, statuses):
+                answered[n] = status
+        for k, outcome in failures.items():
+            if outcome.status in NOTED:
+                self.note(k, outcome)
+        return answered
 
     def results(self) -> list[StreamedRead]:
         return list(zip(self.span, self.outcomes()))

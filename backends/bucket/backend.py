@@ -65,8 +65,8 @@ from kvstored.sdk.files import fsync_dir, make_private_dirs
 from kvstored.sdk.group_reads import GroupReadBackend
 from kvstored.sdk.index import ObjectIndex
 from kvstored.sdk.quarantine import Quarantine
-from kvstored.sdk.record import ReadOutcome, align_up, record_size
-from kvstored.sdk.streams import RecordReadGroup
+from kvstored.sdk.record import ReadOutcome, align_up, outcomes_of, record_size
+from kvstored.sdk.streams import RecordReadGroup, byte_view
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -402,12 +402,13 @@ class BucketBackend(GroupReadBackend, BuiltinBackend):
         wanted: list[int] = []
         slots: list[Slot] = []
         dests: list[memoryview] = []
+        names = keys[span.start:span.stop]
+        touch = self._buckets.touch if self._buckets.moves_on_read else None
         with self._lock:
-            for n, i in enumerate(span):
-                slot = self.index.get(keys[i])
+            for n, slot in enumerate(self.index.get_many(names)):
                 if slot is None:
                     continue
-                dest = memoryview(buffers[i]).cast("B")
+                dest = byte_view(buffers[span.start + n])
                 if dest.nbytes < slot.size:
                     answered[n] = ReadStatus.BUFFER_TOO_SMALL
                     continue
@@ -415,7 +416,8 @@ class BucketBackend(GroupReadBackend, BuiltinBackend):
                 wanted.append(n)
                 slots.append(slot)
                 dests.append(dest)
-                self._buckets.touch(slot.bucket.id)
+                if touch is not None:
+                    touch(slot.bucket.id)
         try:
             outcomes, reads, where = self._start_held(slots, dests, wait=wait)
         except BaseException:
@@ -466,7 +468,7 @@ class BucketBackend(GroupReadBackend, BuiltinBackend):
         """Read ``slots`` (whose buckets the caller holds) into ``dests``, verified."""
         outcomes, reads, where = self._start_held(slots, dests, wait=True)
         if reads is not None:
-            for n, outcome in zip(where, reads.finish()):
+            for n, outcome in zip(where, outcomes_of(*reads.finish())):
                 outcomes[n] = outcome
         return outcomes  # type: ignore[return-value]
 

@@ -37,7 +37,7 @@ from kvstored.sdk.record import (
     align_up,
     encode_header,
     record_size,
-    verified_reads,
+    verified_statuses,
 )
 
 #: Values up to this size move with their header in one contiguous I/O (see above).
@@ -140,7 +140,7 @@ class RecordReads:
                  plans: list[tuple[memoryview, memoryview | None]]) -> None:
         self.batch, self.requests, self.plans = batch, requests, plans
 
-    def finish(self) -> list[ReadOutcome]:
+    def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
         results = self.batch.wait()
         reads: list[ReadBack] = []
         for (slot, _, dest), (block, span), result in zip(self.requests, self.plans, results):
@@ -158,7 +158,7 @@ class RecordReads:
             complete = isinstance(result, int) and result >= record_size(size)
             reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
                           slot.checksum, error, complete))
-        return verified_reads(reads)
+        return verified_statuses(reads)
 
     def close(self) -> None:
         self.plans = []
@@ -172,8 +172,9 @@ def start_records(engine: IoEngine, requests: Sequence[tuple[Slot, IoFile, memor
     end at once, as ``batch_read`` does) or lent for the reads' life (a stream's group,
     in flight past the thread's next call).
 
-    Its ``finish`` gives per record: the value in ``destination[:slot.size]`` and its size
-    as the outcome; or ``CORRUPT`` (with the reason) or ``IO_ERROR``. Destinations must be
+    Its ``finish`` gives per record (:func:`~kvstored.sdk.record.verified_statuses`): the
+    value in ``destination[:slot.size]`` and its size as the status; or ``CORRUPT`` (with
+    the reason) or ``IO_ERROR``. Destinations must be
     byte views at least ``slot.size`` long, left alone until then.
     """
     need = read_scratch_bytes([slot.size for slot, _, _ in requests])

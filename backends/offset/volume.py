@@ -118,13 +118,13 @@ from kvstored.sdk.quarantine import Quarantine
 from kvstored.sdk.record import (
     HEADER_SIZE,
     VALUE_OFFSET,
-    ReadBack,
     ReadOutcome,
     encode_header,
+    outcomes_of,
     record_size,
-    verified_reads,
+    verified_statuses,
 )
-from kvstored.sdk.streams import RecordReadGroup
+from kvstored.sdk.streams import RecordReadGroup, byte_view
 from kvstored.sdk.types import (
     DEFAULT_MAX_VALUE_SIZE,
     Buffer,
@@ -164,21 +164,18 @@ class EntryReads:
     __slots__ = ("batch", "heads", "plan")
 
     def __init__(self, batch: LentBatch, plan: Sequence[tuple[str, Entry, memoryview]],
-                 heads: memoryview) -> None:
+                 heads: list[memoryview]) -> None:
         self.batch, self.plan, self.heads = batch, plan, heads
 
-    def finish(self) -> list[ReadOutcome]:
-        heads = self.heads
-        reads: list[ReadBack] = []
-        for n, ((key, entry, target), got) in enumerate(zip(self.plan, self.batch.wait())):
-            error = got if isinstance(got, IoError) else None
-            reads.append((target, heads[n * ALIGN:(n + 1) * ALIGN], None, key, entry.size,
-                          entry.seq, entry.checksum, error,
-                          error is None and got == ALIGN + entry.size))
-        return verified_reads(reads)
+    def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
+        return verified_statuses([
+            (target, head, None, key, entry.size, entry.seq, entry.checksum,
+             None if isinstance(got, int) else got, got == ALIGN + entry.size)
+            for (key, entry, target), head, got in zip(self.plan, self.heads,
+                                                       self.batch.wait())])
 
     def close(self) -> None:
-        self.heads = memoryview(b"")
+        self.heads = []
         self.batch.close()
 
 
@@ -827,17 +824,18 @@ class OffsetLayoutBackend(GroupReadBackend, BuiltinBackend):
         answered: list[int] = [ReadStatus.MISSING] * len(span)
         plan: list[tuple[str, Entry, memoryview]] = []
         read_at: list[int] = []
+        names = keys[span.start:span.stop]
+        touch = self._order.touch if self._order.moves_on_read else None
         with self._lock:
-            for n, i in enumerate(span):
-                key = keys[i]
-                entry = self.index.get(key)
+            for n, (key, entry) in enumerate(zip(names, self.index.get_many(names))):
                 if entry is None:
                     continue
-                target = memoryview(buffers[i]).cast("B")
+                target = byte_view(buffers[span.start + n])
                 if target.nbytes < entry.size:
                     answered[n] = ReadStatus.BUFFER_TOO_SMALL
                     continue
-                self._order.touch(key)
+                if touch is not None:
+                    touch(key)
                 plan.append((key, entry, target))
                 read_at.append(n)
             pinned = self._pins.acquire([key for key, _, _ in plan])
@@ -862,10 +860,11 @@ class OffsetLayoutBackend(GroupReadBackend, BuiltinBackend):
         ``batch_read``); without, they stay in flight, into scratch lent for their life
         (a stream's group)."""
         loan = None if wait else _stream_scratch.lend(len(plan) * ALIGN)
-        heads = self._scratch.take(len(plan) * ALIGN) if loan is None else loan.view
-        items: list[Item] = [(self._file, entry.offset, [heads[n * ALIGN:(n + 1) * ALIGN],
-                                                         target[:entry.size]])
-                             for n, (_, entry, target) in enumerate(plan)]
+        memory = self._scratch.take(len(plan) * ALIGN) if loan is None else loan.view
+        heads = [memory[at:at + ALIGN] for at in range(0, len(plan) * ALIGN, ALIGN)]
+        file = self._file
+        items: list[Item] = [(file, entry.offset, [head, target[:entry.size]])
+                             for head, (_, entry, target) in zip(heads, plan)]
         return EntryReads(LentBatch(self._engine, items, _stream_scratch, loan), plan, heads)
 
     def _read_entries(self, plan: Sequence[tuple[str, Entry, memoryview]]
@@ -873,7 +872,7 @@ class OffsetLayoutBackend(GroupReadBackend, BuiltinBackend):
         """Read each ``(key, entry, destination)`` in one engine submission, verified."""
         if not plan:
             return []
-        return self._start_entries(plan, wait=True).finish()
+        return outcomes_of(*self._start_entries(plan, wait=True).finish())
 
     def _location(self, entry: Entry) -> Location:
         return Location(self._file.path, entry.offset + VALUE_OFFSET, entry.size,

@@ -425,8 +425,8 @@ def table(per_backend: dict, ratios: dict) -> str:
     lines = [head]
     for name, report in per_backend.items():
         for workload, runners in report["workloads"].items():
-            for runner, call, suffix in ((BATCH, "batch_read", ""),
-                                         (STREAM, "read_stream", " stream")):
+            first = "batch_write" if workload.startswith("flush") else "batch_read"
+            for runner, call, suffix in ((BATCH, first, ""), (STREAM, "read_stream", " stream")):
                 mine = runners.get(runner, {}).get("median")
                 if mine is None:
                     continue
