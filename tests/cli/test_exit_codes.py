@@ -26,7 +26,7 @@ import kvstored
 from kvstored.capabilities import probe_fuse
 from kvstored.cli.exitcodes import ExitCode
 from tests.conftest import require
-from tests.daemon.harness import BIN, Daemon, free_port
+from tests.daemon.harness import BIN, Daemon, closed_port
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "cli.md"
@@ -117,7 +117,7 @@ class World:
 
     @cached_property
     def closed(self) -> str:
-        return f"127.0.0.1:{free_port()}"
+        return f"127.0.0.1:{closed_port()}"
 
     def held_address(self) -> str:
         """An address another process (this one) listens on."""

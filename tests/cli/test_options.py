@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from kvstored.cli.daemon import main as kvstored_main
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.cli.tool import main as kvstore_main
-from tests.daemon.harness import free_port
+from tests.daemon.harness import closed_port
 
 
 def _run(program, *args, env=None):
@@ -52,7 +52,7 @@ def test_every_command_exits_2_on_an_unknown_option(program, path):
 def closed():
     """An address nothing listens on, and another: which one a message names tells which
     option won."""
-    return f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    return f"127.0.0.1:{closed_port()}", f"127.0.0.1:{closed_port()}"
 
 
 @pytest.mark.parametrize("where", ["group", "command"])

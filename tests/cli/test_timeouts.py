@@ -14,7 +14,7 @@ import pytest
 
 from kvstored.cli.exitcodes import ExitCode
 from kvstored.wire import FrameReader, send_frame
-from tests.daemon.harness import free_port, kvstore
+from tests.daemon.harness import closed_port, kvstore
 
 #: The default connect timeout is 3 s; a generous margin for a loaded 2-vCPU machine.
 BOUND = 12.0
@@ -123,7 +123,7 @@ def test_a_real_http_server_fails_within_the_connect_timeout():
 
 
 def test_a_closed_port_fails_at_once_naming_the_address():
-    address = f"127.0.0.1:{free_port()}"
+    address = f"127.0.0.1:{closed_port()}"
     run, took = _timed("status", "--master", address)
     assert run.returncode == ExitCode.UNREACHABLE and took < BOUND, run.stderr
     assert f"cannot reach {address} (Connection refused)".encode() in run.stderr

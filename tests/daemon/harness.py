@@ -93,11 +93,30 @@ def kvstore_ok(*args: str, master: str | None = None, input: bytes | None = None
 
 
 def free_port() -> int:
+    """A port free now, for a daemon to listen on. Another process may take it before the
+    daemon does: for an address nothing must answer on, use :func:`closed_port`."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: The sockets that keep :func:`closed_port`'s ports, for the life of this process.
+_CLOSED: list = []
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on, for the rest of this process: it
+    stays bound here without listening, so a connect to it is refused at once and no other
+    process can listen on it (a port found free and let go may be taken by another test's
+    daemon before the test connects to it, which then answers)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _CLOSED.append(s)
+    return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):

@@ -13,7 +13,7 @@ import pytest
 import kvstored
 from kvstored.errors import BadRequestError, UnauthorizedError
 from tests.conftest import run_threads
-from tests.daemon.harness import free_port, kvstore, kvstore_ok, wait_for
+from tests.daemon.harness import closed_port, free_port, kvstore, kvstore_ok, wait_for
 
 MiB = 1 << 20
 
@@ -115,7 +115,7 @@ def test_cli_round_trip_and_exit_codes(embedded, tmp_path):
     assert kvstore("rm", "cli/key", master=up.addr).returncode == 3
     assert kvstore("stat", "cli/key", master=up.addr).returncode == 3
     assert kvstore("evict", "--tier", "dram", master=up.addr).returncode == 2
-    assert kvstore("status", master=f"127.0.0.1:{free_port()}").returncode == 4
+    assert kvstore("status", master=f"127.0.0.1:{closed_port()}").returncode == 4
 
 
 def test_metrics_endpoint(embedded):

@@ -8,7 +8,6 @@ under its supervisor."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -28,6 +27,7 @@ from kvstored.protocol.node_api import GetRequest, PutRequest, ReportCorruptRequ
 from kvstored.rpc import RpcClient
 from kvstored.sdk import ReadStatus
 from kvstored.security import Credentials
+from tests.daemon.harness import closed_port
 from tests.master.harness import CLIENT_TOKEN, NODE_TOKEN, Cluster, running_master
 
 MiB = 1 << 20
@@ -310,18 +310,12 @@ def test_the_data_server_checks_the_cluster_client_token(tmp_path):
 def test_a_node_that_has_no_master_yet_turns_clients_away(tmp_path):
     async def main() -> None:
         with trio.fail_after(30):
-            unreachable = ("127.0.0.1", _closed_port())
+            unreachable = ("127.0.0.1", closed_port())
             async with running_node(_config(tmp_path, unreachable)) as node:
                 with pytest.raises(UnreachableError, match="not registered"):
                     await _data_client(node).connect()
 
     trio.run(main)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- leaving -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import kvstored
 from kvstored.replay import values
 from kvstored.replay.keys import chained_keys
-from tests.daemon.harness import BIN, free_port
+from tests.daemon.harness import BIN, closed_port
 
 from .test_report import check_replay_schema
 
@@ -63,7 +63,7 @@ def test_bad_usage_exits_2_and_says_why(args, says):
 def test_a_missing_trace_exits_3_and_an_unreachable_master_4(tmp_path, trace_file):
     missing = kvstore("replay", tmp_path / "nope.jsonl", "--master", "127.0.0.1:1")
     assert missing.returncode == 3 and "nope.jsonl" in missing.stderr
-    closed = kvstore("replay", trace_file, "--master", f"127.0.0.1:{free_port()}")
+    closed = kvstore("replay", trace_file, "--master", f"127.0.0.1:{closed_port()}")
     assert closed.returncode == 4, closed.stderr
     assert "Traceback" not in closed.stderr
 
