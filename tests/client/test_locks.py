@@ -80,12 +80,17 @@ def test_an_expired_lock_lets_eviction_take_its_object(embedded):  # noqa: F811
     with kvstored.connect(up.addr) as c, kvstored.connect(up.addr) as other:
         assert c.put("expiry/victim", os.urandom(SIZE))
         wait_for(lambda: _on_ssd(c, "expiry/victim"), what="the victim's SSD copy")
+        # DRAM filled to just under the high watermark (56 of 64 MiB) before the lock:
+        # the first put under the lock passes it, so eviction presses while the lock
+        # holds however slowly a loaded machine puts (filling it within the 5 s of the
+        # lock did not always happen).
+        fill = Filler(other, "expiry/fill-")
+        fill.put(13)
         ttl = 5.0
         locked_at = time.monotonic()
         assert c.batch_lookup_and_lock(["expiry/victim"], ttl) == [True]
         # Another client's reads do not end this client's lock.
         assert other.get("expiry/victim") is not None
-        fill = Filler(other, "expiry/fill-")
         pressed_while_locked = False
 
         def victim_gone() -> bool:
