@@ -243,7 +243,8 @@ def test_a_bad_dram_copy_a_client_reports_is_checked_dropped_and_counted(tmp_pat
         checksum = crc32c(value)
         bad = node.dram.get("bad")
         assert bad is not None
-        node.dram.view(bad)[:4] = b"evil"  # a same-host writer, after its seal
+        copy = node.dram.view(bad)  # a same-host writer, after its seal:
+        copy[:4] = bytes(b ^ 0xFF for b in copy[:4])  # never the bytes it held
         reply = await client.call(ops.REPORT_CORRUPT, ReportCorruptRequest(
             ["good", "bad"], [checksum, checksum]))
         assert reply.corrupt == [False, True]  # the node checks; a good copy stays
