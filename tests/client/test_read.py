@@ -20,6 +20,9 @@ from kvstored.shm import DramSegment
 from kvstored.wire import Parts
 
 VALUE = os.urandom(5000)
+#: VALUE with its first six bytes inverted: always other bytes (a constant written over
+#: random ones is the same bytes one run in 2**48).
+FORGED = bytes(b ^ 0xFF for b in VALUE[:6]) + VALUE[6:]
 NODES = {n: NodeContact(Endpoint("127.0.0.1", 1), "elsewhere", "s", "00")
          for n in ("n1", "n2")}
 
@@ -115,7 +118,7 @@ def test_a_same_host_copy_is_checked_and_a_bad_one_is_read_again_over_tcp(segmen
     nodes = {"n1": NodeContact(Endpoint("127.0.0.1", 1), host_id(), segment.name,
                                segment.token.hex())}
     segment.view(0, len(VALUE))[:] = VALUE
-    segment.view(8192, len(VALUE))[:] = b"forged" + VALUE[6:]
+    segment.view(8192, len(VALUE))[:] = FORGED
     segments = Segments("auto")
     try:
         read = _read(_reply([len(VALUE), crc32c(VALUE), [["n1", "dram", 0]]],
@@ -139,7 +142,7 @@ def test_pieces_are_filled_and_checked_as_one_object_and_bad_bytes_are_a_miss(se
     nodes = {"n1": NodeContact(Endpoint("127.0.0.1", 1), host_id(), segment.name,
                                segment.token.hex())}
     segment.view(0, len(VALUE))[:] = VALUE
-    segment.view(8192, len(VALUE))[:] = b"forged" + VALUE[6:]
+    segment.view(8192, len(VALUE))[:] = FORGED
     pieces = [Parts([memoryview(bytearray(n)) for n in sizes])
               for sizes in ([1, 4000, 999], [2500, 2500])]
     segments = Segments("auto")
@@ -152,9 +155,8 @@ def test_pieces_are_filled_and_checked_as_one_object_and_bad_bytes_are_a_miss(se
         assert read.results == [len(VALUE), MISSING]
         assert b"".join(bytes(v) for v in pieces[0].views) == VALUE
         assert read.tcp_requests() == {"n1": [1]}
-        forged = b"forged" + VALUE[6:]
         for view, at in zip(pieces[1].views, (0, 2500)):
-            view[:] = forged[at:at + view.nbytes]
+            view[:] = FORGED[at:at + view.nbytes]
         assert read.received(1, len(VALUE)) is False
         assert not read.pending and read.results == [len(VALUE), MISSING]
         assert read.stats.checksum_failures == 2
