@@ -16,10 +16,10 @@ from collections.abc import Generator, Sequence
 from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.streams import (
     STREAM_AHEAD,
-    STREAM_GROUP_KEYS,
     RecordReadGroup,
     StreamedRead,
     spans,
+    stream_group_keys,
     stream_groups,
 )
 
@@ -47,6 +47,6 @@ class GroupReadBackend(StorageBackend):
 
     def _stream_reads(self, keys: Sequence[str], buffers: Sequence[memoryview]
                       ) -> Generator[StreamedRead, None, None]:
-        return stream_groups(self, spans(len(keys), STREAM_GROUP_KEYS),
+        return stream_groups(self, spans(len(keys), stream_group_keys(len(keys))),
                              lambda span: self._start_group(keys, buffers, span),
                              ahead=STREAM_AHEAD)

@@ -41,6 +41,16 @@ STREAM_GROUP_KEYS = 64
 STREAM_AHEAD = 2
 
 
+def stream_group_keys(count: int) -> int:
+    """Keys per group of such a stream of ``count`` keys: :data:`STREAM_GROUP_KEYS`, or
+    fewer for a short stream, so that it still spans ``1 + STREAM_AHEAD`` groups, all in
+    flight from the start (the same queue depth): its first results come back while the
+    disk reads the rest. A node's get of 32 SSD objects was one group, with nothing to
+    send until all 32 were in; in three, it sends while the others are read (64 KiB:
+    0.27-0.30 -> 0.37-0.39 GB/s, 4 MiB: 0.59-0.64 -> 0.72-0.77, docs/benchmarks.md)."""
+    return max(1, min(STREAM_GROUP_KEYS, -(-count // (1 + STREAM_AHEAD))))
+
+
 class ReadGroup(Protocol):
     """The reads of one group of a stream, started when the group was made.
 

@@ -12,7 +12,7 @@ from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import InvalidRequestError
 from kvstored.sdk.registry import open_backend
-from kvstored.sdk.streams import STREAM_AHEAD, STREAM_GROUP_KEYS
+from kvstored.sdk.streams import STREAM_AHEAD, STREAM_GROUP_KEYS, stream_group_keys
 from kvstored.sdk.testing.kit import payload
 from kvstored.sdk.types import ReadStatus
 
@@ -92,6 +92,24 @@ def test_the_next_groups_are_in_flight_before_one_is_handed_out(store):
     assert [kind for kind, _ in recording.events].count("start") == groups
     assert [kind for kind, _ in recording.events].count("wait") == groups
     assert ("read", len(keys)) not in recording.events, "the stream fell back to read()"
+
+
+def test_a_short_stream_is_still_groups_all_in_flight(store):
+    """32 keys (a node's get): three groups started before the first is waited for, so
+    results come back while the rest is read, at the queue depth of one group of 32."""
+    backend, attribute = store
+    values = _write(backend, 32)
+    keys = list(values)
+    recording = _Recording(getattr(backend, attribute))
+    setattr(backend, attribute, recording)
+    buffers = [memoryview(bytearray(4 * KiB)) for _ in keys]
+    stream = backend.read_stream(keys, buffers)
+    next(stream)
+    assert recording.events == [("start", 11), ("start", 11), ("start", 10),
+                                ("wait", 11)], recording.events
+    rest = dict(stream)
+    assert len(rest) == 31 and all(r == 4 * KiB for r in rest.values())
+    assert stream_group_keys(1) == 1 and stream_group_keys(10**6) == STREAM_GROUP_KEYS
 
 
 @pytest.mark.parametrize("size", SIZES)
