@@ -38,7 +38,5 @@ def test_slow_scopes_go_first_on_xdist_workers(tmp_path):
                       "--no-loadscope-reorder") == ["z", "a0", "a1", "a2"]
 
 
-def test_other_modes_keep_the_collection_order(tmp_path):
-    assert _ran_order(tmp_path, "-n", "1", "--dist", "load") == ["a0", "a1", "a2", "z"]
-    (tmp_path / "order.txt").unlink()
+def test_a_serial_run_keeps_the_collection_order(tmp_path):
     assert _ran_order(tmp_path) == ["a0", "a1", "a2", "z"]
