@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -55,11 +56,22 @@ def test_an_awaited_connect_and_a_cancelled_call(embedded):  # noqa: F811
         c = await kvstored.asyncio.connect(up.addr, transport="tcp")
         try:
             assert await c.put("asyncio/c", b"value")
-            task = asyncio.ensure_future(c.get("asyncio/c"))
-            await asyncio.sleep(0)  # the request is out, its reply not read
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
+            assert await c.get("asyncio/c") == b"value"  # its connections are open
+            # The daemon stopped, the request goes out and its reply cannot come: the
+            # cancel lands while the call waits for it. (With the daemon running, a
+            # loaded machine could let the reply in before the call waited, and the
+            # call finished before the cancel.)
+            os.kill(up.proc.pid, signal.SIGSTOP)
+            try:
+                task = asyncio.ensure_future(c.get("asyncio/c"))
+                for _ in range(5):  # the call's steps up to its wait for the reply
+                    await asyncio.sleep(0)
+                assert not task.done()
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                os.kill(up.proc.pid, signal.SIGCONT)
             # The cancelled call's connection was closed, not left out of step.
             assert await c.get("asyncio/c") == b"value"
         finally:
