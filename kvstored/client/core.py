@@ -28,7 +28,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kvstored.address import split_address
 from kvstored.client.held import HeldCopy, HeldLocations
@@ -198,13 +198,14 @@ def parse_address(text: str) -> tuple[str, int]:
         raise BadRequestError(f"bad address {text!r}: {exc}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class HeldRead:
+class HeldRead(NamedTuple):
     """One key's read in one trip, planned by :meth:`ClientCore.plan_held_read`: the
     shell sends ``request`` (a ``get_held``) to ``node`` with ``into`` and hands the
-    reply, or the StoreError of the call, to :meth:`ClientCore.finish_held_read`."""
+    reply, or the StoreError of the call, to :meth:`ClientCore.finish_held_read`. (A
+    tuple: one is made per get.)"""
 
     key: str
+    node: str
     copy: HeldCopy
     view: Into
     request: HeldGetRequest
@@ -212,10 +213,6 @@ class HeldRead:
     #: The shell's CRC-32C of the item as it lands (left None: the core takes it).
     sums: list[int | None]
     started: float
-
-    @property
-    def node(self) -> str:
-        return self.copy.node
 
 
 @dataclass(slots=True)
@@ -458,8 +455,8 @@ class ClientCore:
         view = _into(buffer)
         if len(view) < copy.size:
             return None
-        return HeldRead(key, copy, view, HeldGetRequest([key], [copy.checksum]), [view],
-                        [None], self.clock())
+        return HeldRead(key, copy.node, copy, view, HeldGetRequest([key], [copy.checksum]),
+                        [view], [None], self.clock())
 
     def finish_held_read(self, read: HeldRead, reply: GetReply | StoreError) -> int | None:
         """The length read into ``read``'s buffer, counted as a get; None if the node did
