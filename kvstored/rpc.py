@@ -72,6 +72,8 @@ _EXCHANGE_BROKEN = (*BROKEN, *_BROKEN)
 _TOO_SLOW = (trio.TooSlowError,)
 #: accept() errors that mean "out of descriptors or memory for now", not "stop serving".
 _ACCEPT_CAPACITY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: A connection whose reads never wait yields to other tasks at least this often.
+CHECKPOINT_EVERY = 0.0005
 #: TCP keepalive: probe after 60 s idle, every 10 s, give up after 6 unanswered.
 #: A frame with more than this left after its first send goes on in a worker thread, in
 #: blocking ``sendmsg`` calls (see :meth:`FramedSocket.send_frame`).
@@ -109,6 +111,8 @@ class FramedSocket(AsyncFrames):
         #: The stdlib socket under ``sock``, for the first try of each send (see
         #: :meth:`send_frame`); None where trio does not expose one.
         self._raw: socket.socket | None = getattr(sock, "_sock", None)
+        #: When this connection last let other tasks run (time.monotonic()).
+        self._yielded = 0.0
         self.peer: Any = None
         self.role: Role | None = None
         #: The peer address this connection counts against until it authenticates.
@@ -131,8 +135,11 @@ class FramedSocket(AsyncFrames):
         # trio's recv_into, without its wrappers (an async context manager and two
         # cancellation checks around each try, a good part of a small request's cost):
         # try the stdlib socket, wait for it to be readable only when it would block.
-        # A read from the socket is still a checkpoint, as trio's are: the wait, or else
-        # one yield after (what the read-ahead already holds costs neither, as before).
+        # trio also yields after every read that did not wait: a scheduler pass, on the
+        # critical path of most single gets (the client's next request is often in
+        # before the node is back to read it). This yields only if the connection has
+        # not for CHECKPOINT_EVERY seconds: other tasks (and a cancellation) still get
+        # their turn within that, however fast a client sends.
         decoder = self.decoder
         read = waited = False
         while (room := decoder.room()) is not None:
@@ -144,7 +151,11 @@ class FramedSocket(AsyncFrames):
                 continue
             read = True
             decoder.received(got)
-        if read and not waited:
+        now = time.monotonic()
+        if waited:
+            self._yielded = now
+        elif read and now - self._yielded >= CHECKPOINT_EVERY:
+            self._yielded = now
             await trio.lowlevel.checkpoint()
 
     def authenticated(self, role: Role, max_payload: int) -> None:

@@ -440,15 +440,21 @@ class FrameReader:
         """Read the next frame's prefix and header (skipping what is left of the last
         frame's payload); then read its ``payload_left``. ``reach``: see
         :meth:`FrameDecoder.read_header`."""
-        if self.decoder.payload_left:
+        decoder = self.decoder
+        if decoder.payload_left:
             self.discard_payload()
-        self.decoder.read_header(reach)
-        self._pump()
-        return self.decoder.header()
+        decoder.read_header(reach)
+        recv_into = self.sock.recv_into
+        while (room := decoder.room()) is not None:
+            decoder.received(recv_into(room))
+        return decoder.header()
 
     def recv_payload_into(self, view: memoryview) -> None:
-        self.decoder.read_payload(view)
-        self._pump()
+        decoder = self.decoder
+        decoder.read_payload(view)
+        recv_into = self.sock.recv_into
+        while (room := decoder.room()) is not None:
+            decoder.received(recv_into(room))
 
     def discard_payload(self) -> None:
         self.decoder.skip_payload()

@@ -90,6 +90,15 @@ class HeldLocations:
 
     # -- a read --------------------------------------------------------------------------
 
+    def one(self, key: str) -> HeldCopy | None:
+        """What is known of ``key`` if it may be asked for directly (known here, not
+        locked by this client): :meth:`plan` for one key."""
+        copy = self._where.get(key)
+        if copy is None or not self._locks:
+            return copy
+        with self._mutex:
+            return None if self._is_locked(key, self.clock()) else copy
+
     def plan(self, keys: Sequence[str], usable: Callable[[str], bool]
              ) -> dict[str, list[tuple[int, HeldCopy]]]:
         """Per node, the indexes of ``keys`` to ask it for with get_held and what is

@@ -29,10 +29,11 @@ from kvstored.client.memory import HostMemory
 from kvstored.client.metrics import MetricsSnapshot, register_metrics
 from kvstored.client.read import ReadStats
 from kvstored.client.segments import Segments
-from kvstored.errors import BadRequestError, ConfigError, UnauthorizedError
+from kvstored.errors import BadRequestError, ConfigError, StoreError, UnauthorizedError
 from kvstored.protocol import HelloReply, OpSpec, Tier
 from kvstored.protocol.master_api import NodeContact
-from kvstored.protocol.ops import Rep, Req
+from kvstored.protocol.node_api import GetReply
+from kvstored.protocol.ops import GET_HELD, Rep, Req
 from kvstored.security import find_client_token
 from kvstored.wire import Buffer, Into
 
@@ -208,6 +209,17 @@ class AsyncShell(CoreShell):
         return await self._run(self.core.read_values(keys))
 
     async def get_into(self, key: str, buf: Any) -> int:
+        read = self.core.plan_held_read(key, buf)
+        if read is not None:  # as the blocking client's get_into
+            try:
+                await self._hello(read.node)
+                reply: GetReply | StoreError = await self._peer(read.node).call(
+                    GET_HELD, read.request, into=read.into, sums=read.sums)
+            except StoreError as exc:
+                reply = exc
+            size = self.core.finish_held_read(read, reply)
+            if size is not None:
+                return size
         return (await self.batch_get_into([key], [buf]))[0]
 
     async def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,

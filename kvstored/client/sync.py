@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 from kvstored.client.connection import Connection
 from kvstored.client.core import Call, Effect, Greet, ObjectInfo, Pause, Step, drive
 from kvstored.client.shell import CoreShell
-from kvstored.errors import BadRequestError
+from kvstored.errors import BadRequestError, StoreError
 from kvstored.protocol import Tier
+from kvstored.protocol.node_api import GetReply
+from kvstored.protocol.ops import GET_HELD
 
 T = TypeVar("T")
 
@@ -52,9 +54,11 @@ class Client(CoreShell):
         return conn
 
     def _perform(self, effect: Effect) -> Any:
+        if type(effect) is Call:  # the usual effect first, without matching
+            return self._connection(effect.node).call(effect.spec, effect.request,
+                                                      effect.payload, effect.into,
+                                                      effect.sums)
         match effect:
-            case Call(spec, request, node, payload, into, sums):
-                return self._connection(node).call(spec, request, payload, into, sums)
             case Greet(node):
                 return self._connection(node).hello
             case Pause(seconds):
@@ -103,6 +107,16 @@ class Client(CoreShell):
 
     def get_into(self, key: str, buf: Any) -> int:
         """Read ``key`` into ``buf``; the number of bytes written, or -1 if missing."""
+        read = self.core.plan_held_read(key, buf)
+        if read is not None:  # one trip, without the step machinery (see the core)
+            try:
+                reply: GetReply | StoreError = self._connection(read.node).call(
+                    GET_HELD, read.request, into=read.into, sums=read.sums)
+            except StoreError as exc:
+                reply = exc
+            size = self.core.finish_held_read(read, reply)
+            if size is not None:
+                return size
         return self.batch_get_into([key], [buf])[0]
 
     def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any], *,

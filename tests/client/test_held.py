@@ -10,6 +10,7 @@ import pytest
 from crc32c import crc32c
 
 from kvstored.client.core import Call, Effect, Greet, drive
+from kvstored.client.metrics import CallKind
 from kvstored.errors import BadRequestError, UnreachableError
 from kvstored.protocol import HelloReply, PutStatus, Role, Tier
 from kvstored.protocol.master_api import (
@@ -158,3 +159,56 @@ def test_a_buffer_too_small_for_a_held_key_gets_the_usual_error():
     with pytest.raises(BadRequestError, match="pass a buffer of at least"):
         drive(core.read(["k"], [bytearray(10)]), script)
     assert "get_held" not in _ops(script)
+
+
+# -- one key in one call: plan_held_read / finish_held_read (what get_into does first) ----
+
+def test_a_single_held_key_is_planned_as_one_call_and_judged_like_a_batch():
+    core, script = _core(), Script({})
+    _put(core, script, "k", OLD)
+    buffer = bytearray(len(OLD) + 7)
+    read = core.plan_held_read("k", buffer)
+    assert read is not None and read.node == "n1"
+    assert read.request.keys == ["k"] and read.request.checksums == [crc32c(OLD)]
+    view = read.into[0]
+    assert isinstance(view, memoryview)
+    view[:len(OLD)] = OLD  # what the node sends
+    assert core.finish_held_read(read, GetReply([len(OLD)])) == len(OLD)
+    assert bytes(buffer[:len(OLD)]) == OLD
+    got = core.metrics.snapshot()[CallKind.GET]
+    assert (got.calls, got.keys, got.hits, got.misses, got.bytes) == (1, 1, 1, 0, len(OLD))
+
+
+def test_what_a_single_held_read_cannot_serve_is_left_to_the_usual_read():
+    core, script = _core(), Script({})
+    _put(core, script, "k", OLD)
+    assert core.plan_held_read("other", bytearray(10)) is None  # not known here
+    assert core.plan_held_read("k", bytearray(10)) is None  # too small: the usual error
+    assert core.plan_held_read(7, bytearray(10)) is None  # type: ignore[arg-type]
+    # Other bytes of the same length: never handed over, counted, forgotten.
+    read = core.plan_held_read("k", bytearray(len(OLD)))
+    assert read is not None
+    view = read.into[0]
+    assert isinstance(view, memoryview)
+    view[:] = NEW
+    assert core.finish_held_read(read, GetReply([len(NEW)])) is None
+    assert core.stats.checksum_failures == 1 and core.held.get("k") is None
+    # Missing there, or the node failing: forgotten too; a failing node is skipped a while.
+    for answer in (GetReply([-1]), GetReply([]), UnreachableError("gone")):
+        _put(core, script, "k", OLD)
+        read = core.plan_held_read("k", bytearray(len(OLD)))
+        assert read is not None
+        assert core.finish_held_read(read, answer) is None
+        assert core.held.get("k") is None
+    assert core.stats.node_failures == 1 and core.health.is_down("n1")
+    _put(core, script, "k", OLD)
+    assert core.plan_held_read("k", bytearray(len(OLD))) is None  # n1 is down for now
+    assert core.metrics.snapshot()[CallKind.GET].calls == 0  # nothing served: not counted
+
+
+def test_a_single_key_this_client_locked_is_not_read_directly():
+    core, script = _core(), Script({})
+    _put(core, script, "k", OLD)
+    script.answers["lock"] = [lambda effect: LockReply([True], 30.0)]
+    assert drive(core.batch_lookup_and_lock(["k"], 30.0), script) == [True]
+    assert core.plan_held_read("k", bytearray(len(OLD))) is None
