@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # package" on every editable install; that is kvstored/ itself here, so it is noise.
 QUIET_SETUPTOOLS := PYTHONWARNINGS="ignore:Editable installation"
 # What pip must redo when these change.
-INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py sdk/*.c) \
+INSTALL_INPUTS := pyproject.toml setup.py $(wildcard native/*.c native/*.h native/build_*.py sdk/*.c sdk/*.h) \
                   $(wildcard tools/csrc/*.c tools/csrc/*.h tools/build_*.py)
 
 .PHONY: setup sysdeps engines demo test lint clean

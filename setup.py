@@ -63,7 +63,8 @@ BATCH_EXTENSION = Extension("kvstored.native._batch", sources=["native/batch.c"]
 #: The record checks of sdk/record.py in C, for a batch at a time (sdk/record_check.c);
 #: optional like _batch: without it record.py checks each record in Python.
 RECORD_CHECK_EXTENSION = Extension(
-    "kvstored.sdk._record_check", sources=["sdk/record_check.c"], py_limited_api=True,
+    "kvstored.sdk._record_check", sources=["sdk/record_check.c"], depends=["sdk/crc32c.h"],
+    py_limited_api=True,
     optional=True, define_macros=[("Py_LIMITED_API", "0x030B0000")],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
 
@@ -71,7 +72,7 @@ RECORD_CHECK_EXTENSION = Extension(
 #: data path of every role (kvstored/checksum.py), so in kvstored itself: a client must
 #: not load the io engine's package for it. Optional: without it the crc32c package.
 COPY_EXTENSION = Extension(
-    "kvstored._copy", sources=["native/copy.c"], py_limited_api=True,
+    "kvstored._copy", sources=["native/copy.c"], depends=["sdk/crc32c.h"], py_limited_api=True,
     optional=True, define_macros=[("Py_LIMITED_API", "0x030B0000")],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"])
 

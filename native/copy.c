@@ -32,11 +32,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../sdk/crc32c.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #endif
 
-#define POLY 0x82F63B78u
 /* The blocks of the three streams: long ones for most of an object, short ones for its
    tail. A block of LONG bytes fits L1 three times over. */
 #define LONG 8192
@@ -44,7 +45,6 @@
 /* Copies at least this large release the GIL (below it the hand-off costs more). */
 #define RELEASE_GIL 65536
 
-static uint32_t table[8][256];
 static uint32_t long_shift[4][256], short_shift[4][256];
 
 /* -- operators over GF(2): what feeding zero bytes does to a CRC register ------------- */
@@ -71,7 +71,7 @@ static void gf2_square(uint32_t *square, const uint32_t *mat)
 static void zeros_op(uint32_t *even, size_t len)
 {
     uint32_t odd[32];
-    odd[0] = POLY; /* one zero bit */
+    odd[0] = CRC32C_POLY; /* one zero bit */
     uint32_t row = 1;
     for (int n = 1; n < 32; n++) {
         odd[n] = row;
@@ -107,41 +107,19 @@ static inline uint32_t apply(uint32_t shift[4][256], uint32_t crc)
 
 static void make_table(void)
 {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ POLY : c >> 1;
-        table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++)
-        for (int t = 1; t < 8; t++)
-            table[t][n] = (table[t - 1][n] >> 8) ^ table[0][table[t - 1][n] & 0xff];
+    crc32c_make_table();
     make_shift(long_shift, LONG);
     make_shift(short_shift, SHORT);
 }
 
 /* -- the copies (on the register: no inversion here) ----------------------------------- */
 
-/* Slicing by 8, then memcpy: the portable fallback. */
+/* memcpy, then slicing by 8 (sdk/crc32c.h): the portable fallback. */
 static uint32_t copy_crc_soft(uint32_t crc, unsigned char *dst, const unsigned char *src,
                               size_t n)
 {
     memcpy(dst, src, n);
-    const unsigned char *p = dst;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        w ^= crc;
-        crc = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff]
-            ^ table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff]
-            ^ table[2][(w >> 40) & 0xff] ^ table[1][(w >> 48) & 0xff]
-            ^ table[0][(w >> 56) & 0xff];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        crc = (crc >> 8) ^ table[0][(crc ^ *p++) & 0xff];
-    return crc;
+    return crc32c_soft(crc, dst, n);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -206,14 +184,6 @@ static uint32_t copy_crc_hw(uint32_t crc, unsigned char *dst, const unsigned cha
    come close to a plain copy's speed. */
 #define HAVE_FOLD 1
 
-__attribute__((target("sse4.2")))
-static inline uint64_t crc32_word(uint64_t c, uint64_t w) { return __builtin_ia32_crc32di(c, w); }
-
-__attribute__((target("sse4.2")))
-static inline uint32_t crc32_byte(uint32_t c, unsigned char b)
-{
-    return __builtin_ia32_crc32qi(c, b);
-}
 static uint64_t fold_2048[2], fold_512[2], fold_128[2];
 
 /* x^n modulo the CRC-32C polynomial, as the 64-bit bit-reflected operand of a carry-less
@@ -336,19 +306,8 @@ static uint32_t crc32c_c(uint32_t value, const void *data, size_t n, int *ok)
         const unsigned char *p = data;
         if (n >= 256)
             crc = fold_hw(crc, &none, &p, &n);
-        uint64_t c = crc;
-        while (n >= 8) {
-            uint64_t w;
-            memcpy(&w, p, 8);
-            c = crc32_word(c, w);
-            p += 8;
-            n -= 8;
-        }
-        uint32_t c32 = (uint32_t)c;
-        while (n--)
-            c32 = crc32_byte(c32, *p++);
         *ok = 1;
-        return ~c32;
+        return ~crc32c_hw(crc, p, n);
     }
 #endif
     (void)value, (void)data, (void)n;

@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "crc32c.h"
+
 /* The record header (sdk/record.py): magic, version, flags, key_len, reserved,
    value_len, seq, write_ns, value_crc, header_crc, then the key. Little-endian. */
 #define HEADER_CORE 40
@@ -38,72 +40,18 @@
 #define FLAG_TOMBSTONE 1
 #define MAX_KEY_BYTES 1024
 
-/* -- CRC-32C (Castagnoli), as the crc32c package computes it ------------------------- */
-
-static uint32_t table[8][256];
-
-static void make_table(void)
-{
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++)
-        for (int t = 1; t < 8; t++)
-            table[t][n] = (table[t - 1][n] >> 8) ^ table[0][table[t - 1][n] & 0xff];
-}
-
-/* Slicing by 8: the portable fallback. */
-static uint32_t crc_soft(uint32_t crc, const unsigned char *p, size_t n)
-{
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        w ^= crc;
-        crc = table[7][w & 0xff] ^ table[6][(w >> 8) & 0xff] ^ table[5][(w >> 16) & 0xff]
-            ^ table[4][(w >> 24) & 0xff] ^ table[3][(w >> 32) & 0xff]
-            ^ table[2][(w >> 40) & 0xff] ^ table[1][(w >> 48) & 0xff]
-            ^ table[0][(w >> 56) & 0xff];
-        p += 8;
-        n -= 8;
-    }
-    while (n--)
-        crc = (crc >> 8) ^ table[0][(crc ^ *p++) & 0xff];
-    return crc;
-}
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HAVE_HW_CRC 1
-__attribute__((target("sse4.2")))
-static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n)
-{
-    uint64_t c = crc;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        c = __builtin_ia32_crc32di(c, w);
-        p += 8;
-        n -= 8;
-    }
-    uint32_t c32 = (uint32_t)c;
-    while (n--)
-        c32 = __builtin_ia32_crc32qi(c32, *p++);
-    return c32;
-}
-#endif
+/* -- CRC-32C (sdk/crc32c.h) --------------------------------------------------------- */
 
 static int hw_crc;
 
 /* crc32c(data, value) of the crc32c package: `value` is a finished CRC to continue. */
 static uint32_t crc32c(uint32_t value, const void *data, size_t n)
 {
-#ifdef HAVE_HW_CRC
+#ifdef CRC32C_HAVE_HW
     if (hw_crc)
-        return ~crc_hw(~value, data, n);
+        return ~crc32c_hw(~value, data, n);
 #endif
-    return ~crc_soft(~value, data, n);
+    return ~crc32c_soft(~value, data, n);
 }
 
 /* -- the check ------------------------------------------------------------------------ */
@@ -255,8 +203,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__record_check(void)
 {
-    make_table();
-#ifdef HAVE_HW_CRC
+    crc32c_make_table();
+#ifdef CRC32C_HAVE_HW
     hw_crc = __builtin_cpu_supports("sse4.2");
 #endif
     return PyModule_Create(&module);
