@@ -210,8 +210,28 @@ def test_connection_limits_per_peer_and_in_total():
     _run(_service(max_unauthenticated_per_peer=2, max_connections=4), scenario)
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _sockets_on_port(port: int) -> list[str]:
+    """This process's open TCP sockets with ``port`` at either end, as /proc/net/tcp lists
+    them. Counting every descriptor of the process would be racy: other tests' threads and
+    the garbage collector open and close descriptors while this test waits."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:  # closed while listing
+            continue
+        if link.startswith("socket:["):
+            mine.add(link[len("socket:["):-1])
+    found = []
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            ends = {int(local.split(":")[1], 16), int(remote.split(":")[1], 16)}
+            if port in ends and inode in mine:
+                found.append(f"{local} -> {remote}")
+    return found
 
 
 @pytest.mark.parametrize("server", ["refuses", "hangs_up", "garbage", "silent"])
@@ -221,6 +241,7 @@ def test_a_failed_connect_leaves_nothing_open(server):
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
+    port = listener.getsockname()[1]
 
     def peer() -> None:
         conn, _ = listener.accept()
@@ -245,10 +266,11 @@ def test_a_failed_connect_leaves_nothing_open(server):
         assert client.conn is None
         return caught
 
-    before = _open_fds()
     error = trio.run(main)
+    assert len(_sockets_on_port(port)) == 1  # the listener: the check sees this test's sockets
     listener.close()
-    assert _open_fds() == before - 1, f"{server}: a socket was left open ({error})"
+    left = _sockets_on_port(port)
+    assert left == [], f"{server}: a socket was left open ({error}): {left}"
     assert ("no answer within 0.5s" in str(error)) == (server == "silent")
     assert ("bad frame magic" in str(error)) == (server == "garbage")
 
