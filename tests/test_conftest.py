@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,3 +41,19 @@ def test_slow_scopes_go_first_on_xdist_workers(tmp_path):
 
 def test_a_serial_run_keeps_the_collection_order(tmp_path):
     assert _ran_order(tmp_path) == ["a0", "a1", "a2", "z"]
+
+
+def test_bytecode_goes_to_one_cache_outside_the_tree_when_writing_it_is_off():
+    from tests.conftest import share_bytecode_cache
+
+    environ = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin"}
+    share_bytecode_cache(environ)
+    assert "PYTHONDONTWRITEBYTECODE" not in environ
+    assert environ["PYTHONPYCACHEPREFIX"].startswith(tempfile.gettempdir())
+    assert not environ["PYTHONPYCACHEPREFIX"].startswith(str(REPO))
+    chosen = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/elsewhere"}
+    share_bytecode_cache(chosen)  # an explicit prefix is the user's choice
+    assert chosen == {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/elsewhere"}
+    writing = {"PATH": "/usr/bin"}  # bytecode is written where Python writes it
+    share_bytecode_cache(writing)
+    assert writing == {"PATH": "/usr/bin"}
