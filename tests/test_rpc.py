@@ -16,6 +16,7 @@ import trio
 
 from kvstored import rpc
 from kvstored.errors import BadRequestError, UnauthorizedError, UnreachableError
+from kvstored.node.regions import holds_socket
 from kvstored.protocol import PROTOCOL_VERSION, Message, Op, OpSpec, Role, message
 from kvstored.protocol.master_api import Empty
 from kvstored.protocol.shapes import Int
@@ -214,14 +215,6 @@ def _sockets_on_port(port: int) -> list[str]:
     """This process's open TCP sockets with ``port`` at either end, as /proc/net/tcp lists
     them. Counting every descriptor of the process would be racy: other tests' threads and
     the garbage collector open and close descriptors while this test waits."""
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except FileNotFoundError:  # closed while listing
-            continue
-        if link.startswith("socket:["):
-            mine.add(link[len("socket:["):-1])
     found = []
     with open("/proc/net/tcp") as table:
         next(table)
@@ -229,7 +222,7 @@ def _sockets_on_port(port: int) -> list[str]:
             fields = line.split()
             local, remote, inode = fields[1], fields[2], fields[9]
             ends = {int(local.split(":")[1], 16), int(remote.split(":")[1], 16)}
-            if port in ends and inode in mine:
+            if port in ends and holds_socket(os.getpid(), int(inode)):
                 found.append(f"{local} -> {remote}")
     return found
 

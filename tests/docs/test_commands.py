@@ -177,11 +177,10 @@ def ran(tmp_path_factory):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("KVSTORED_", "KVSTORE_", "XDG_"))
            and k != "PYTHONDONTWRITEBYTECODE"}
-    # The daemons and the Python blocks start fresh interpreters: their bytecode is
-    # cached in the scratch directory, not compiled again by each.
+    # The daemons and the Python blocks start fresh interpreters: they write and reuse
+    # bytecode (in the suite's shared cache, tests/conftest.py), not compile it each.
     env.update(HOME=str(home), PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}",
                COLUMNS="80", PYTHONUNBUFFERED="1", KVSTORED_DOCS_LOGS=str(logs),
-               PYTHONPYCACHEPREFIX=str(scratch / "pycache"),
                KVSTORED_DOCS_PYTHON=sys.executable,
                KVSTORED_DOCS_FORKSERVER=str(Path(__file__).with_name("forkserver.py")),
                KVSTORED_DOCS_SOCKET=str(scratch / "forkserver.sock"))
