@@ -383,7 +383,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Never offload: objects live in DRAM only and are lost on eviction."),
     Setting("io.engine", Choice("auto", "uring", "posix"), "auto",
             "SSD io engine; auto uses io_uring where it works, else POSIX."),
-    Setting("io.direct", Boolean(), False, "Open SSD files with O_DIRECT (bypass the page cache)."),
+    Setting("io.direct", Boolean(), True,
+            "Open SSD files with O_DIRECT (bypass the page cache: DRAM is the cache); "
+            "buffered where the file system refuses it."),
     Setting("security.auth", Choice("token", "none"), "token",
             "token: every connection proves its role with a token (docs/security.md); none: "
             "no check at all, every peer may act as a client or a node."),

@@ -110,12 +110,15 @@ def node_config(cfg: Config, master: tuple[str, int] | None = None,
     cls = backend_class(backend)
     raw = settings.backend_options
     options = parse_options(cls, raw)
-    # io.engine / io.direct reach every backend that does its I/O through the engine.
+    # io.engine / io.direct reach every backend that does its I/O through the engine. A
+    # node reads SSD objects with O_DIRECT by default: its DRAM tier is the cache, and
+    # the page cache would hold the same bytes again at the cost of one more copy (4 MiB
+    # SSD-only batched gets read about twice as fast without it, docs/benchmarks.md).
     accepted = backend_options(cls)
     if "engine" in accepted:
         options.setdefault("engine", cfg.io.engine)
-    if "direct" in accepted and cfg.source("io.direct") != "default":
-        options.setdefault("direct", cfg.io.direct)  # else the backend's own default
+    if "direct" in accepted:
+        options.setdefault("direct", cfg.io.direct)
     return NodeConfig(data_dir=settings.data, dram=settings.dram, ssd=settings.ssd,
                       backend=backend, backend_options=options,
                       master=master or split_address(settings.master),

@@ -18,9 +18,9 @@ from kvstored.sdk.streams import (
     STREAM_AHEAD,
     RecordReadGroup,
     StreamedRead,
-    spans,
-    stream_group_keys,
+    byte_view,
     stream_groups,
+    stream_spans,
 )
 
 
@@ -47,6 +47,6 @@ class GroupReadBackend(StorageBackend):
 
     def _stream_reads(self, keys: Sequence[str], buffers: Sequence[memoryview]
                       ) -> Generator[StreamedRead, None, None]:
-        return stream_groups(self, spans(len(keys), stream_group_keys(len(keys))),
+        return stream_groups(self, stream_spans([byte_view(b).nbytes for b in buffers]),
                              lambda span: self._start_group(keys, buffers, span),
                              ahead=STREAM_AHEAD)

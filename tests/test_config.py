@@ -323,7 +323,7 @@ def test_heartbeats_must_come_more_often_than_the_node_ttl():
 def test_config_sections_dicts_and_copies(tmp_path):
     path = write(tmp_path, '[node.backend_options]\npolicy = "lru"\n')
     cfg = load_config(path, env={"XDG_DATA_HOME": str(tmp_path)})
-    assert cfg.section("io") == {"engine": "auto", "direct": False}
+    assert cfg.section("io") == {"engine": "auto", "direct": True}
     nested = cfg.as_dict()
     assert json.loads(json.dumps(nested)) == nested
     assert nested["node"]["data"] == str(tmp_path / "kvstored")

@@ -12,7 +12,13 @@ from kvstored.backends.bucket.records import SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import InvalidRequestError
 from kvstored.sdk.registry import open_backend
-from kvstored.sdk.streams import STREAM_AHEAD, STREAM_GROUP_KEYS, stream_group_keys
+from kvstored.sdk.streams import (
+    STREAM_AHEAD,
+    STREAM_GROUP_BYTES,
+    STREAM_GROUP_KEYS,
+    stream_group_keys,
+    stream_spans,
+)
 from kvstored.sdk.testing.kit import payload
 from kvstored.sdk.types import ReadStatus
 
@@ -110,6 +116,38 @@ def test_a_short_stream_is_still_groups_all_in_flight(store):
     rest = dict(stream)
     assert len(rest) == 31 and all(r == 4 * KiB for r in rest.values())
     assert stream_group_keys(1) == 1 and stream_group_keys(10**6) == STREAM_GROUP_KEYS
+
+
+def test_large_values_stream_in_groups_of_bytes(store):
+    """32 values of 1 MiB (a node's get): groups of STREAM_GROUP_BYTES, not three groups
+    of 11 that the disk would finish together, so the first lands while the rest is
+    read; still three groups in flight before the first is waited for."""
+    backend, attribute = store
+    size = 1 << 20
+    values = _write(backend, 32, size)
+    keys = list(values)
+    recording = _Recording(getattr(backend, attribute))
+    setattr(backend, attribute, recording)
+    buffers = [memoryview(bytearray(size)) for _ in keys]
+    stream = backend.read_stream(keys, buffers)
+    next(stream)
+    per_group = STREAM_GROUP_BYTES // size
+    assert recording.events == [("start", per_group)] * (1 + STREAM_AHEAD) + [
+        ("wait", per_group)], recording.events
+    rest = dict(stream)
+    assert len(rest) == 31 and all(r == size for r in rest.values())
+    assert all(bytes(buffers[i]) == values[key] for i, key in enumerate(keys))
+    assert [kind for kind, _ in recording.events].count("start") == 32 // per_group
+
+
+def test_stream_spans_cut_by_keys_and_by_bytes():
+    big = STREAM_GROUP_BYTES
+    assert list(stream_spans([])) == []
+    assert list(stream_spans([4 * KiB] * 32)) == [range(0, 11), range(11, 22), range(22, 32)]
+    # A buffer larger than a group is a group of its own; it never splits or is dropped.
+    assert list(stream_spans([1, 3 * big, 1])) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert list(stream_spans([big // 2] * 5)) == [range(0, 2), range(2, 4), range(4, 5)]
+    assert [len(r) for r in stream_spans([0] * 1000)] == [STREAM_GROUP_KEYS] * 15 + [40]
 
 
 @pytest.mark.parametrize("size", SIZES)
