@@ -9,6 +9,7 @@ import trio
 
 from kvstored.errors import NotFoundError
 from kvstored.master.cluster import Cluster
+from kvstored.master.revoke import Revoker
 from kvstored.master.table import DRAM, SSD, ObjectMeta, Replica
 from kvstored.master.waits import Waiter
 from kvstored.protocol import ops
@@ -38,8 +39,9 @@ DEFAULT_RECOVER_WAIT = 3600.0
 class AdminOps:
     """The handlers for operators (:meth:`bindings`)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, revoker: Revoker) -> None:
         self.cluster = cluster
+        self.revoker = revoker
 
     def bindings(self) -> list[Binding]:
         return [Binding(ops.STATUS, self.status),
@@ -102,6 +104,7 @@ class AdminOps:
         tier = request.tier
         now = time.monotonic()
         evicted: list[str] = []
+        dropped: list[ObjectMeta] = []  # last copies: the object is gone, as by a remove
         offloading: list[str] = []
         skipped: list[str] = []
         freed = 0
@@ -126,7 +129,13 @@ class AdminOps:
                 cluster.metrics.evictions.labels(tier=tier).inc()
                 cluster.drop_when_unleased(meta.key, replica.node, tier, now)
                 if last_copy:
-                    cluster.table.remove(meta.key)
+                    gone = cluster.table.remove(meta.key)
+                    assert gone is not None  # a candidate is in the table
+                    dropped.append(gone)
+        # Not before the nodes stop serving them to get_held: a client that cached where
+        # a dropped key was would read the dropped bytes there, even once the key is put
+        # again with another value (the node keeps them while a reader's lease runs).
+        await self.revoker.revoke(dropped)
         return EvictReply(evicted, offloading, skipped, freed, request.dry_run)
 
     def _candidates(self, request: EvictRequest) -> list[tuple[ObjectMeta, Replica]]:

@@ -44,7 +44,7 @@ class Master:
         self.node_ops = NodeOps(self.cluster, credentials)
         self.revoker = Revoker(self.cluster, credentials.node)
         self.client_ops = ClientOps(self.cluster, self.revoker)
-        self.admin_ops = AdminOps(self.cluster)
+        self.admin_ops = AdminOps(self.cluster, self.revoker)
         self.service = Service(
             "master", MASTER_OPS,
             [*self.node_ops.bindings(), *self.client_ops.bindings(),

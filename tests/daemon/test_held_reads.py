@@ -91,6 +91,38 @@ def test_a_location_cached_before_a_remove_and_a_new_put_never_returns_the_old_b
             client.close()
 
 
+def test_a_last_copy_an_admin_drops_is_never_served_from_a_cached_location(spawn, tmp_path):
+    """``kvstore evict --drop`` of a last copy removes the object as a remove does: a
+    client that cached where it was must not read the dropped bytes from that node (still
+    there while the reader's lease runs) once the key holds another value."""
+    # No offload below the watermark: the DRAM copy stays the last copy.
+    master = _two_nodes(spawn, tmp_path, drams=("12MiB", "16MiB"),
+                        KVSTORED_POLICY_OFFLOAD="watermark")
+    writer = kvstored.connect(master.addr, transport="tcp")
+    reader = kvstored.connect(master.addr, transport="tcp")
+    other = kvstored.connect(master.addr, transport="tcp")
+    try:
+        assert other.put("filler", os.urandom(10 * MiB))
+        assert _holder(other, "filler") == "n2"
+        wait_for(lambda: _dram_used(master.addr, "n2") >= 10 * MiB, what="n2's heartbeat")
+        old, new = os.urandom(2 * MiB), os.urandom(13 * MiB)
+        assert writer.put("k", old)
+        assert _holder(other, "k") == "n1"
+        assert reader.get("k") == old  # its lease keeps n1's copy a while after the drop
+        assert other.remove("filler")
+        assert writer.core.held.get("k") is not None
+        report = json.loads(kvstore_ok("evict", "--tier", "dram", "--key", "k", "--drop",
+                                       "--json", master=master.addr))
+        assert report["evicted"] == ["k"], report
+        assert other.get("k") is None
+        assert other.put("k", new)
+        assert _holder(other, "k") == "n2"
+        assert writer.get("k") == new and reader.get("k") == new
+    finally:
+        for client in (writer, reader, other):
+            client.close()
+
+
 def test_a_node_serves_held_keys_without_its_master_only_within_its_permit(
         spawn, tmp_path):
     master = _two_nodes(spawn, tmp_path, KVSTORED_MASTER_DIRECT_PERMIT="3s")
