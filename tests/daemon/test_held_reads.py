@@ -51,6 +51,23 @@ def _two_nodes(spawn, tmp_path, drams=("32MiB", "32MiB"), **env: str):
     return master
 
 
+def _old_value_leased_on_n1(master: str, writer, reader, other) -> tuple[bytes, bytes]:
+    """``writer`` puts an old value of "k" on n1 and ``reader`` reads it; the old value
+    and a new one for it, larger than n1's whole DRAM (it can only land on n2). A filler
+    makes n2 the fuller node, so the old value goes to n1; the reader's lookup leases it,
+    so n1 still holds it (as its current version of "k") for a while after it is gone
+    from the cluster."""
+    assert other.put("filler", os.urandom(10 * MiB))
+    assert _holder(other, "filler") == "n2"
+    wait_for(lambda: _dram_used(master, "n2") >= 10 * MiB, what="n2's heartbeat")
+    old, new = os.urandom(2 * MiB), os.urandom(13 * MiB)
+    assert writer.put("k", old)
+    assert _holder(other, "k") == "n1"
+    assert reader.get("k") == old
+    assert other.remove("filler")
+    return old, new
+
+
 def test_a_location_cached_before_a_remove_and_a_new_put_never_returns_the_old_bytes(
         spawn, tmp_path):
     master = _two_nodes(spawn, tmp_path, drams=("12MiB", "16MiB"))
@@ -58,17 +75,7 @@ def test_a_location_cached_before_a_remove_and_a_new_put_never_returns_the_old_b
     reader = kvstored.connect(master.addr, transport="tcp")
     other = kvstored.connect(master.addr, transport="tcp")  # removes and puts again
     try:
-        # A filler makes n2 the fuller node, so the old value goes to n1; the reader's
-        # lookup leases it, so n1 still holds it (as its current version of "k") after
-        # the remove, while the new value, larger than n1's whole DRAM, lands on n2.
-        assert other.put("filler", os.urandom(10 * MiB))
-        assert _holder(other, "filler") == "n2"
-        wait_for(lambda: _dram_used(master.addr, "n2") >= 10 * MiB, what="n2's heartbeat")
-        old, new = os.urandom(2 * MiB), os.urandom(13 * MiB)
-        assert writer.put("k", old)
-        assert _holder(other, "k") == "n1"
-        assert reader.get("k") == old
-        assert other.remove("filler")
+        old, new = _old_value_leased_on_n1(master.addr, writer, reader, other)
         assert writer.core.held.get("k") is not None  # both know where "k" is, and
         assert reader.core.held.get("k") is not None  # its version
         assert other.remove("k")
@@ -102,14 +109,7 @@ def test_a_last_copy_an_admin_drops_is_never_served_from_a_cached_location(spawn
     reader = kvstored.connect(master.addr, transport="tcp")
     other = kvstored.connect(master.addr, transport="tcp")
     try:
-        assert other.put("filler", os.urandom(10 * MiB))
-        assert _holder(other, "filler") == "n2"
-        wait_for(lambda: _dram_used(master.addr, "n2") >= 10 * MiB, what="n2's heartbeat")
-        old, new = os.urandom(2 * MiB), os.urandom(13 * MiB)
-        assert writer.put("k", old)
-        assert _holder(other, "k") == "n1"
-        assert reader.get("k") == old  # its lease keeps n1's copy a while after the drop
-        assert other.remove("filler")
+        _, new = _old_value_leased_on_n1(master.addr, writer, reader, other)
         assert writer.core.held.get("k") is not None
         report = json.loads(kvstore_ok("evict", "--tier", "dram", "--key", "k", "--drop",
                                        "--json", master=master.addr))
