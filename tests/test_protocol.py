@@ -11,7 +11,7 @@ import pytest
 
 from kvstored.errors import BadRequestError
 from kvstored.protocol import HELLO, MASTER_OPS, NODE_OPS, Hello, OpSpec, Role, ops
-from kvstored.protocol.node_api import GetReply
+from kvstored.protocol.node_api import GetReply, GetRequest
 from kvstored.protocol.shapes import (
     Bool,
     EnumOf,
@@ -101,9 +101,13 @@ def test_a_get_trailer_may_only_turn_announced_items_into_misses():
         ops.GET.with_trailer(reply, {"ok": True, "sizes": "no"})
     with pytest.raises(FrameError):
         ops.GET.with_trailer(reply, {"ok": False, "error": {}})
-    # get_held never streams: a reply saying otherwise is not this protocol.
+    # get_held streams SSD copies the same way (protocol 5); an op without a trailer
+    # whose reply says otherwise is not this protocol.
+    assert ops.GET_HELD.trailer_follows(ops.GET_HELD.decode_reply(OpSpec.reply_header(
+        GetReply([1], trailer=True))))
+    untrailed = OpSpec(ops.GET.op, Role.CLIENT, GetRequest, GetReply, reply_payload=True)
     with pytest.raises(FrameError):
-        ops.GET_HELD.decode_reply(OpSpec.reply_header(GetReply([1], trailer=True)))
+        untrailed.decode_reply(OpSpec.reply_header(GetReply([1], trailer=True)))
     assert not ops.GET.trailer_follows(ops.GET.decode_reply(OpSpec.reply_header(
         GetReply([1]))))
 

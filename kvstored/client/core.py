@@ -419,16 +419,19 @@ class ClientCore:
         if not direct:
             return (yield from self._read_looked_up(keys, buffers, tiers))
         results = [MISSING] * len(keys)
+        from_ssd: set[int] = set()
         if fresh:
             buffers.extend([None] * len(keys))
         for node, picked in direct.items():
-            yield from self._get_held(node, keys, picked, buffers, results)
+            yield from self._get_held(node, keys, picked, buffers, results, from_ssd)
+        got_tiers: list[Tier | None] = [
+            None if n < 0 else Tier.SSD if i in from_ssd else Tier.DRAM
+            for i, n in enumerate(results)]
         rest = [i for i, n in enumerate(results) if n < 0]
         if not rest:
             if tiers is not None:
-                tiers[:] = [Tier.DRAM] * len(keys)
+                tiers[:] = got_tiers
             return results
-        got_tiers: list[Tier | None] = [None if n < 0 else Tier.DRAM for n in results]
         sub_buffers = [] if fresh else [buffers[i] for i in rest]
         sub_tiers: list[Tier | None] = []
         sub = yield from self._read_looked_up([keys[i] for i in rest], sub_buffers, sub_tiers)
@@ -503,11 +506,12 @@ class ClientCore:
                 and self.segments.mapping(node, contact) is None)
 
     def _get_held(self, node: str, keys: list[str], picked: list[tuple[int, HeldCopy]],
-                  buffers: list[Any], results: list[int]) -> Step[None]:
+                  buffers: list[Any], results: list[int], from_ssd: set[int]) -> Step[None]:
         """Ask ``node`` for ``picked`` (indexes, and what is known of them) without a
-        lookup; what it serves and passes the checksum is in ``results``, the rest is
-        forgotten (and read the usual way, as is a key whose buffer is too small: that
-        read says what is wrong with it)."""
+        lookup; what it serves and passes the checksum is in ``results`` (its index in
+        ``from_ssd`` if the node read it from SSD), the rest is forgotten (and read the
+        usual way, as is a key whose buffer is too small: that read says what is wrong
+        with it)."""
         idx: list[int] = []
         held: list[HeldCopy] = []
         views: list[Into] = []
@@ -536,6 +540,7 @@ class ClientCore:
         for i, copy, view, crc, size in zip(idx, held, views, sums, reply.sizes):
             if self._held_item(node, keys[i], copy, view, size, crc):
                 results[i] = size
+        from_ssd.update(idx[j] for j in reply.from_ssd)
 
     def _read_looked_up(self, keys: list[str], buffers: list[Any],
                         tiers: list[Tier | None] | None) -> Step[list[int]]:

@@ -14,7 +14,7 @@ import time
 from kvstored.errors import BadRequestError
 from kvstored.master.cluster import Cluster
 from kvstored.master.nodes import NodeState
-from kvstored.master.policy import plan_node
+from kvstored.master.policy import count_ssd_read, plan_node
 from kvstored.master.table import DRAM, SSD
 from kvstored.protocol import ops
 from kvstored.protocol.master_api import (
@@ -171,7 +171,15 @@ class NodeOps:
         node.pending_bytes = 0
         self._apply(node, request.done, now)
         for key in request.held_reads:
-            cluster.table.read_elsewhere(key, now)
+            meta = cluster.table.read_elsewhere(key, now)
+            # Served from this node's SSD copy: counted toward promotion as a lookup
+            # that finds only SSD copies counts it.
+            if meta is not None and meta.replica(node.node_id, DRAM) is None \
+                    and meta.replica(node.node_id, SSD) is not None \
+                    and count_ssd_read(meta, cluster.policy, now):
+                let_go = node.queue_promotion(key)
+                if let_go:
+                    cluster.metrics.promotions_skipped.labels(reason="queue_full").inc(let_go)
         plan = plan_node(node, cluster.table, cluster.policy, now)
         if plan.offload or plan.offload_urgent:
             cluster.queue_offload(node, plan.offload, urgent=plan.offload_urgent)

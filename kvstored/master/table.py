@@ -287,13 +287,15 @@ class ObjectTable:
         self._touch(meta, now)
         return meta
 
-    def read_elsewhere(self, key: str, now: float) -> None:
+    def read_elsewhere(self, key: str, now: float) -> ObjectMeta | None:
         """A node served ``key`` without a lookup here (get_held): count the read and its
-        recency, as a lookup would (no lease: the node pinned the copy it sent)."""
+        recency, as a lookup would (no lease: the node pinned the copy it sent); the
+        object, if it still exists."""
         meta = self.objects.get(key)
         if meta is not None:
             meta.reads += 1
             self._touch(meta, now)
+        return meta
 
     def _touch(self, meta: ObjectMeta, now: float) -> None:
         """``meta`` was just used: the most recently used of its DRAM copies' nodes."""

@@ -17,8 +17,9 @@
 - ``get_held``: a client that put or read a key before asks for it here without a master
   lookup; served only from a *held* DRAM copy of the version it names (see
   :mod:`kvstored.node.dram`), pinned for the send (so an eviction's free waits for the
-  reader), and only while the node's permit from its last heartbeat runs. The rest is
-  answered missing, and the client asks the master.
+  reader), or from the SSD copy of such a version that has left DRAM (streamed as a
+  get's SSD items are), and only while the node's permit from its last heartbeat runs.
+  The rest is answered missing, and the client asks the master.
 - ``revoke``: the master removed keys; none of their copies here is held any more.
 - ``report_corrupt``: a client found a DRAM copy here that fails its checksum.
 - ``locate``: where a key's bytes are, for debugging.
@@ -330,31 +331,52 @@ class DataServer:
                     ssd_wanted.append(i)
             self._served_dram.inc(sum(s for s in sizes if s > 0))
             records = self._ssd_records(keys, ssd_wanted, wanted)
-            need = sum(r.size for r in records.values())
-            if not need:
-                return await conn.answer(GetReply(sizes, held=held),
-                                         [p for p in pieces if p is not None])
-            async with self.staging.lend(need) as staging:
-                await self._stream_from_ssd(conn, keys, ssd_wanted, wanted, records,
-                                            staging, sizes, pieces, held)
-                return ANSWERED
+            return await self._answer_get(conn, ops.GET, keys, wanted, sizes, pieces,
+                                          ssd_wanted, records, held)
         finally:
             self.dram.unpin(pinned.values())
 
     async def get_held(self, conn: FramedSocket, request: HeldGetRequest) -> Answered:
+        keys, checksums = request.keys, request.checksums
         if not self.node.may_serve_held():
-            return await conn.answer(GetReply([ReadStatus.MISSING] * len(request.keys)))
-        pinned = self.dram.pin_held(request.keys, request.checksums)
+            return await conn.answer(GetReply([ReadStatus.MISSING] * len(keys)))
+        pinned = self.dram.pin_held(keys, checksums)
         try:
             sizes = [ReadStatus.MISSING if obj is None else obj.size for obj in pinned]
-            served = [obj for obj in pinned if obj is not None]
+            pieces = [None if obj is None else self.dram.view(obj) for obj in pinned]
+            self._served_dram.inc(sum(s for s in sizes if s > 0))
+            # A held version that left DRAM is served from its SSD copy of that version.
+            ssd_wanted = [i for i, obj in enumerate(pinned) if obj is None
+                          and self.dram.held_on_ssd(keys[i], checksums[i])]
+            records: dict[str, ObjectRecord] = {}
+            if ssd_wanted:
+                try:
+                    records = self._ssd_records(keys, ssd_wanted, list(checksums))
+                except BadRequestError:  # more than the staging takes: the lookup path
+                    pass                 # reads them, and says so
+            served = [keys[i] for i, obj in enumerate(pinned) if obj is not None]
+            served += [keys[i] for i in ssd_wanted if keys[i] in records]
             if served:
-                self._served_dram.inc(sum(obj.size for obj in served))
-                self.node.held_read([obj.key for obj in served])
-            return await conn.answer(GetReply(sizes),
-                                     [self.dram.view(obj) for obj in served])
+                self.node.held_read(served)
+            return await self._answer_get(conn, ops.GET_HELD, keys, list(checksums), sizes,
+                                          pieces, ssd_wanted, records, [])
         finally:
             self.dram.unpin(obj for obj in pinned if obj is not None)
+
+    async def _answer_get(self, conn: FramedSocket, spec: OpSpec, keys: list[str],
+                          wanted: list[int | None] | None, sizes: list[int],
+                          pieces: list[memoryview | None], ssd_wanted: list[int],
+                          records: dict[str, ObjectRecord], held: list[int]) -> Answered:
+        """Send a get's reply: ``pieces`` of DRAM, and the ``records`` of ``ssd_wanted``
+        streamed from SSD as they are read (then a trailer), if there are any."""
+        need = sum(r.size for r in records.values())
+        if not need:
+            return await conn.answer(GetReply(sizes, held=held),
+                                     [p for p in pieces if p is not None])
+        async with self.staging.lend(need) as staging:
+            await self._stream_from_ssd(conn, spec, keys, ssd_wanted, wanted, records,
+                                        staging, sizes, pieces, held)
+            return ANSWERED
 
     async def revoke(self, conn: FramedSocket, request: RevokeRequest) -> Empty:
         self.dram.revoke(request.keys)
@@ -375,7 +397,7 @@ class DataServer:
         self.staging.check(sum(r.size for r in records.values()))
         return records
 
-    async def _stream_from_ssd(self, conn: FramedSocket, keys: list[str],
+    async def _stream_from_ssd(self, conn: FramedSocket, spec: OpSpec, keys: list[str],
                                indexes: list[int], wanted: list[int | None] | None,
                                records: dict[str, ObjectRecord], staging: memoryview,
                                sizes: list[int], pieces: list[memoryview | None],
@@ -435,7 +457,7 @@ class DataServer:
             if reading.error is not None:
                 log.warning("node %s: an SSD read failed: %s", self.node.name,
                             reading.error)
-            await conn.send_frame(ops.GET.trailer_header(final))
+            await conn.send_frame(spec.trailer_header(final))
         except Exception as exc:
             if not started or isinstance(exc, OSError | trio.BrokenResourceError):
                 raise

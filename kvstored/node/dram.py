@@ -19,6 +19,10 @@ put here, once the master committed it, until the master *revokes* its key (a re
 the node registers again (a new master, or one that declared this node dead, knows
 nothing of what clients cached). A revoke marks every version of the key present, the
 uncommitted one too, so a commit that lands after it never makes a removed value held.
+A held version that leaves DRAM (evicted once it is on SSD) stays held in name
+(:meth:`DramTier.held_on_ssd`): the node may serve its SSD copy of that version to
+get_held until the same revoke, which is what lets a client read a key it put in one trip
+after it moved to SSD.
 
 Thread-safe: the trio loop and worker threads (offload, promotion) share it.
 """
@@ -32,6 +36,9 @@ from dataclasses import dataclass
 
 from kvstored.allocator import OffsetAllocator
 from kvstored.shm import DramSegment
+
+#: Held versions that left DRAM remembered at most (about 100 bytes each).
+MAX_HELD_ON_SSD = 1 << 20
 
 
 @dataclass(slots=True)
@@ -60,6 +67,9 @@ class DramTier:
         self.current: dict[str, DramObject] = {}
         #: The version of each key being written (allocated, not yet committed).
         self.writing: dict[str, DramObject] = {}
+        #: The checksum of each held version that left DRAM unrevoked, oldest first (at
+        #: most MAX_HELD_ON_SSD: a key past that is read after a lookup, as any other).
+        self._held_left: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @property
@@ -105,7 +115,11 @@ class DramTier:
             if self.writing.get(obj.key) is obj:
                 del self.writing[obj.key]
             obj.committed = True
+            # A promotion of a held version that left DRAM is that held version again.
+            held = held or self._held_left.get(obj.key) == obj.checksum
             obj.held = held and not obj.revoked
+            if held:
+                self._held_left.pop(obj.key, None)  # this copy is the one held now
             if not obj.doomed:
                 self.current[obj.key] = obj
 
@@ -135,17 +149,26 @@ class DramTier:
                     out.append(None)
         return out
 
+    def held_on_ssd(self, key: str, checksum: int) -> bool:
+        """Whether the version ``checksum`` of ``key`` was held when it left DRAM and has
+        not been revoked since: its SSD copy, if it has one, may serve get_held."""
+        return self._held_left.get(key) == checksum
+
     def revoke(self, keys: Iterable[str]) -> None:
-        """No version of ``keys`` here now is served to get_held again."""
+        """No version of ``keys`` here now, nor one that left DRAM, is served to get_held
+        again."""
         with self._lock:
             for key in keys:
+                self._held_left.pop(key, None)
                 for obj in (self.current.get(key), self.writing.get(key)):
                     if obj is not None:
                         obj.held, obj.revoked = False, True
 
     def revoke_all(self) -> None:
-        """Nothing here now is served to get_held again (the node registered anew)."""
+        """Nothing here now, nor anything that left DRAM, is served to get_held again
+        (the node registered anew)."""
         with self._lock:
+            self._held_left.clear()
             for obj in self.by_offset.values():
                 obj.held, obj.revoked = False, True
 
@@ -166,11 +189,21 @@ class DramTier:
             obj.doomed = True
             if self.current.get(key) is obj:
                 del self.current[key]
+                if obj.held:
+                    self._left_held_locked(obj)
             if self.writing.get(key) is obj:
                 del self.writing[key]
             if obj.pins == 0:
                 self._release_locked(obj)
             return True
+
+    def _left_held_locked(self, obj: DramObject) -> None:
+        obj.held = False
+        held = self._held_left
+        held.pop(obj.key, None)
+        if len(held) >= MAX_HELD_ON_SSD:
+            del held[next(iter(held))]
+        held[obj.key] = obj.checksum
 
     def _release_locked(self, obj: DramObject) -> None:
         del self.by_offset[obj.offset]

@@ -88,7 +88,8 @@ from kvstored.wire import ConnectionClosed, FrameError, Into, Parts
 #: Version 2: typed messages, batches as columns, tasks with a ``kind``. Version 3: reads
 #: in one trip (``get_held``, the master's ``revoke``, the permit, ``held_reads``). Version
 #: 4: a ``get`` reply with SSD items streams them as they are read, then a trailer.
-PROTOCOL_VERSION = 4
+#: Version 5: ``get_held`` serves SSD copies of held versions the same way.
+PROTOCOL_VERSION = 5
 
 Req = TypeVar("Req", bound=Message)
 Rep = TypeVar("Rep", bound=Message)
@@ -422,7 +423,8 @@ GET = OpSpec(Op.GET, Role.CLIENT, GetRequest, GetReply, reply_payload=True,
              trailer=GetTrailer)
 # A get of keys the client knows this node holds, without a master lookup first: what the
 # node serves is a version the master has not removed (it revokes before a remove returns).
-GET_HELD = OpSpec(Op.GET_HELD, Role.CLIENT, HeldGetRequest, GetReply, reply_payload=True)
+GET_HELD = OpSpec(Op.GET_HELD, Role.CLIENT, HeldGetRequest, GetReply, reply_payload=True,
+                  trailer=GetTrailer)
 LOCATE = OpSpec(Op.LOCATE, Role.CLIENT, KeysRequest, LocateReply)
 # A client read bytes of a DRAM copy here that failed the object's checksum; the node
 # checks its own copy (so a client cannot make it drop a good one).

@@ -14,7 +14,7 @@ from crc32c import crc32c
 import kvstored
 from kvstored.client.connection import Connection
 from kvstored.errors import NoSpaceError
-from kvstored.protocol import ops
+from kvstored.protocol import Tier, ops
 from kvstored.protocol.node_api import HeldGetRequest
 from kvstored.security import find_client_token
 from kvstored.wire import send_frame
@@ -147,6 +147,38 @@ def test_a_node_serves_held_keys_without_its_master_only_within_its_permit(
         wait_for(lambda: conn.call(ops.GET_HELD, request, (), [buf]).sizes == [len(value)],
                  timeout=30, what="the permit to be renewed")
         conn.close()
+
+
+def test_a_key_a_client_put_is_read_in_one_trip_after_it_moved_to_ssd(spawn, tmp_path):
+    """The node serves the SSD copy of a version the client put (get_held): no master
+    lookup, so the read works with the master stopped, within the node's permit."""
+    # A new master's first put waits out the permit (Revoker.settle): not a long one.
+    master = _two_nodes(spawn, tmp_path, KVSTORED_MASTER_DIRECT_PERMIT="5s",
+                        KVSTORED_POLICY_OFFLOAD="watermark")
+    values = {f"k{i}": os.urandom(300_000 + i) for i in range(4)}
+    with kvstored.connect(master.addr, transport="tcp") as c:
+        assert all(c.batch_put(list(values), list(values.values())))
+        kvstore_ok("flush", "--wait", master=master.addr)
+        kvstore_ok("evict", "--tier", "dram", "--all", master=master.addr)
+        wait_for(lambda: all([r.tier for r in c.stat(k).replicas] == ["ssd"]
+                             for k in values), timeout=15, what="the DRAM copies to go")
+        master.proc.send_signal(signal.SIGSTOP)
+        try:
+            tiers: list = []
+            buffers = [bytearray(len(v)) for v in values.values()]
+            assert c.batch_get_into(list(values), buffers, tiers=tiers) == [
+                len(v) for v in values.values()]
+            assert buffers == list(values.values())
+            assert tiers == [Tier.SSD] * len(values)
+            assert c.get("k0") == values["k0"]  # the one-key path too
+        finally:
+            master.proc.send_signal(signal.SIGCONT)
+        # The node reports those reads (held_reads): they count toward promotion as
+        # reads after a lookup do (policy.promote_reads), and the promoted copy is the
+        # held version again.
+        wait_for(lambda: c.get("k1") == values["k1"]
+                 and "dram" in [r.tier for r in c.stat("k1").replicas],
+                 timeout=30, what="k1 to be promoted by its reads")
 
 
 def test_eviction_never_frees_the_memory_a_direct_reader_is_still_receiving(embedded):

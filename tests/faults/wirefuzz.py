@@ -216,7 +216,7 @@ class Case:
 
 
 #: The protocol version the templates are written in (kvstored.protocol.PROTOCOL_VERSION).
-VERSION = 4
+VERSION = 5
 
 
 def hello(role: str, token: str | None) -> dict[str, Any]:

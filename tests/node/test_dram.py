@@ -84,6 +84,47 @@ def test_registering_anew_revokes_everything(dram):
     assert dram.pin_held(["k"], [1]) == [None]
 
 
+def test_a_held_version_that_leaves_dram_stays_held_for_its_ssd_copy_until_revoked(dram):
+    _put(dram, "k", b"v")
+    dram.commit(dram.being_written("k"), held=True)
+    _put(dram, "plain", b"v")
+    dram.commit(dram.being_written("plain"))  # a promotion, say: never held
+    assert not dram.held_on_ssd("k", 1)  # still in DRAM: served from there
+    assert dram.free("k") and dram.free("plain")
+    assert dram.held_on_ssd("k", 1) and not dram.held_on_ssd("k", 2)
+    assert not dram.held_on_ssd("plain", 1) and not dram.held_on_ssd("other", 1)
+    assert dram.pin_held(["k"], [1]) == [None]  # not from DRAM any more
+    _put(dram, "k", b"v")
+    dram.commit(dram.being_written("k"))  # promoted back: that held version again
+    assert dram.pin_held(["k"], [1])[0] is not None and not dram.held_on_ssd("k", 1)
+    dram.unpin([dram.get("k")])
+    dram.free("k")
+    dram.revoke(["k"])
+    assert not dram.held_on_ssd("k", 1)
+    _put(dram, "k", b"v")
+    dram.commit(dram.being_written("k"))  # promoted after the revoke: not held
+    assert dram.pin_held(["k"], [1]) == [None]
+    # A revoked version leaves unheld; registering anew forgets every one that left.
+    for key in ("r", "a"):
+        _put(dram, key, b"v")
+        dram.commit(dram.being_written(key), held=True)
+    dram.revoke(["r"])
+    assert dram.free("r") and dram.free("a")
+    assert not dram.held_on_ssd("r", 1) and dram.held_on_ssd("a", 1)
+    dram.revoke_all()
+    assert not dram.held_on_ssd("a", 1)
+
+
+def test_the_held_versions_that_left_dram_are_bounded(dram, monkeypatch):
+    from kvstored.node import dram as module
+    monkeypatch.setattr(module, "MAX_HELD_ON_SSD", 3)
+    for n in range(5):
+        _put(dram, f"k{n}", b"v")
+        dram.commit(dram.being_written(f"k{n}"), held=True)
+        dram.free(f"k{n}")
+    assert [dram.held_on_ssd(f"k{n}", 1) for n in range(5)] == [False, False, True, True, True]
+
+
 def test_a_freed_held_object_stays_in_memory_until_its_reader_unpins(dram):
     offset = _put(dram, "k", b"bytes a reader is sending")
     dram.commit(dram.being_written("k"), held=True)

@@ -23,7 +23,12 @@ from kvstored.errors import UnauthorizedError, UnreachableError
 from kvstored.node.service import Node, NodeConfig, open_node
 from kvstored.protocol import PutStatus, Role, Tier, ops
 from kvstored.protocol.master_api import EvictRequest, KeysRequest
-from kvstored.protocol.node_api import GetRequest, PutRequest, ReportCorruptRequest
+from kvstored.protocol.node_api import (
+    GetRequest,
+    HeldGetRequest,
+    PutRequest,
+    ReportCorruptRequest,
+)
 from kvstored.rpc import RpcClient
 from kvstored.sdk import ReadStatus
 from kvstored.security import Credentials
@@ -52,12 +57,14 @@ async def running_node(config: NodeConfig) -> AsyncIterator[Node]:
 
 
 def _run(tmp_path: Path, scenario: Callable[[Cluster, Node, RpcClient], Awaitable[None]],
-         *, policy: dict[str, Any] | None = None, **changes: Any) -> None:
-    """``scenario(cluster, node, client)`` with a registered node and a client of it."""
+         *, policy: dict[str, Any] | None = None, direct_permit: float = 0.0,
+         **changes: Any) -> None:
+    """``scenario(cluster, node, client)`` with a registered node and a client of it;
+    ``direct_permit`` (off by default) lets the node serve get_held."""
     async def main() -> None:
         with trio.fail_after(60):
             async with running_master(policy=policy or {}, heartbeat_interval=0.05,
-                                      lease_ttl=0.0) as cluster, \
+                                      lease_ttl=0.0, direct_permit=direct_permit) as cluster, \
                     running_node(_config(tmp_path, cluster.address, **changes)) as node:
                 await node.registered.wait()
                 client = _data_client(node)
@@ -97,6 +104,17 @@ async def _poll(condition: Callable[[], bool], what: str) -> None:
 def _tiers(cluster: Cluster, key: str) -> set[Tier]:
     meta = cluster.master.cluster.table.objects.get(key)
     return {r.tier for r in meta.readable()} if meta else set()
+
+
+def _flip_ssd_byte(node: Node, key: str, at: int) -> None:
+    """Invert one byte of ``key``'s value in its SSD record, ``at`` bytes in."""
+    where = node.backend.locate(key)
+    assert where is not None
+    with open(where.path, "r+b") as f:
+        f.seek(where.offset + at)
+        byte = f.read(1)
+        f.seek(where.offset + at)
+        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 # -- registration -----------------------------------------------------------------------------
@@ -188,13 +206,7 @@ def test_a_corrupt_ssd_record_in_a_batched_get_is_a_miss_for_that_key_only(tmp_p
         await cluster.client().call(ops.EVICT, EvictRequest(Tier.DRAM, keys=ssd_only))
         await _poll(lambda: all(node.dram.get(k) is None for k in ssd_only),
                     "the drop of the DRAM copies")
-        where = node.backend.locate("k2")
-        assert where is not None
-        with open(where.path, "r+b") as f:  # bit rot in k2's value
-            f.seek(where.offset + 1000)
-            byte = f.read(1)
-            f.seek(where.offset + 1000)
-            f.write(bytes([byte[0] ^ 0xFF]))
+        _flip_ssd_byte(node, "k2", 1000)  # bit rot in k2's value
         keys = ["k0", "k4", "k2", "k1", "k3", "k0"]
         buffers = [memoryview(bytearray(b"\xee" * 100_000)) for _ in keys]
         reply = await client.call(ops.GET, GetRequest(
@@ -213,6 +225,46 @@ def test_a_corrupt_ssd_record_in_a_batched_get_is_a_miss_for_that_key_only(tmp_p
             == values["k3"]
 
     _run(tmp_path, scenario, policy={"offload": "watermark"}, backend=backend)
+
+
+def test_get_held_serves_the_ssd_copy_of_a_held_version_until_it_is_revoked(tmp_path):
+    """A key a client put is read in one trip after it moved to SSD: get_held streams
+    the SSD copy of that version (a bad record is a miss in the trailer, as in a get),
+    and serves none of it once the key is revoked, though the record is still there."""
+    values = {f"k{i}": os.urandom(80_000 + i) for i in range(3)}
+    sums = {k: crc32c(v) for k, v in values.items()}
+
+    async def scenario(cluster: Cluster, node: Node, client: RpcClient) -> None:
+        assert await _put(client, **values) == [PutStatus.OK] * 3
+        await cluster.client().call(ops.FLUSH, ops.FlushRequest(wait=True, timeout=30))
+        await cluster.client().call(ops.EVICT, EvictRequest(Tier.DRAM, keys=["k0", "k1"]))
+        await _poll(lambda: node.dram.get("k0") is None and node.dram.get("k1") is None,
+                    "the drop of the DRAM copies")
+        _flip_ssd_byte(node, "k1", 100)  # bit rot in k1's value
+
+        async def get_held(keys: list[str], checksums: list[int]):
+            buffers = [memoryview(bytearray(100_000)) for _ in keys]
+            reply = await client.call(ops.GET_HELD, HeldGetRequest(keys, checksums),
+                                      into=buffers)
+            return reply, buffers
+
+        keys = ["k0", "k2", "k1", "k0"]
+        reply, buffers = await get_held(keys, [sums[k] for k in keys])
+        assert reply.sizes == [len(values["k0"]), len(values["k2"]), ReadStatus.CORRUPT,
+                               len(values["k0"])]
+        assert sorted(reply.from_ssd) == [0, 2, 3]
+        for i in (0, 1, 3):
+            assert bytes(buffers[i][:reply.sizes[i]]) == values[keys[i]]
+        assert bytes(buffers[2][:len(values["k1"])]) == bytes(len(values["k1"]))
+        reply, _ = await get_held(["k0"], [sums["k0"] ^ 1])  # another version: never
+        assert reply.sizes == [ReadStatus.MISSING]
+        node.dram.revoke(["k0"])
+        assert node.backend.stat("k0") is not None
+        reply, _ = await get_held(["k0", "k2"], [sums["k0"], sums["k2"]])
+        assert reply.sizes == [ReadStatus.MISSING, len(values["k2"])]
+
+    _run(tmp_path, scenario, policy={"offload": "watermark"}, backend="bucket",
+         direct_permit=30.0)
 
 
 def test_a_same_host_put_is_allocated_copied_through_the_segment_and_sealed(tmp_path):
