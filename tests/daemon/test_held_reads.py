@@ -111,9 +111,10 @@ def test_a_last_copy_an_admin_drops_is_never_served_from_a_cached_location(spawn
     try:
         _, new = _old_value_leased_on_n1(master.addr, writer, reader, other)
         assert writer.core.held.get("k") is not None
-        report = json.loads(kvstore_ok("evict", "--tier", "dram", "--key", "k", "--drop",
-                                       "--json", master=master.addr))
-        assert report["evicted"] == ["k"], report
+        # (Named twice: the second finds the object gone already.)
+        report = json.loads(kvstore_ok("evict", "--tier", "dram", "--key", "k", "--key", "k",
+                                       "--drop", "--json", master=master.addr))
+        assert "k" in report["evicted"], report
         assert other.get("k") is None
         assert other.put("k", new)
         assert _holder(other, "k") == "n2"
