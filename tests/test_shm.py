@@ -177,19 +177,25 @@ def test_a_stale_segment_of_a_killed_node_is_replaced_and_logged(name, caplog):
 def test_sweep_removes_only_segments_whose_creator_is_gone(name):
     from kvstored.shm import sweep_stale
 
+    # Not under "kvstored-": every node starting beside this test (other workers) sweeps
+    # those, and could take the dead segment first, leaving this sweep nothing to remove.
+    prefix = f"kvsweep-test-{os.getpid()}-"
+    name = prefix + name.rsplit("-", 1)[1]
     dead, _ = start_holder(name)
     dead.send_signal(signal.SIGKILL)
     dead.wait()
     alive, _ = start_holder(name + "-alive")
     try:
-        removed = sweep_stale(prefix="kvstored-test-")
+        removed = sweep_stale(prefix=prefix)
         assert name in removed and name + "-alive" not in removed
         assert not os.path.exists(shm_path(name))
         assert os.path.exists(shm_path(name + "-alive"))
     finally:
         alive.kill()
         alive.wait()
-        os.unlink(shm_path(name + "-alive"))
+        for left in (name, name + "-alive"):
+            if os.path.exists(shm_path(left)):
+                os.unlink(shm_path(left))
 
 
 def test_a_killed_node_not_yet_reaped_counts_as_gone(name):
