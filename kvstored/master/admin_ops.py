@@ -79,8 +79,8 @@ class AdminOps:
             raise NotFoundError(f"no live node named {only!r}")
         waiter = Waiter(set())
         for node in targets:
-            keys = [m.key for m in cluster.table.on_node(node.node_id, DRAM)
-                    if m.replica(node.node_id, SSD) is None]
+            keys = [key for key in cluster.table.dram_keys_oldest_first(node.node_id)
+                    if cluster.table.objects[key].replica(node.node_id, SSD) is None]
             waiter.pending.update((node.node_id, k) for k in keys)
             # Named again even if queued: objects waiting for a retry go now.
             cluster.queue_offload(node, keys, urgent=True, again=True)

@@ -452,6 +452,18 @@ class ObjectTable:
             return list(tiers[tier])
         return list(set().union(*tiers.values()))
 
+    def dram_keys_oldest_first(self, node: str) -> list[str]:
+        """The keys with a DRAM replica on ``node``, least recently used first (those
+        whose replica is being removed last). Offloading in this order writes objects
+        put together next to each other on SSD, where a batched get of them later reads
+        adjacent records, which the kernel merges (fio, 64 KiB at depth 32: 843 MB/s at
+        random offsets, 1097 MB/s adjacent); a set's order scattered a batch of 32 over
+        17 bucket files."""
+        lru = self.dram_lru.get(node) or {}
+        tiers = self.tier_keys.get(node)
+        removing = [] if tiers is None else [k for k in tiers[DRAM] if k not in lru]
+        return [*lru, *removing]
+
     def count_on(self, node: str) -> int:
         """How many objects have a replica on ``node``."""
         tiers = self.tier_keys.get(node)

@@ -437,10 +437,14 @@ class DataServer:
                 if piece is None:
                     key = keys[i]
                     while key not in got:
-                        if ready:  # send what is there before waiting for the disk
-                            await conn.send_frame(None, ready)
-                            ready = []
-                        arrived = await reading.next()
+                        try:
+                            arrived = reading.next_nowait()
+                        except trio.WouldBlock:
+                            if ready:  # send what is there before waiting for the disk
+                                await conn.send_frame(None, ready)
+                                ready = []
+                                continue
+                            arrived = await reading.next()
                         if arrived is None:  # the backend call failed: the rest is lost
                             got.update(dict.fromkeys(
                                 [k for k in order if k not in got], ReadStatus.IO_ERROR))

@@ -3,8 +3,8 @@ item is handed back the moment its read completes.
 
 A get of SSD objects starts a :class:`Reading` of its ``(key, destination)`` items
 (:meth:`SsdReads.start`). The items of every get waiting join the next backend call,
-``read_stream`` on a worker thread: one deep submission, so the disk sees the queue
-depth of all of them at once. Each ``(index, result)`` the backend yields goes to the
+``read_stream`` on one of the node's reader threads: one deep submission, so the disk
+sees the queue depth of all of them at once. Each ``(index, result)`` the backend yields goes to the
 trio thread at once (``TrioToken.run_sync_soon``: the worker does not wait for it) and
 into the channel of the get it belongs to, which sends that item while the disk is still
 reading the others (see kvstored.node.dataserver). Reading a batch in chunks to overlap
@@ -12,7 +12,7 @@ the send instead lowered the queue depth by as much as the overlap saved
 (docs/benchmarks.md).
 
 Joining concurrent gets matters as it did for whole batches (kvstored.node.coalesce):
-the hand-off to a worker thread costs the event loop more than a small read.
+the hand-off to a thread costs the event loop more than a small read.
 
 Not here: what a get sends (the data server), or the backend's own reading.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,10 +57,26 @@ class Reading:
         except trio.EndOfChannel:
             return None
 
+    def next_nowait(self) -> tuple[int, int] | None:
+        """As :meth:`next`, if the next item has landed: raises ``trio.WouldBlock`` if
+        not. Taking what is there without a pass through the scheduler lets a get send a
+        whole group's items in one ``sendmsg`` instead of one item per pass."""
+        try:
+            return self._receive.receive_nowait()
+        except trio.EndOfChannel:
+            return None
+
 
 class SsdReads:
-    """Starts :class:`Reading` s and makes the backend calls for them (:meth:`run`, a
-    background task), at most ``in_flight`` at a time."""
+    """Starts :class:`Reading` s and makes the backend calls for them on reader threads of
+    its own (:meth:`run`, a background task), at most ``in_flight`` calls at a time.
+
+    The threads are the node's, not trio's thread cache: :meth:`start` puts a get's
+    reads straight on the threads' queue, so a waiting thread starts the disk at once,
+    while the get's task goes on to send its reply's header. Through a trio task and
+    ``trio.to_thread`` the reads began only after that task next yielded, and a scheduler
+    pass and a thread hand-off later (0.3-0.5 ms of a 64 KiB get of 32 objects whose
+    disk time is about 2.5 ms, docs/benchmarks.md)."""
 
     def __init__(self, read_stream: ReadStream, *, in_flight: int = 1,
                  observe: Callable[[float], None] = lambda seconds: None) -> None:
@@ -67,8 +84,8 @@ class SsdReads:
         self.in_flight = in_flight
         #: Told how long each backend call took.
         self.observe = observe
-        self._waiting: list[Reading] = []
-        self._ready = trio.Event()
+        #: Readings not yet taken by a thread, and None: a thread's cue to stop.
+        self._queue: queue.SimpleQueue[Reading | None] = queue.SimpleQueue()
 
     def start(self, items: list[tuple[str, memoryview]]) -> Reading:
         """Queue ``items`` for the next backend call; their results come through the
@@ -79,40 +96,92 @@ class SsdReads:
             send.close()
             reading.done.set()
             return reading
-        self._waiting.append(reading)
-        self._ready.set()
+        self._queue.put(reading)
         return reading
 
     async def run(self) -> None:
-        """Make the calls until cancelled. Reads still waiting when it ends are ended
-        unread, so that no get waits for them (a get waits for its reads' end before
-        it gives its buffers back)."""
-        try:
-            async with trio.open_nursery() as nursery:
-                for _ in range(self.in_flight):
-                    nursery.start_soon(self._caller)
-        finally:
-            waiting, self._waiting = self._waiting, []
-            _end(waiting, UnreachableError("the node stopped reading from SSD (shutting "
-                                           "down, or its reader failed)"))
-
-    async def _caller(self) -> None:
+        """Run the reader threads until cancelled. A backend call that fails with what
+        is not a StoreError (a bug) is raised here once the threads have stopped, for
+        the supervisor to log and run this again. Reads still waiting when it ends are
+        ended unread, so that no get waits for them (a get waits for its reads' end
+        before it gives its buffers back)."""
         token = trio.lowlevel.current_trio_token()
-        while True:
-            while not self._waiting:
-                self._ready = trio.Event()
-                await self._ready.wait()
-            batch, self._waiting = self._waiting, []
-            await self._call(token, batch)
+        failed = trio.Event()
+        failures: list[BaseException] = []
 
-    async def _call(self, token: trio.lowlevel.TrioToken, batch: list[Reading]) -> None:
-        """One backend call for the items of ``batch``."""
+        def bug(exc: BaseException) -> None:  # in the trio thread
+            failures.append(exc)
+            failed.set()
+
+        threads = [threading.Thread(target=self._reader, args=(token, bug), daemon=True,
+                                    name=f"kvstored ssd-read {n}")
+                   for n in range(self.in_flight)]
+        for thread in threads:
+            thread.start()
+        try:
+            await failed.wait()
+            raise failures[0]
+        finally:
+            # Readings no thread took yet end unread; then every thread is told to stop
+            # once its call is over, and waited for: its destinations must not be
+            # written after a get has given them back.
+            self._end_waiting()
+            for _ in threads:
+                self._queue.put(None)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(_join, threads)
+            self._end_waiting()  # queued meanwhile, and a failed thread's unused cue
+
+    def _end_waiting(self) -> None:
+        waiting = []
+        while True:
+            try:
+                reading = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if reading is not None:
+                waiting.append(reading)
+        _end(waiting, UnreachableError("the node stopped reading from SSD (shutting "
+                                       "down, or its reader failed)"))
+
+    def _reader(self, token: trio.lowlevel.TrioToken,
+                bug: Callable[[BaseException], None]) -> None:
+        """A reader thread: each call takes every reading waiting, until told to stop
+        (or a call fails with a bug, which it reports through ``bug``)."""
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, stop = [first], False
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True  # this thread's cue: after this call
+                    break
+                batch.append(more)
+            failure = self._call(token, batch)
+            if failure is not None:
+                try:
+                    token.run_sync_soon(bug, failure)
+                except trio.RunFinishedError:
+                    pass
+                return
+            if stop:
+                return
+
+    def _call(self, token: trio.lowlevel.TrioToken, batch: list[Reading]
+              ) -> BaseException | None:
+        """One backend call for the items of ``batch``, on this reader thread; returns
+        what it raised if that was not a StoreError."""
         owners = [(reading, i) for reading in batch for i in range(len(reading.items))]
         keys = [key for reading in batch for key, _ in reading.items]
         views = [view for reading in batch for _, view in reading.items]
         failure: list[BaseException] = []
 
-        def deliver(item: tuple[int, int] | None) -> None:
+        def deliver(item: tuple[int, int] | None) -> None:  # in the trio thread
             if item is not None:
                 reading, i = owners[item[0]]
                 reading._send.send_nowait((i, item[1]))
@@ -124,30 +193,26 @@ class SsdReads:
                     f"an SSD read of {len(keys)} item(s) failed: {exc!r}")
             _end(batch, error)
 
+        # Every result and then the end (None) go through the one handoff, in order: a
+        # get sees all its results before the end of its stream.
         handoff = _Handoff(token, deliver)
-
-        def work() -> None:
-            # Every result and then the end (None) go through the one handoff, in order:
-            # a get sees all its results before the end of its stream.
-            started = time.perf_counter()
-            ran.append(True)
-            try:
-                for item in self.read_stream(keys, views):
-                    handoff.post(item)
-            except BaseException as exc:  # the gets must hear of it, whatever it was
-                failure.append(exc)
-            finally:
-                self.observe(time.perf_counter() - started)
-                handoff.post(None)
-
-        ran: list[bool] = []
+        started = time.perf_counter()
         try:
-            await trio.to_thread.run_sync(work)
+            for item in self.read_stream(keys, views):
+                handoff.post(item)
+        except BaseException as exc:  # the gets must hear of it, whatever it was
+            failure.append(exc)
         finally:
-            if not ran:  # cancelled before the thread started: nothing was read
-                _end(batch, UnreachableError("the node stopped reading from SSD"))
+            self.observe(time.perf_counter() - started)
+            handoff.post(None)
         if failure and not isinstance(failure[0], StoreError):
-            raise failure[0]  # the node's supervisor logs and counts it
+            return failure[0]
+        return None
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join()
 
 
 def _end(readings: list[Reading], error: StoreError | None) -> None:

@@ -387,6 +387,22 @@ def test_a_recovery_waits_for_its_nodes_and_one_that_leaves_is_reported_missing(
     run(scenario)
 
 
+def test_a_flush_names_a_nodes_objects_in_the_order_they_were_put():
+    """So that objects put together are written together (adjacent on SSD, where a
+    batched get of them reads adjacent records)."""
+    async def scenario(cluster: Cluster) -> None:
+        node = await cluster.node("n1")
+        keys = [f"batch/{i}" for i in range(24)]
+        for start in (0, 12):
+            await node.commit(*[(k, 10, 1, 4096 * (start + n))
+                                for n, k in enumerate(keys[start:start + 12])])
+        await cluster.client().call(ops.FLUSH, FlushRequest(wait=False))
+        (task,) = await node.heartbeat()
+        assert isinstance(task, OffloadTask) and task.keys == keys
+
+    run(scenario, policy={"offload": "watermark"})
+
+
 def test_retried_offload_failures_stay_queued_and_flush_reports_only_what_still_fails():
     async def scenario(cluster: Cluster) -> None:
         node = await cluster.node("n1")

@@ -206,6 +206,19 @@ def test_walking_a_nodes_dram_objects_costs_what_it_returns_not_what_the_node_ho
     assert counting.looked_up == 3
 
 
+def test_a_nodes_dram_keys_come_oldest_first_so_a_flush_writes_a_batch_together():
+    t = ObjectTable()
+    keys = [f"batch/{i}" for i in range(40)]  # a set's order of these is not theirs
+    for n, key in enumerate(keys):
+        t.commit(key, "n1", DRAM, 1, 1, 4096 * n, now=0)
+    t.commit("elsewhere", "n2", DRAM, 1, 1, 0, now=0)
+    assert t.dram_keys_oldest_first("n1") == keys
+    t.lookup("batch/3", now=1, lease_ttl=5)  # read: the most recently used now
+    t.mark_removing("batch/0", "n1", DRAM)  # on its way out: last
+    assert t.dram_keys_oldest_first("n1") == [*keys[1:3], *keys[4:], "batch/3", "batch/0"]
+    assert t.dram_keys_oldest_first("n3") == []
+
+
 class TableMachine(RuleBasedStateMachine):
     """Random operations against a plain model; invariants after every step."""
 

@@ -112,16 +112,39 @@ def test_a_call_failing_with_a_bug_fails_its_gets_and_raises_for_the_supervisor(
     assert isinstance(seen[0], InternalError) and "Input/output" in seen[0].message
 
 
-def test_reads_left_waiting_when_the_reader_stops_end_unread():
-    """A get waits for its reads' end before giving its buffers back: reads the reader
-    never took (it was cancelled, at shutdown) must end too, or the get waits forever."""
+def test_reads_left_waiting_when_the_reader_stops_end_unread_and_its_call_ends_first():
+    """A get waits for its reads' end before giving its buffers back: reads no reader
+    thread took when the reader stops (at shutdown) must end too, or the get waits
+    forever; a call under way is waited for, since it writes its destinations."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def held_stream(keys: list[str], buffers: list[memoryview]) -> Iterator[tuple[int, int]]:
+        entered.set()
+        gate.wait(10)
+        return iter([(0, 10), (1, 10)])
+
     async def main() -> None:
-        reads = SsdReads(lambda keys, buffers: iter(()))
-        reading = reads.start(_two_items())  # queued, and no reader is running
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            await reads.run()
-        assert reading.done.is_set() and await reading.next() is None
-        assert isinstance(reading.error, UnreachableError)
+        reads = SsdReads(held_stream)
+        reader = trio.CancelScope()
+        stopped = trio.Event()
+
+        async def run() -> None:
+            with reader:
+                await reads.run()
+            stopped.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            first = reads.start(_two_items())
+            await trio.to_thread.run_sync(entered.wait)  # the one thread is in its call
+            second = reads.start(_two_items())
+            reader.cancel()
+            await second.done.wait()
+            assert await second.next() is None
+            assert isinstance(second.error, UnreachableError)
+            assert not stopped.is_set()  # the call under way is still waited for
+            gate.set()
+        assert stopped.is_set()
+        assert await _all(first) == [(0, 10), (1, 10)] and first.error is None
 
     trio.run(main)
