@@ -162,6 +162,32 @@ def test_frame_reader_skips_an_unread_payload():
         assert reader.recv_header()["n"] == 2  # the first payload was discarded
 
 
+def test_a_spinning_reader_takes_a_header_that_lands_during_or_after_its_spin():
+    """``spin`` polls without blocking for a while, then blocks as before; either way
+    the frame is read whole and the socket keeps its timeout."""
+    a, b = socket.socketpair()
+    with a, b:
+        b.settimeout(7.0)
+        reader = FrameReader(b, spin=60.0)  # longer than the sender below ever takes
+        sender = threading.Thread(target=send_frame, args=(a, {"n": 1}, [b"v" * 3000]))
+        sender.start()
+        assert reader.recv_header()["n"] == 1  # landed while it spun
+        sender.join()
+        dest = bytearray(3000)
+        reader.recv_payload_into(memoryview(dest))
+        assert dest == b"v" * 3000 and b.gettimeout() == 7.0
+        reader.spin = 1e-6  # over before the frame is sent: the reader blocks for it
+        late = threading.Timer(0.05, send_frame, args=(a, {"n": 2}))
+        late.start()
+        assert reader.recv_header()["n"] == 2 and b.gettimeout() == 7.0
+        late.join()
+        a.sendall(pack_header({"n": 3})[:5])  # a header cut short, then the peer leaves
+        a.shutdown(socket.SHUT_WR)
+        with pytest.raises(ConnectionClosed):
+            reader.recv_header()
+        assert b.gettimeout() == 7.0
+
+
 def test_a_peer_closing_mid_frame_is_reported():
     a, b = socket.socketpair()
     with b:

@@ -20,10 +20,14 @@ from kvstored.protocol.ops import Rep, Req, connect_failures, exchange_failures
 from kvstored.security import ClientToken
 from kvstored.wire import Buffer, FrameReader, Into, header_read_ahead, send_frame
 
+#: How long a client polls for a reply before its thread blocks (see
+#: :class:`~kvstored.wire.FrameReader`): about two loopback round trips of a 64 KiB get.
+REPLY_SPIN = 200e-6
+
 
 class Connection:
     def __init__(self, address: tuple[str, int], token: ClientToken, *, timeout: float,
-                 connect_timeout: float) -> None:
+                 connect_timeout: float, reply_spin: float = 0.0) -> None:
         self.address = address
         self.where = f"{address[0]}:{address[1]}"
         with connect_failures(self.where, connect_timeout):
@@ -38,6 +42,7 @@ class Connection:
             raise token.explain(exc) from None
         self.timeout = timeout
         self.sock.settimeout(timeout)
+        self.reader.spin = reply_spin
 
     @property
     def closed(self) -> bool:
