@@ -70,6 +70,33 @@ def probe_fio() -> tuple[bool, str]:
     return True, f"fio at {path}"
 
 
+def probe_idle_halts(root: str = "/") -> tuple[bool, str]:
+    """Whether an idle vCPU halts at once: a virtual machine (the ``hypervisor`` CPU
+    flag) whose idle loop does not poll first (no cpuidle ``haltpoll`` driver, or its
+    ``guest_halt_poll_ns`` is 0). Waking such a vCPU is a trip through the hypervisor,
+    dearer than a loopback round trip, so a client that waits for a short reply polls
+    for it rather than block (kvstored.client.connection). ``root`` is for tests."""
+    def read(path: str) -> str:
+        try:
+            with open(os.path.join(root, path)) as file:
+                return file.read()
+        except OSError:
+            return ""
+
+    flags = next((line for line in read("proc/cpuinfo").splitlines()
+                  if line.startswith("flags")), "")
+    if "hypervisor" not in flags.split():
+        return False, "not a virtual machine (no hypervisor CPU flag)"
+    driver = read("sys/devices/system/cpu/cpuidle/current_driver").strip()
+    if driver != "haltpoll":
+        return True, f"a virtual machine whose idle driver is {driver or 'unknown'}, " \
+                     "not haltpoll: an idle vCPU halts at once"
+    poll = read("sys/module/haltpoll/parameters/guest_halt_poll_ns").strip()
+    if poll == "0":
+        return True, "a virtual machine with guest_halt_poll_ns 0: an idle vCPU halts at once"
+    return False, f"a virtual machine whose idle loop polls {poll or '?'} ns before it halts"
+
+
 def probe_engine(name: str) -> tuple[bool, str]:
     """An inference engine (sglang, vllm, lmcache) whose storage path the integration
     tests drive is installed; ``.ci/engines`` installs all three on a CPU machine."""

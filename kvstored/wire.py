@@ -425,10 +425,8 @@ class FrameReader:
 
     With ``spin`` (seconds), a header that has not arrived is polled for without
     sleeping, that long, before the reader blocks: a thread that blocks lets its vCPU
-    go idle, and waking it again when the reply lands costs a virtual machine more than
-    a loopback round trip (a single 64 KiB get from a node, idle 2-vCPU VM: p50
-    190-230 us blocking at once, 110-130 us spinning up to 100 us first;
-    docs/benchmarks.md)."""
+    go idle, and where an idle vCPU halts at once, waking it again when the reply lands
+    costs more than a loopback round trip (the client's ``reply_spin``, docs/client.md)."""
 
     def __init__(self, sock: socket.socket, max_payload: int = DEFAULT_MAX_PAYLOAD, *,
                  spin: float = 0.0) -> None:

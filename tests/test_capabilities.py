@@ -1,6 +1,11 @@
 import pytest
 
-from kvstored.capabilities import probe_fuse, probe_rdma, required_capabilities
+from kvstored.capabilities import (
+    probe_fuse,
+    probe_idle_halts,
+    probe_rdma,
+    required_capabilities,
+)
 from tests.conftest import require
 
 
@@ -58,3 +63,29 @@ def test_fio_probe_finds_fio_on_path_and_names_the_package_without_it(monkeypatc
     fake.chmod(0o755)
     assert probe_fio() == (True, f"fio at {fake}")
     assert required_capabilities({"KVSTORED_REQUIRE": "fio"}) == {"fio"}
+
+
+def _machine(root, *, vm: bool, driver: str | None = None, poll_ns: str | None = None):
+    (root / "proc").mkdir(parents=True)
+    flags = "fpu sse2 hypervisor" if vm else "fpu sse2"
+    (root / "proc/cpuinfo").write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    if driver is not None:
+        (root / "sys/devices/system/cpu/cpuidle").mkdir(parents=True)
+        (root / "sys/devices/system/cpu/cpuidle/current_driver").write_text(driver + "\n")
+    if poll_ns is not None:
+        (root / "sys/module/haltpoll/parameters").mkdir(parents=True)
+        (root / "sys/module/haltpoll/parameters/guest_halt_poll_ns").write_text(poll_ns)
+    return str(root)
+
+
+@pytest.mark.parametrize(("machine", "halts"), [
+    ({"vm": False, "driver": "intel_idle"}, False),
+    ({"vm": True, "driver": "haltpoll", "poll_ns": "200000"}, False),
+    ({"vm": True, "driver": "haltpoll", "poll_ns": "0"}, True),
+    ({"vm": True, "driver": "acpi_idle"}, True),
+    ({"vm": True}, True),  # no cpuidle at all: the idle loop halts
+])
+def test_idle_halts_probe_tells_vms_whose_idle_vcpus_halt_at_once(tmp_path, machine, halts):
+    found, reason = probe_idle_halts(_machine(tmp_path, **machine))
+    assert found is halts and reason
+

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from kvstored.client.connection import REPLY_SPIN, Connection
+from kvstored.client.connection import Connection, default_reply_spin
 from kvstored.client.core import Call, Effect, Greet, ObjectInfo, Pause, Step, drive
 from kvstored.client.shell import CoreShell
 from kvstored.errors import BadRequestError, StoreError
@@ -31,10 +31,10 @@ class Client(CoreShell):
     def __init__(self, master: str, *, transport: str = "auto", token: str | None = None,
                  token_file: str | None = None, timeout: float = 30.0,
                  connect_timeout: float | None = None,
-                 reply_spin: float = REPLY_SPIN) -> None:
+                 reply_spin: float | None = None) -> None:
         self._start_core(master, transport, token, token_file, timeout, connect_timeout)
         #: Seconds a call polls for its reply before it blocks (0: block at once).
-        self.reply_spin = reply_spin
+        self.reply_spin = default_reply_spin() if reply_spin is None else reply_spin
         self._local = threading.local()
         self._all: list[Connection] = []
         self._all_lock = threading.Lock()
@@ -226,16 +226,16 @@ class Client(CoreShell):
 def connect(master: str = "127.0.0.1:7700", *, transport: str = "auto",
             token: str | None = None, token_file: str | None = None,
             timeout: float = 30.0, connect_timeout: float | None = None,
-            reply_spin: float = REPLY_SPIN) -> Client:
+            reply_spin: float | None = None) -> Client:
     """Connect to the cluster whose master listens at ``master``.
 
     ``transport`` is ``auto`` (shared memory for DRAM objects on this host, TCP
     otherwise), ``tcp``, or ``shm`` (shared memory only; an error for anything else).
     ``timeout`` bounds each request; ``connect_timeout`` (default: ``timeout``) bounds
     connecting to the master or a node and the hello that follows. ``reply_spin`` is
-    how long a call polls for its reply before its thread blocks (200 µs; 0 blocks at
-    once): on a virtual machine, waking an idle vCPU costs more than a loopback round
-    trip, so this is much of a single small get's latency there (docs/client.md).
+    how long a call polls for its reply before its thread blocks (0: block at once; by
+    default 200 µs on a virtual machine whose idle vCPUs halt at once, where waking one
+    costs more than a loopback round trip, else 0; docs/client.md).
 
     The client token is ``token``, else the first line of ``token_file``, else the file
     ``security.token_file`` of the configuration names (by default

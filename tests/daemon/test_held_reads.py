@@ -12,7 +12,7 @@ import pytest
 from crc32c import crc32c
 
 import kvstored
-from kvstored.client.connection import Connection
+from kvstored.client.connection import Connection, default_reply_spin
 from kvstored.errors import NoSpaceError
 from kvstored.protocol import Tier, ops
 from kvstored.protocol.node_api import HeldGetRequest
@@ -221,3 +221,20 @@ def _put_or_full(client, key: str, value: bytes) -> bool:
         return client.put(key, value)
     except NoSpaceError:
         return False
+
+
+@pytest.mark.parametrize("spin", [0.0, 0.05, None])
+def test_gets_polling_for_their_reply_or_blocking_read_the_same_bytes(embedded, spin):
+    """``reply_spin``: a call polls for its reply that long before it blocks (None: what
+    this machine calls for); a reply slower than the spin (an SSD read after a flush
+    and evict) is still received whole, and every connection of the client spins."""
+    up = embedded(backend="bucket")
+    values = {f"spin{i}": os.urandom(65536 + i) for i in range(8)}
+    with kvstored.connect(up.addr, transport="tcp", reply_spin=spin) as c:
+        assert c.batch_put(list(values), list(values.values())) == [True] * 8
+        assert [c.get(k) for k in values] == list(values.values())
+        kvstore_ok("flush", "--wait", master=up.addr)
+        kvstore_ok("evict", "--tier", "dram", "--all", master=up.addr)
+        assert [c.get(k) for k in values] == list(values.values())
+        expected = default_reply_spin() if spin is None else spin
+        assert c._all and all(conn.reader.spin == expected for conn in c._all)
