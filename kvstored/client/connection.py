@@ -35,7 +35,7 @@ def default_reply_spin() -> float:
     Measured on a 2-vCPU VM whose ``guest_halt_poll_ns`` was 0, a single 64 KiB get from
     a node's DRAM: p50 190-260 us blocking at once, 120-170 us polling first. With the
     kernel's halt polling on (200 us) the same get took 87-89 us blocking and 115-118 us
-    polling (the spinning vCPU slows its sibling), so elsewhere a call blocks at once."""
+    polling, so elsewhere a call blocks at once."""
     halts, _ = probe_idle_halts()
     return REPLY_SPIN if halts else 0.0
 
