@@ -4,12 +4,12 @@ item is handed back the moment its read completes.
 A get of SSD objects starts a :class:`Reading` of its ``(key, destination)`` items
 (:meth:`SsdReads.start`). The items of every get waiting join the next backend call,
 ``read_stream`` on one of the node's reader threads: one deep submission, so the disk
-sees the queue depth of all of them at once. Each ``(index, result)`` the backend yields goes to the
-trio thread at once (``TrioToken.run_sync_soon``: the worker does not wait for it) and
-into the channel of the get it belongs to, which sends that item while the disk is still
-reading the others (see kvstored.node.dataserver). Reading a batch in chunks to overlap
-the send instead lowered the queue depth by as much as the overlap saved
-(docs/benchmarks.md).
+sees the queue depth of all of them at once. Each ``(index, result)`` the backend yields
+goes to the trio thread at once (``TrioToken.run_sync_soon``: the reader does not wait
+for it) and into the channel of the get it belongs to, which sends that item while the
+disk is still reading the others (see kvstored.node.dataserver). Reading a batch in
+chunks to overlap the send instead lowered the queue depth by as much as the overlap
+saved (docs/benchmarks.md).
 
 Joining concurrent gets matters as it did for whole batches (kvstored.node.coalesce):
 the hand-off to a thread costs the event loop more than a small read.
@@ -113,12 +113,13 @@ class SsdReads:
             failures.append(exc)
             failed.set()
 
-        threads = [threading.Thread(target=self._reader, args=(token, bug), daemon=True,
-                                    name=f"kvstored ssd-read {n}")
-                   for n in range(self.in_flight)]
-        for thread in threads:
-            thread.start()
+        threads: list[threading.Thread] = []  # those started
         try:
+            for n in range(self.in_flight):
+                thread = threading.Thread(target=self._reader, args=(token, bug),
+                                          daemon=True, name=f"kvstored ssd-read {n}")
+                thread.start()  # may fail (no threads left): the others still stop
+                threads.append(thread)
             await failed.wait()
             raise failures[0]
         finally:
