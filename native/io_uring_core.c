@@ -13,6 +13,15 @@
  * batch N+1's requests in flight while the caller looks at N's results and pushes N+2,
  * so the disk does not idle at the batch boundary. kv_ring_run is push and wait in one.
  *
+ * Each request goes to the kernel in an io_uring_enter of its own, as soon as it is
+ * queued (fio's default, iodepth_batch_submit=1), not several per call. A call carrying
+ * several requests is plugged by the block layer, which hands them to the device as one
+ * list behind one notification; on the virtio disk of the machine this was measured on,
+ * the device then served them far more slowly: 4 KiB random reads at 0.76-0.84x fio's
+ * rate and 1 MiB sequential reads at 0.44x, against 0.92-1.00x and 0.88-0.91x one per
+ * call (docs/benchmarks.md, "One request per entry into the kernel"). It costs a system
+ * call per request, about 1.5 us of CPU per 4 KiB read there.
+ *
  * A sync (FSYNC/FDATASYNC) always runs on an io-wq worker, which may drop its last
  * reference to the request, and so to the file, a moment after the completion reached us;
  * with DEFER_TASKRUN that final put even waits for this thread's next io_uring_enter.
@@ -362,18 +371,28 @@ static void enqueue(struct kv_ring *r, struct kv_batch *b, char *const *vec_base
     r->last = b;
 }
 
+static int transient(int rc) { return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY; }
+
+/* Records a failure of the ring itself: every later call reports it. */
+static int fail(struct kv_ring *r, int rc)
+{
+    r->broken = rc;
+    return rc;
+}
+
 /* Tops the queue up to its depth from the queued batches, in order: every batch goes in
-   as fast as the queue drains. A sync needs room for its fence too (a ring of depth 1
-   never has it). Requests that failed before they could start, or move no bytes, finish
-   here. */
-static void fill(struct kv_ring *r)
+   as fast as the queue drains, each request submitted on its own (see the top of this
+   file). A sync needs room for its fence too (a ring of depth 1 never has it), and the
+   two go in one submission, since a link does not span two. Requests that failed before
+   they could start, or move no bytes, finish here. 0, or -errno when the ring failed. */
+static int fill(struct kv_ring *r)
 {
     while (r->first) {
         struct kv_batch *b = r->first;
         while (b->next < b->n) {
             struct kv_req *q = &b->reqs[b->next];
             if (r->inflight + entries_for(r, q) > r->depth)
-                return;
+                return 0;
             b->next++;
             if (q->result != INT64_MIN) {
                 b->left--; /* failed before it could start */
@@ -385,11 +404,17 @@ static void fill(struct kv_ring *r)
                 continue;
             }
             r->inflight += queue(r, q);
+            /* An entry left in the ring (EAGAIN, EBUSY) goes with the next submission. */
+            int sent = io_uring_submit(&r->ring);
+            if (sent < 0 && !transient(sent))
+                return fail(r, sent);
+            r->stats.submits += sent > 0;
         }
         r->first = b->later;
         if (!r->first)
             r->last = NULL;
     }
+    return 0;
 }
 
 /* Takes every completion that is ready, requeueing the rest of short transfers. */
@@ -420,15 +445,6 @@ static void reap(struct kv_ring *r)
     io_uring_cq_advance(&r->ring, seen);
 }
 
-static int transient(int rc) { return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY; }
-
-/* Records a failure of the ring itself: every later call reports it. */
-static int fail(struct kv_ring *r, int rc)
-{
-    r->broken = rc;
-    return rc;
-}
-
 /* Takes `b` out of the queue of batches if it is still there (a broken ring). */
 static void unlink_batch(struct kv_ring *r, struct kv_batch *b)
 {
@@ -452,7 +468,9 @@ static int finish(struct kv_ring *r, struct kv_batch *b)
 {
     int rc = r->broken;
     while (rc == 0) {
-        fill(r);
+        rc = fill(r);
+        if (rc < 0)
+            break;
         if (b->left == 0) {
             if (io_uring_sq_ready(&r->ring)) {
                 int sent = io_uring_submit(&r->ring);
@@ -485,14 +503,18 @@ int kv_ring_push(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
     enqueue(r, b, vec_base, vec_len);
     if (r->broken)
         return r->broken;
-    fill(r);
-    /* One entry into the kernel submits the new requests and runs any completions due
-       (with DEFER_TASKRUN they wait for us), so that the queue can be topped up again. */
-    int rc = io_uring_submit_and_get_events(&r->ring);
+    int rc = fill(r);
+    if (rc < 0)
+        return rc;
+    /* One entry into the kernel runs any completions due (with DEFER_TASKRUN they wait
+       for us), so that the queue can be topped up again. */
+    rc = io_uring_submit_and_get_events(&r->ring);
     if (rc < 0 && !transient(rc))
         return fail(r, rc);
     reap(r);
-    fill(r);
+    rc = fill(r);
+    if (rc < 0)
+        return rc;
     if (io_uring_sq_ready(&r->ring)) {
         rc = io_uring_submit(&r->ring);
         if (rc < 0 && !transient(rc))

@@ -67,6 +67,8 @@ struct kv_stats {
     uint64_t resubmits;  /* short transfers completed by asking for the rest */
     uint64_t vec_sqes;   /* of all sqes, those that used READV / WRITEV */
     uint64_t fences;     /* NOPs linked after a sync, so it has let go of its file */
+    uint64_t submits;    /* entries into the kernel that started a request: one each
+                            (a sync's with its fence), see io_uring_core.c */
 };
 
 struct kv_ring;

@@ -164,12 +164,13 @@ class UringEngine(IoEngine):
         """Counters of the calling thread's ring (creating it if needed): ``sqes``
         queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among them, ``fences``
         (NOPs linked after syncs, see io_uring_core.c), ``resubmits``
-        of short transfers."""
+        of short transfers, ``submits`` (entries into the kernel that started requests:
+        one per request, see io_uring_core.c)."""
         stats = ffi.new("struct kv_stats *")
         lib.kv_ring_stats(self._ring().handle, stats)
         return {"sqes": stats.sqes, "fixed_sqes": stats.fixed_sqes,
                 "resubmits": stats.resubmits, "vec_sqes": stats.vec_sqes,
-                "fences": stats.fences}
+                "fences": stats.fences, "submits": stats.submits}
 
     # -- batches -----------------------------------------------------------------------
 

@@ -176,3 +176,32 @@ print(json.dumps({"registered": [first, second], "wrote": wrote, "read": read,
     assert out["wrote"] == [5] and out["read"] == [5] and out["data"] == "still"
     assert out["fixed"] == 0
     assert len(out["logs"]) == 1 and "RLIMIT_MEMLOCK" in out["logs"][0], out["logs"]
+
+
+def test_each_request_enters_the_kernel_on_its_own(uring, tmp_path):
+    """Requests are submitted one per io_uring_enter (io_uring_core.c says why): a read
+    batch and a stream of batches take one submission per request, and a sync takes one
+    with its fence, since a link cannot span two submissions."""
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(64 << 12))
+    f = uring.open(path, os.O_RDWR)
+    buffers = [bytearray(4096) for _ in range(64)]
+    try:
+        before = uring.ring_stats()
+        assert uring.read([(f, n * 4096, buffers[n]) for n in range(20)]) == [4096] * 20
+        after = uring.ring_stats()
+        assert after["sqes"] - before["sqes"] == 20
+        assert after["submits"] - before["submits"] == 20
+        batches = [[(f, (b * 16 + n) * 4096, buffers[b * 16 + n]) for n in range(16)]
+                   for b in range(4)]
+        assert [r for done in uring.read_stream(batches, ahead=2) for r in done] == [4096] * 64
+        streamed = uring.ring_stats()
+        assert streamed["submits"] - after["submits"] == 64
+        assert b"".join(buffers) == path.read_bytes()
+        assert uring.fsync([f, f]) == [0, 0]
+        synced = uring.ring_stats()
+        assert synced["fences"] - streamed["fences"] == 2
+        assert synced["sqes"] - streamed["sqes"] == 4
+        assert synced["submits"] - streamed["submits"] == 2
+    finally:
+        f.close()
