@@ -129,39 +129,39 @@ def read_scratch_bytes(sizes: Sequence[int]) -> int:
     return need
 
 
+#: How a record read by :func:`start_records` is checked: its header block, its value in
+#: scratch (None when the value went straight into the destination), and the bytes the
+#: read must bring for the record to be whole.
+ReadPlan = tuple[memoryview, "memoryview | None", int]
+
+
 class RecordReads:
     """Records being read (:func:`start_records`): ``finish`` waits and verifies them;
     ``close`` waits for what is still in flight and gives the scratch back. An
     :class:`~kvstored.sdk.streams.IssuedReads`."""
 
-    __slots__ = ("batch", "plans", "requests")
+    __slots__ = ("batch", "plans", "requests", "tails")
 
     def __init__(self, batch: LentBatch, requests: Sequence[tuple[Slot, IoFile, memoryview]],
-                 plans: list[tuple[memoryview, memoryview | None]]) -> None:
-        self.batch, self.requests, self.plans = batch, requests, plans
+                 plans: list[ReadPlan], tails: list[tuple[int, memoryview, memoryview]]
+                 ) -> None:
+        self.batch, self.requests, self.plans, self.tails = batch, requests, plans, tails
 
     def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
         results = self.batch.wait()
-        reads: list[ReadBack] = []
-        for (slot, _, dest), (block, span), result in zip(self.requests, self.plans, results):
-            error = result if isinstance(result, IoError) else None
-            size = slot.size
-            value = None
-            if span is not None:
-                value = span[VALUE_OFFSET:VALUE_OFFSET + size]
-            elif error is None:
-                # The value's whole blocks went straight into dest; its last partial block
-                # came into scratch after the header.
-                whole = size & ~(ALIGN - 1)
-                if size != whole:
-                    dest[whole:size] = block[VALUE_OFFSET:VALUE_OFFSET + size - whole]
-            complete = isinstance(result, int) and result >= record_size(size)
-            reads.append((dest, block[:VALUE_OFFSET], value, slot.key, size, slot.seq,
-                          slot.checksum, error, complete))
+        for n, scratch, dest in self.tails:
+            if type(results[n]) is int:  # not an IoError: the tail block came in
+                dest[:] = scratch
+        # One comprehension, not a loop of appends: this runs for every small object read.
+        reads: list[ReadBack] = [
+            (dest, head, value, slot.key, slot.size, slot.seq, slot.checksum,
+             None if type(got) is int else got, type(got) is int and got >= need)
+            for (slot, _, dest), (head, value, need), got in zip(self.requests, self.plans,
+                                                                  results)]
         return verified_statuses(reads)
 
     def close(self) -> None:
-        self.plans = []
+        self.plans = self.tails = []
         self.batch.close()
 
 
@@ -181,24 +181,27 @@ def start_records(engine: IoEngine, requests: Sequence[tuple[Slot, IoFile, memor
     loan = None if wait else _stream_scratch.lend(need)
     memory = _scratch.take(need) if loan is None else loan.view
     items: list[tuple[IoFile, int, Any]] = []
-    # Per request: its header view, and the whole record's view when it was read into
-    # scratch (None when the value went straight into the destination).
-    plans: list[tuple[memoryview, memoryview | None]] = []
+    plans: list[ReadPlan] = []
+    # The large values' last partial blocks: (request, where it lands, where it belongs).
+    tails: list[tuple[int, memoryview, memoryview]] = []
     at = 0
-    for slot, file, dest in requests:
+    for n, (slot, file, dest) in enumerate(requests):
         size = slot.size
         if size <= SMALL_VALUE_MAX:
-            span = memory[at:at + VALUE_OFFSET + align_up(size)]
-            at += span.nbytes
+            need = VALUE_OFFSET + align_up(size)
+            span = memory[at:at + need]
+            at += need
             items.append((file, slot.offset, span))
-            plans.append((span, span))
+            plans.append((span[:VALUE_OFFSET], span[VALUE_OFFSET:VALUE_OFFSET + size], need))
             continue
         whole = size & ~(ALIGN - 1)
         block = memory[at:at + VALUE_OFFSET + align_up(size) - whole]
         at += block.nbytes
         pieces = [block[:VALUE_OFFSET], dest[:whole]]
         if size != whole:
-            pieces.append(block[VALUE_OFFSET:])
+            tail = block[VALUE_OFFSET:]
+            pieces.append(tail)
+            tails.append((n, tail[:size - whole], dest[whole:size]))
         items.append((file, slot.offset, pieces))
-        plans.append((block, None))
-    return RecordReads(LentBatch(engine, items, _stream_scratch, loan), requests, plans)
+        plans.append((block[:VALUE_OFFSET], None, record_size(size)))
+    return RecordReads(LentBatch(engine, items, _stream_scratch, loan), requests, plans, tails)
