@@ -150,12 +150,13 @@ class RecordReads:
     def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
         results = self.batch.wait()
         for n, scratch, dest in self.tails:
-            if type(results[n]) is int:  # not an IoError: the tail block came in
+            if not isinstance(results[n], IoError):  # the tail block came in
                 dest[:] = scratch
         # One comprehension, not a loop of appends: this runs for every small object read.
         reads: list[ReadBack] = [
             (dest, head, value, slot.key, slot.size, slot.seq, slot.checksum,
-             None if type(got) is int else got, type(got) is int and got >= need)
+             got if isinstance(got, IoError) else None,
+             not isinstance(got, IoError) and got >= need)
             for (slot, _, dest), (head, value, need), got in zip(self.requests, self.plans,
                                                                   results)]
         return verified_statuses(reads)
