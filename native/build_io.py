@@ -74,7 +74,8 @@ def make_builder(module_name: str = MODULE, with_uring: bool | None = None, *,
         include_dirs=[_path(HERE, absolute_paths)],
         define_macros=[("KV_HAVE_URING", "1" if with_uring else "0")],
         libraries=["uring"] if with_uring else [],
-        extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11"],
+        extra_compile_args=["-O2", "-Wall", "-Wextra", "-std=gnu11", "-pthread"],
+        extra_link_args=["-pthread"],
     )
     return builder
 

@@ -40,6 +40,11 @@ _MAX_END = 2**63 - 1  # off_t
 Item = tuple["IoFile", int, Any]
 #: What a write batch's item ended with, before it is synced (a byte count, or None).
 R = TypeVar("R")
+#: A batch made ready for ``_run`` (:meth:`IoEngine._prepare`): its requests (None where
+#: an item goes through the bounce buffer), those bounced items ``{index: (fd, offset,
+#: buffer)}``, and the vectored items joined into one buffer ``{index: (buffer, pieces)}``.
+Prepared = tuple[list["Op | None"], dict[int, tuple[int, int, memoryview]],
+                 dict[int, tuple[memoryview, Pieces]]]
 #: Most buffers in one vectored item: ample for header + value + padding, and it keeps a
 #: careless caller from building a kernel-sized iovec by accident.
 MAX_PIECES = 65536
@@ -407,6 +412,19 @@ class IoEngine(abc.ABC):
     def _transfer(self, code: int, items: list) -> list[int | IoError]:
         if not items:
             return []
+        prepared = self._prepare(code, items)
+        ops, bounced, _ = prepared
+        if not bounced:
+            outcomes = self._run(code, typing.cast("list[Op]", ops))  # None marks a bounce
+        elif code == READ:
+            outcomes = direct.read_through_bounce(self._run, ops, bounced)
+        else:
+            outcomes = direct.write_through_bounce(self._run, ops, bounced)
+        return self._conclude(code, items, prepared, outcomes)
+
+    def _prepare(self, code: int, items: list) -> Prepared:
+        """The requests of ``items`` (checked), with the items that go through the bounce
+        buffer (unaligned for O_DIRECT) and the vectored ones joined into one buffer."""
         writable = code == READ
         ops: list[Op | None] = []
         bounced: dict[int, tuple[int, int, memoryview]] = {}
@@ -442,12 +460,13 @@ class IoEngine(abc.ABC):
                 append((file.fd, offset, view, pointer, ALIGN))
             else:
                 append((file.fd, offset, view, None, 0))
-        if not bounced:
-            outcomes = self._run(code, typing.cast("list[Op]", ops))  # None marks a bounce
-        elif code == READ:
-            outcomes = direct.read_through_bounce(self._run, ops, bounced)
-        else:
-            outcomes = direct.write_through_bounce(self._run, ops, bounced)
+        return ops, bounced, joined
+
+    @staticmethod
+    def _conclude(code: int, items: list, prepared: Prepared, outcomes: Sequence[Outcome]
+                  ) -> list[int | IoError]:
+        """The results of ``items``, run as ``prepared`` with ``outcomes``."""
+        _, bounced, joined = prepared
         if joined and code == READ:
             for index, (view, pieces) in joined.items():
                 result, done = outcomes[index]

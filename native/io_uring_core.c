@@ -54,42 +54,91 @@
 
 #if KV_HAVE_URING
 #include <liburing.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 /* Linux moves at most about 2 GiB per read or write; bigger requests are sent in chunks,
    each later chunk going round as if the previous one had come back short. */
 #define KV_MAX_CHUNK (1u << 30)
 
+/* The worker's stack: it calls only liburing and pthreads. */
+#define KV_WORKER_STACK (256u << 10)
+
+/* What a ring served by a worker thread (kv_ring_create_served) shares between that
+   worker and the caller's thread, under `lock` with the ring's queue of batches. */
+struct kv_worker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t done;        /* a batch finished, or the ring broke */
+    pid_t pid;                  /* the process it runs in (a forked child has none) */
+    int doorbell;               /* eventfd the caller writes when there is work */
+    int bell_armed;             /* the worker's read of the doorbell is in flight */
+    int sleeping;               /* the worker waits in the kernel, none has rung since */
+    int stopping;               /* kv_ring_destroy asked it to end */
+    int cancelled;              /* it asked the kernel to cancel what is in flight */
+    uint64_t bell_value;        /* what the doorbell's read brings */
+};
+
 struct kv_ring {
     struct io_uring ring;
     unsigned depth;
     unsigned nfixed;
-    unsigned inflight;          /* completions the kernel owes us, fences included */
+    unsigned inflight;          /* completions the kernel owes us, fences included (not
+                                   the doorbell's) */
     int broken;                 /* -errno once io_uring_enter failed for good, else 0 */
     struct kv_span fixed[KV_MAX_FIXED_BUFFERS];
     struct kv_stats stats;
     struct kv_batch *first;     /* the batches with requests still to queue, in order */
     struct kv_batch *last;
+    struct kv_worker *worker;   /* NULL: the caller's thread runs the ring itself */
 };
 
 int kv_built_with_uring(void) { return 1; }
 
-static int setup_ring(unsigned entries, struct io_uring *ring)
+static int setup_ring(unsigned entries, struct io_uring *ring, int served)
 {
     /* Single issuer + deferred task work suit a ring that one thread both submits to and
-       waits on (Linux 6.1+); older kernels reject the flags with EINVAL, so step down. */
+       waits on (Linux 6.1+); older kernels reject the flags with EINVAL, so step down.
+       A served ring is not single-issuer: its worker submits, the caller's thread
+       registers buffers (which a single-issuer ring refuses from another thread). Its
+       task work is cooperative all the same: the worker enters the kernel for every
+       request and to wait, and the completions run then. */
     static const unsigned flag_sets[] = {
         IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
         IORING_SETUP_COOP_TASKRUN,
         0,
     };
     int rc = -EINVAL;
-    for (size_t i = 0; i < sizeof flag_sets / sizeof flag_sets[0]; i++) {
+    for (size_t i = served ? 1 : 0; i < sizeof flag_sets / sizeof flag_sets[0]; i++) {
         rc = io_uring_queue_init(entries, ring, flag_sets[i]);
         if (rc != -EINVAL)
             break;
     }
     return rc;
+}
+
+/* The caller's side of a served ring takes the worker's lock; a ring the caller runs
+   itself has nobody to share with. */
+static void lock(struct kv_ring *r)
+{
+    if (r->worker)
+        pthread_mutex_lock(&r->worker->lock);
+}
+
+static void unlock(struct kv_ring *r)
+{
+    if (r->worker)
+        pthread_mutex_unlock(&r->worker->lock);
+}
+
+/* Wakes the callers waiting for a batch of a served ring: one finished, or it broke. */
+static void wake_waiters(struct kv_ring *r)
+{
+    if (r->worker)
+        pthread_cond_broadcast(&r->worker->done);
 }
 
 int kv_uring_probe(void)
@@ -100,7 +149,7 @@ int kv_uring_probe(void)
         IORING_OP_READV, IORING_OP_WRITEV,
     };
     struct io_uring ring;
-    int rc = setup_ring(2, &ring);
+    int rc = setup_ring(2, &ring, 0);
     if (rc < 0)
         return rc;
     struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
@@ -119,7 +168,7 @@ int kv_ring_create(unsigned depth, struct kv_ring **out)
     struct kv_ring *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
-    int rc = setup_ring(depth, &r->ring);
+    int rc = setup_ring(depth, &r->ring, 0);
     if (rc < 0) {
         free(r);
         return rc;
@@ -129,11 +178,87 @@ int kv_ring_create(unsigned depth, struct kv_ring **out)
     return 0;
 }
 
+static void *serve(void *arg);
+
+int kv_ring_create_served(unsigned depth, struct kv_ring **out)
+{
+    struct kv_ring *r = calloc(1, sizeof *r);
+    struct kv_worker *w = calloc(1, sizeof *w);
+    int rc = -ENOMEM;
+    if (!r || !w)
+        goto fail;
+    /* One entry more than the depth, for the doorbell's read. */
+    rc = setup_ring(depth + 1, &r->ring, 1);
+    if (rc < 0)
+        goto fail;
+    r->depth = depth;
+    r->worker = w;
+    w->pid = getpid();
+    w->doorbell = eventfd(0, EFD_CLOEXEC);
+    if (w->doorbell < 0) {
+        rc = -errno;
+        goto fail_ring;
+    }
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->done, NULL);
+    /* The worker blocks every signal, so that they go to the caller's threads (Python
+       handles them on its main thread) and never interrupt the worker. */
+    pthread_attr_t attr;
+    sigset_t all, before;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, KV_WORKER_STACK);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &before);
+    rc = -pthread_create(&w->thread, &attr, serve, r);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc < 0) {
+        pthread_cond_destroy(&w->done);
+        pthread_mutex_destroy(&w->lock);
+        close(w->doorbell);
+        goto fail_ring;
+    }
+    *out = r;
+    return 0;
+fail_ring:
+    io_uring_queue_exit(&r->ring);
+fail:
+    free(w);
+    free(r);
+    return rc;
+}
+
+/* Writes the doorbell of a served ring. */
+static void ring_bell(struct kv_worker *w)
+{
+    uint64_t one = 1;
+    w->sleeping = 0; /* once is enough until the worker goes to sleep again */
+    while (write(w->doorbell, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+}
+
 void kv_ring_destroy(struct kv_ring *r)
 {
     if (!r)
         return;
+    struct kv_worker *w = r->worker;
+    if (w && w->pid == getpid()) {
+        /* The worker ends once nothing it started is in flight, so no request outlives
+           it and writes into memory after this returns. */
+        pthread_mutex_lock(&w->lock);
+        w->stopping = 1;
+        ring_bell(w);
+        pthread_mutex_unlock(&w->lock);
+        pthread_join(w->thread, NULL);
+        pthread_cond_destroy(&w->done);
+        pthread_mutex_destroy(&w->lock);
+    }
+    /* In a forked child no worker runs and the lock may have been held at the fork:
+       only the memory and the descriptors are let go. */
+    if (w)
+        close(w->doorbell);
     io_uring_queue_exit(&r->ring);
+    free(w);
     free(r);
 }
 
@@ -156,6 +281,7 @@ int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *spans, uns
 {
     if (n > KV_MAX_FIXED_BUFFERS)
         return -EINVAL;
+    lock(r); /* a served ring's worker looks the set up for every request it queues */
     struct kv_span previous[KV_MAX_FIXED_BUFFERS];
     unsigned nprevious = r->nfixed;
     memcpy(previous, r->fixed, nprevious * sizeof *previous);
@@ -167,6 +293,7 @@ int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *spans, uns
     int rc = register_spans(r, spans, n);
     if (rc < 0)
         register_spans(r, previous, nprevious);
+    unlock(r);
     return rc;
 }
 
@@ -394,13 +521,12 @@ static int fill(struct kv_ring *r)
             if (r->inflight + entries_for(r, q) > r->depth)
                 return 0;
             b->next++;
+            if (q->result == INT64_MIN && is_transfer(q) && q->len == 0)
+                q->result = 0; /* moves no bytes */
             if (q->result != INT64_MIN) {
-                b->left--; /* failed before it could start */
-                continue;
-            }
-            if (is_transfer(q) && q->len == 0) {
-                q->result = 0;
-                b->left--;
+                /* Done without the kernel: failed before it could start, or empty. */
+                if (--b->left == 0)
+                    wake_waiters(r);
                 continue;
             }
             r->inflight += queue(r, q);
@@ -417,32 +543,39 @@ static int fill(struct kv_ring *r)
     return 0;
 }
 
-/* Takes every completion that is ready, requeueing the rest of short transfers. */
-static void reap(struct kv_ring *r)
+/* Takes every completion that is ready, requeueing the rest of short transfers.
+   Returns how many batches it finished. */
+static int reap(struct kv_ring *r)
 {
     struct io_uring_cqe *cqe;
     unsigned head, seen = 0;
+    int finished = 0;
+    uintptr_t bell = r->worker ? (uintptr_t)&r->worker->bell_value : 0;
     io_uring_for_each_cqe(&r->ring, head, cqe) {
         uintptr_t data = (uintptr_t)io_uring_cqe_get_data(cqe);
         seen++;
-        if (data & 1) {
-            /* A fence: the sync before it has let go of its file. */
-            struct kv_req *q = (struct kv_req *)(data & ~(uintptr_t)1);
-            r->inflight--;
-            q->batch->left--;
+        if (data == bell) {
+            r->worker->bell_armed = 0; /* rung: armed again before the worker sleeps */
             continue;
         }
-        struct kv_req *q = (struct kv_req *)data;
-        if (complete(q, cqe->res)) {
-            r->inflight--;
-            q->batch->left--;
-        } else {
-            /* Its own entry was just consumed, so a free one exists. */
-            r->inflight += queue(r, q) - 1;
-            r->stats.resubmits++;
+        if (r->worker && data == (uintptr_t)&r->worker->cancelled)
+            continue; /* the cancel itself: what it cancelled completes on its own */
+        struct kv_req *q = (struct kv_req *)(data & ~(uintptr_t)1);
+        if (!(data & 1) && !complete(q, cqe->res)) {
+            if (!r->worker || !r->worker->stopping) {
+                /* Its own entry was just consumed, so a free one exists. */
+                r->inflight += queue(r, q) - 1;
+                r->stats.resubmits++;
+                continue;
+            }
+            q->result = -ECANCELED; /* the ring is going: the rest is not asked for */
         }
+        /* Finished; or a fence, whose sync has let go of its file. */
+        r->inflight--;
+        finished += --q->batch->left == 0;
     }
     io_uring_cq_advance(&r->ring, seen);
+    return finished;
 }
 
 /* Takes `b` out of the queue of batches if it is still there (a broken ring). */
@@ -463,7 +596,8 @@ static void unlink_batch(struct kv_ring *r, struct kv_batch *b)
 }
 
 /* Runs the ring until `b` is done, then hands what it queued meanwhile to the kernel, so
-   later batches stay in flight while the caller looks at b's results. */
+   later batches stay in flight while the caller looks at b's results. The caller's
+   thread runs the ring itself (a ring without a worker). */
 static int finish(struct kv_ring *r, struct kv_batch *b)
 {
     int rc = r->broken;
@@ -497,9 +631,113 @@ static int finish(struct kv_ring *r, struct kv_batch *b)
     return rc;
 }
 
+/* Puts the worker's read of the doorbell into the ring (not counted in `inflight`: it
+   belongs to no batch). 0, or -errno when the ring failed. */
+static int arm_bell(struct kv_ring *r)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    if (!sqe)
+        return 0; /* entries wait in the ring: their completions wake the worker */
+    struct kv_worker *w = r->worker;
+    io_uring_prep_read(sqe, w->doorbell, &w->bell_value, sizeof w->bell_value, 0);
+    io_uring_sqe_set_data(sqe, &w->bell_value);
+    w->bell_armed = 1;
+    int sent = io_uring_submit(&r->ring);
+    return sent < 0 && !transient(sent) ? sent : 0;
+}
+
+/* The worker of a served ring: the only thread that submits to it or takes its
+   completions. It tops the queue up from the queued batches, waits in the kernel for a
+   completion or the doorbell, takes what completed, wakes the callers whose batches
+   finished, and goes round again, so the queue is refilled as each request completes,
+   whatever the caller's thread is doing meanwhile. It ends when kv_ring_destroy asks (or
+   the ring broke), once nothing it started is still in flight. */
+static void *serve(void *arg)
+{
+    struct kv_ring *r = arg;
+    struct kv_worker *w = r->worker;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        int rc = 0;
+        if (!r->broken && !w->stopping) {
+            rc = fill(r);
+            if (rc == 0 && !w->bell_armed)
+                rc = arm_bell(r);
+            if (rc < 0) {
+                fail(r, rc);
+                wake_waiters(r);
+            }
+        }
+        /* Ending, it waits for its read of the doorbell too: nothing may write into the
+           ring's memory once kv_ring_destroy frees it. */
+        if (r->inflight == 0 && ((w->stopping && !w->bell_armed) || r->broken))
+            break;
+        if (w->stopping && !w->cancelled) {
+            /* Cancel what is in flight, so that the worker ends soon whatever a request
+               waits on (a batch nobody waits for, on a pipe never written); reads
+               already at the device just complete. */
+            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+            if (sqe) {
+                io_uring_prep_cancel(sqe, NULL, IORING_ASYNC_CANCEL_ANY);
+                io_uring_sqe_set_data(sqe, &w->cancelled);
+                w->cancelled = 1;
+            }
+        }
+        w->sleeping = 1;
+        pthread_mutex_unlock(&w->lock);
+        /* Only this thread touches the submission queue, so it needs no lock; this also
+           sends an entry that a transient failure left there. */
+        int got = io_uring_submit_and_wait(&r->ring, 1);
+        pthread_mutex_lock(&w->lock);
+        w->sleeping = 0;
+        if (got < 0 && !transient(got)) {
+            fail(r, got);
+            wake_waiters(r);
+            break; /* the kernel takes nothing more from this ring */
+        }
+        if (reap(r))
+            wake_waiters(r);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* Waits until a served ring's worker has finished `b`, or the ring broke; later batches
+   stay in flight. Called with the lock held. */
+static int await_batch(struct kv_ring *r, struct kv_batch *b)
+{
+    while (b->left && !r->broken)
+        pthread_cond_wait(&r->worker->done, &r->worker->lock);
+    int rc = b->left ? r->broken : 0;
+    if (rc < 0)
+        unlink_batch(r, b);
+    free(b->iov);
+    b->iov = NULL;
+    return rc;
+}
+
+/* Queues `b` on a served ring and wakes its worker if it sleeps while the queue has
+   room (with a full queue, the next completion wakes it). Called with the lock held. */
+static int hand_over(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
+                     const uint64_t *vec_len)
+{
+    enqueue(r, b, vec_base, vec_len);
+    if (r->broken)
+        return r->broken;
+    if (b->n && r->worker->sleeping && r->inflight < r->depth)
+        ring_bell(r->worker);
+    return 0;
+}
+
 int kv_ring_push(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
                  const uint64_t *vec_len)
 {
+    if (r->worker) {
+        lock(r);
+        int rc = hand_over(r, b, vec_base, vec_len);
+        unlock(r);
+        return rc;
+    }
     enqueue(r, b, vec_base, vec_len);
     if (r->broken)
         return r->broken;
@@ -523,17 +761,37 @@ int kv_ring_push(struct kv_ring *r, struct kv_batch *b, char *const *vec_base,
     return 0;
 }
 
-int kv_ring_wait(struct kv_ring *r, struct kv_batch *b) { return finish(r, b); }
+int kv_ring_wait(struct kv_ring *r, struct kv_batch *b)
+{
+    if (!r->worker)
+        return finish(r, b);
+    lock(r);
+    int rc = await_batch(r, b);
+    unlock(r);
+    return rc;
+}
 
 int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
                 char *const *vec_base, const uint64_t *vec_len)
 {
     struct kv_batch b = {.reqs = reqs, .n = n};
-    enqueue(r, &b, vec_base, vec_len);
-    return finish(r, &b);
+    if (!r->worker) {
+        enqueue(r, &b, vec_base, vec_len);
+        return finish(r, &b);
+    }
+    lock(r);
+    int handed = hand_over(r, &b, vec_base, vec_len);
+    int rc = await_batch(r, &b);
+    unlock(r);
+    return handed < 0 ? handed : rc;
 }
 
-void kv_ring_stats(struct kv_ring *r, struct kv_stats *out) { *out = r->stats; }
+void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)
+{
+    lock(r);
+    *out = r->stats;
+    unlock(r);
+}
 
 #else /* !KV_HAVE_URING: the POSIX-only build */
 
@@ -544,6 +802,10 @@ int kv_ring_create(unsigned depth, struct kv_ring **out)
     (void)depth;
     *out = NULL;
     return -ENOSYS;
+}
+int kv_ring_create_served(unsigned depth, struct kv_ring **out)
+{
+    return kv_ring_create(depth, out);
 }
 void kv_ring_destroy(struct kv_ring *r) { (void)r; }
 int kv_ring_register_buffers(struct kv_ring *r, const struct kv_span *s, unsigned n)

@@ -81,8 +81,20 @@ int kv_built_with_uring(void);
    LSM), -EOPNOTSUPP (an operation is missing: kernel older than 5.6), -ENOMEM. */
 int kv_uring_probe(void);
 
-/* Creates a ring that keeps up to `depth` requests in flight. 0 or -errno. */
+/* Creates a ring that keeps up to `depth` requests in flight, run by the thread that
+   calls into it: requests are submitted and completions taken only during its calls.
+   0 or -errno. */
 int kv_ring_create(unsigned depth, struct kv_ring **out);
+
+/* Creates a ring served by a worker thread of its own, which submits each request and
+   takes each completion as it comes, refilling the queue while the caller's thread does
+   other work. Push, wait and run behave as on any ring (and may then be called from any
+   thread); each hands over to the worker and back, which costs tens of microseconds on
+   a virtual machine whose other CPU sleeps, so it suits batches kept in flight across
+   calls (read streams), not one request waited for at once. 0 or -errno. */
+int kv_ring_create_served(unsigned depth, struct kv_ring **out);
+
+/* Destroys a ring; a served ring's worker first waits for what it started. */
 void kv_ring_destroy(struct kv_ring *ring);
 
 /* Replaces the ring's fixed buffers by `spans`. On failure (-ENOMEM when RLIMIT_MEMLOCK

@@ -3,8 +3,19 @@
 The C side (io_uring_core.c) runs a whole batch per call: it keeps up to ``queue_depth``
 requests in flight, completes short transfers, and blocks with the GIL released until the
 batch is done. A thread's ring is created on its first batch and destroyed with the thread;
-a forked child makes its own. Vectored items go as READV/WRITEV: their pieces reach C as
-two flat arrays (addresses, lengths) for the whole batch, in batch order.
+a forked child makes its own.
+
+Batches started to stay in flight across calls (``start_read``: read streams) go to a
+second ring of the thread, served by a worker thread in C that refills the queue as each
+request completes. A ring the caller runs itself is refilled only during the caller's
+calls, so while a stream hands out one group's results the disk's queue drained: 4 KiB
+objects streamed from bucket kept about 19 reads in the device instead of fio's 22-23.
+One batch waited for at once stays on the thread's own ring, as handing it to a worker
+and back costs 70-80 us on this VM (its other vCPU has to wake), against 4 us from the
+page cache (docs/benchmarks.md, "A worker thread for read streams").
+
+Vectored items go as READV/WRITEV: their pieces reach C as two flat arrays (addresses,
+lengths) for the whole batch, in batch order.
 
 A plain read or write batch (every item one contiguous buffer, aligned where the file is
 O_DIRECT) is built, run and answered by one call into ``_batch`` (native/batch.c), which
@@ -30,7 +41,7 @@ from typing import Any
 
 from kvstored.native._io import ffi, lib
 from kvstored.native.direct import ALIGN, READ, VECTORED, Op, Outcome
-from kvstored.native.engine import IoEngine, IoFile, PendingBatch, _error, _nbytes
+from kvstored.native.engine import IoEngine, IoFile, PendingBatch, Prepared, _error, _nbytes
 from kvstored.native.errors import IoError, log, log_once
 from kvstored.sdk.units import format_size
 
@@ -56,13 +67,14 @@ MAX_QUEUE_DEPTH = 4096
 
 
 class _Ring:
-    """One thread's ring; freed (io_uring_queue_exit) when the last reference goes."""
+    """One of a thread's rings (``served``: by a worker thread of its own); freed
+    (io_uring_queue_exit, the worker joined) when the last reference goes."""
 
     __slots__ = ("address", "generation", "handle", "pid")
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, served: bool = False):
         out = ffi.new("struct kv_ring **")
-        rc = lib.kv_ring_create(depth, out)
+        rc = (lib.kv_ring_create_served if served else lib.kv_ring_create)(depth, out)
         if rc < 0:
             raise OSError(-rc, f"cannot create an io_uring of depth {depth} for thread "
                                f"{threading.current_thread().name}: {os.strerror(-rc)}")
@@ -101,10 +113,14 @@ class UringEngine(IoEngine):
 
     # -- rings -------------------------------------------------------------------------
 
-    def _ring(self) -> _Ring:
-        ring = getattr(self._local, "ring", None)
+    def _ring(self, served: bool = False) -> _Ring:
+        """The calling thread's ring: the one it runs itself, or (``served``) the one a
+        worker serves."""
+        name = "served" if served else "ring"
+        ring = getattr(self._local, name, None)
         if ring is None or ring.pid != os.getpid():
-            ring = self._local.ring = _Ring(self.queue_depth)
+            ring = _Ring(self.queue_depth, served)
+            setattr(self._local, name, ring)
         if ring.generation != self._generation:
             generation, fixed = self._generation, self._fixed
             rc = self._register(ring, fixed)
@@ -161,16 +177,23 @@ class UringEngine(IoEngine):
             return True
 
     def ring_stats(self) -> dict[str, int]:
-        """Counters of the calling thread's ring (creating it if needed): ``sqes``
-        queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among them, ``fences``
-        (NOPs linked after syncs, see io_uring_core.c), ``resubmits``
+        """Counters of the calling thread's rings, summed (its own ring created if
+        needed): ``sqes`` queued, ``fixed_sqes`` and ``vec_sqes`` (READV/WRITEV) among
+        them, ``fences`` (NOPs linked after syncs, see io_uring_core.c), ``resubmits``
         of short transfers, ``submits`` (entries into the kernel that started requests:
         one per request, see io_uring_core.c)."""
         stats = ffi.new("struct kv_stats *")
-        lib.kv_ring_stats(self._ring().handle, stats)
-        return {"sqes": stats.sqes, "fixed_sqes": stats.fixed_sqes,
-                "resubmits": stats.resubmits, "vec_sqes": stats.vec_sqes,
-                "fences": stats.fences, "submits": stats.submits}
+        names = ("sqes", "fixed_sqes", "resubmits", "vec_sqes", "fences", "submits")
+        totals = dict.fromkeys(names, 0)
+        rings = [self._ring()]
+        served = getattr(self._local, "served", None)
+        if served is not None and served.pid == os.getpid():
+            rings.append(served)
+        for ring in rings:
+            lib.kv_ring_stats(ring.handle, stats)
+            for name in names:
+                totals[name] += getattr(stats, name)
+        return totals
 
     # -- batches -----------------------------------------------------------------------
 
@@ -186,12 +209,18 @@ class UringEngine(IoEngine):
     def _start(self, code: int, items: list) -> PendingBatch:
         if _batch is None or not items:
             return super()._start(code, items)
-        ring = self._ring()
+        ring = self._ring(served=True)
         pending = _batch.submit(code, items, IoFile, ring, ring.address, _PUSH_ADDRESS,
                                 _WAIT_ADDRESS, ALIGN)
-        if pending is None:  # not a plain batch: run to the end by the general path
+        if pending is not None:
+            return _Started(self, ring, code, items, pending)
+        # Not a plain batch (vectored items, say): its requests are built here and pushed
+        # all the same, unless some item goes through the bounce buffer (then the batch
+        # runs to the end now, as the bounce path reads and copies in one go).
+        prepared = self._prepare(code, items)
+        if prepared[1]:
             return super()._start(code, items)
-        return _Started(self, ring, code, items, pending)
+        return _PushedBatch(self, ring, code, items, prepared)
 
     def _answer(self, ring: _Ring, code: int, items: list,
                 ran: tuple[int, list, int]) -> list[int | IoError]:
@@ -210,45 +239,101 @@ class UringEngine(IoEngine):
         return results
 
     def _ring_failed(self, ring: _Ring, rc: int) -> None:
-        if getattr(self._local, "ring", None) is not ring:
+        name = next((name for name in ("ring", "served")
+                     if getattr(self._local, name, None) is ring), None)
+        if name is None:
             return  # replaced already (another batch of that ring saw it first)
-        self._local.ring = None
+        setattr(self._local, name, None)
         log.error("io_uring ring of thread %s failed (%s); it is replaced",
                   threading.current_thread().name, os.strerror(-rc))
 
     def _run(self, code: int, ops: Sequence[Op]) -> list[Outcome]:
         ring = self._ring()
-        count = len(ops)
-        reqs = ffi.new("struct kv_req[]", count)
-        pointers = []  # cdata that must outlive the call
-        bases: list = []  # the vectored requests' pieces, in batch order
-        lengths: list[int] = []
-        from_buffer = ffi.from_buffer
-        for req, (fd, offset, view, pointer, align) in zip(reqs, ops):
-            req.fd = fd
-            req.op = code
-            req.offset = offset
-            req.align = align
-            if view is not None:
-                if pointer is None:
-                    pointer = from_buffer(view)
-                    pointers.append(pointer)
-                elif pointer is VECTORED:
-                    req.nvec = len(view.views)
-                    bases += view.pointers or [from_buffer(piece) for piece in view.views]
-                    lengths += [piece.nbytes for piece in view.views]
-                    continue
-                req.buf = pointer
-                req.len = view.nbytes
-        if bases:
-            # Two flat arrays: far cheaper to fill from Python than an array of structs.
-            vec_base, vec_len = ffi.new("char *[]", bases), ffi.new("uint64_t[]", lengths)
-        else:
-            vec_base = vec_len = ffi.NULL
-        rc = lib.kv_ring_run(ring.handle, reqs, count, vec_base, vec_len)
+        reqs, _keep, vec_base, vec_len = _requests(code, ops)  # _keep: alive for the call
+        rc = lib.kv_ring_run(ring.handle, reqs, len(ops), vec_base, vec_len)
         if rc < 0:
             self._ring_failed(ring, rc)
-        return [(rc if req.result == _PENDING else req.result, req.done) for req in reqs]
+        return _outcomes(reqs, rc)
+
+
+def _requests(code: int, ops: Sequence[Op]) -> tuple[Any, list, Any, Any]:
+    """The ring's requests for ``ops``, what must stay alive while they run (the
+    buffers' cdata), and the vectored requests' pieces as the ring takes them."""
+    count = len(ops)
+    reqs = ffi.new("struct kv_req[]", count)
+    pointers = []  # cdata that must outlive the call
+    bases: list = []  # the vectored requests' pieces, in batch order
+    lengths: list[int] = []
+    from_buffer = ffi.from_buffer
+    for req, (fd, offset, view, pointer, align) in zip(reqs, ops):
+        req.fd = fd
+        req.op = code
+        req.offset = offset
+        req.align = align
+        if view is not None:
+            if pointer is None:
+                pointer = from_buffer(view)
+                pointers.append(pointer)
+            elif pointer is VECTORED:
+                req.nvec = len(view.views)
+                bases += view.pointers or [from_buffer(piece) for piece in view.views]
+                lengths += [piece.nbytes for piece in view.views]
+                continue
+            req.buf = pointer
+            req.len = view.nbytes
+    if bases:
+        # Two flat arrays: far cheaper to fill from Python than an array of structs.
+        vec_base, vec_len = ffi.new("char *[]", bases), ffi.new("uint64_t[]", lengths)
+    else:
+        vec_base = vec_len = ffi.NULL
+    return reqs, [pointers, bases], vec_base, vec_len
+
+
+def _outcomes(reqs: Any, rc: int) -> list[Outcome]:
+    """``(bytes or -errno, bytes done)`` of each request the ring ran (``rc``: what the
+    ring returned, the errno of those it never finished when it failed)."""
+    return [(rc if req.result == _PENDING else req.result, req.done) for req in reqs]
+
+
+class _PushedBatch:
+    """A batch the general path pushed into the thread's served ring (a
+    :class:`~kvstored.native.engine.PendingBatch`), waited for once: by ``wait``, or when
+    it is dropped, so that neither its requests nor its buffers are freed while the
+    kernel still fills them."""
+
+    __slots__ = ("batch", "code", "engine", "items", "keep", "pid", "prepared", "reqs",
+                 "results", "ring")
+
+    def __init__(self, engine: UringEngine, ring: _Ring, code: int, items: list,
+                 prepared: Prepared):
+        self.engine, self.ring, self.code, self.items = engine, ring, code, items
+        self.prepared = prepared
+        self.reqs, self.keep, vec_base, vec_len = _requests(code, prepared[0])
+        self.batch = ffi.new("struct kv_batch *")
+        self.batch.reqs, self.batch.n = self.reqs, len(self.reqs)
+        self.pid = os.getpid()
+        self.results: list[int | IoError] | None = None
+        # The ring copies the pieces' addresses, so the two arrays may go after this.
+        rc = lib.kv_ring_push(ring.handle, self.batch, vec_base, vec_len)
+        if rc < 0:
+            engine._ring_failed(ring, rc)
+
+    def wait(self) -> list[int | IoError]:
+        if self.results is None:
+            if os.getpid() != self.pid:
+                raise RuntimeError("a batch started before fork() is the parent's to wait "
+                                   "for")
+            rc = lib.kv_ring_wait(self.ring.handle, self.batch)  # the GIL released
+            if rc < 0:
+                self.engine._ring_failed(self.ring, rc)
+            self.results = self.engine._conclude(self.code, self.items, self.prepared,
+                                                 _outcomes(self.reqs, rc))
+            self.items, self.keep = [], []  # its buffers are the caller's again
+        return self.results
+
+    def __del__(self) -> None:
+        if self.results is None and os.getpid() == self.pid:
+            self.wait()
 
 
 class _Started:
