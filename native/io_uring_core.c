@@ -78,7 +78,6 @@ struct kv_worker {
     int bell_armed;             /* the worker's read of the doorbell is in flight */
     int sleeping;               /* the worker waits in the kernel, none has rung since */
     int stopping;               /* kv_ring_destroy asked it to end */
-    int cancelled;              /* it asked the kernel to cancel what is in flight */
     uint64_t bell_value;        /* what the doorbell's read brings */
 };
 
@@ -244,7 +243,8 @@ void kv_ring_destroy(struct kv_ring *r)
     struct kv_worker *w = r->worker;
     if (w && w->pid == getpid()) {
         /* The worker ends once nothing it started is in flight, so no request outlives
-           it and writes into memory after this returns. */
+           it and writes into memory after this returns. (Python destroys a ring only
+           when no batch of it is pending: a pending batch holds its ring.) */
         pthread_mutex_lock(&w->lock);
         w->stopping = 1;
         ring_bell(w);
@@ -558,17 +558,12 @@ static int reap(struct kv_ring *r)
             r->worker->bell_armed = 0; /* rung: armed again before the worker sleeps */
             continue;
         }
-        if (r->worker && data == (uintptr_t)&r->worker->cancelled)
-            continue; /* the cancel itself: what it cancelled completes on its own */
         struct kv_req *q = (struct kv_req *)(data & ~(uintptr_t)1);
         if (!(data & 1) && !complete(q, cqe->res)) {
-            if (!r->worker || !r->worker->stopping) {
-                /* Its own entry was just consumed, so a free one exists. */
-                r->inflight += queue(r, q) - 1;
-                r->stats.resubmits++;
-                continue;
-            }
-            q->result = -ECANCELED; /* the ring is going: the rest is not asked for */
+            /* Its own entry was just consumed, so a free one exists. */
+            r->inflight += queue(r, q) - 1;
+            r->stats.resubmits++;
+            continue;
         }
         /* Finished; or a fence, whose sync has let go of its file. */
         r->inflight--;
@@ -672,17 +667,6 @@ static void *serve(void *arg)
            ring's memory once kv_ring_destroy frees it. */
         if (r->inflight == 0 && ((w->stopping && !w->bell_armed) || r->broken))
             break;
-        if (w->stopping && !w->cancelled) {
-            /* Cancel what is in flight, so that the worker ends soon whatever a request
-               waits on (a batch nobody waits for, on a pipe never written); reads
-               already at the device just complete. */
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
-            if (sqe) {
-                io_uring_prep_cancel(sqe, NULL, IORING_ASYNC_CANCEL_ANY);
-                io_uring_sqe_set_data(sqe, &w->cancelled);
-                w->cancelled = 1;
-            }
-        }
         w->sleeping = 1;
         pthread_mutex_unlock(&w->lock);
         /* Only this thread touches the submission queue, so it needs no lock; this also

@@ -1,11 +1,13 @@
 """What only the uring engine has: the GIL released in C, short transfers completed by the
-ring, a ring per thread (and per process after fork), fixed buffers that may fail to pin."""
+ring, a ring per thread (and per process after fork), fixed buffers that may fail to pin,
+and started batches served by a worker thread that refills the queue on its own."""
 
 from __future__ import annotations
 
 import mmap
 import os
 import threading
+import time
 
 import pytest
 
@@ -205,3 +207,144 @@ def test_each_request_enters_the_kernel_on_its_own(uring, tmp_path):
         assert synced["submits"] - streamed["submits"] == 2
     finally:
         f.close()
+
+
+def _pipe_files(count: int) -> tuple[list[IoFile], list[int]]:
+    pipes = [os.pipe() for _ in range(count)]
+    return [IoFile(r, f"pipe{i}") for i, (r, _) in enumerate(pipes)], [w for _, w in pipes]
+
+
+def _until(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("vectored", [False, True], ids=["plain", "vectored"])
+def test_a_started_batch_is_refilled_while_the_caller_is_away(vectored):
+    """With a queue of one, a started batch of two reads has the second in the kernel
+    only once the first completed. The caller makes no call that runs the ring in
+    between (ring_stats only reads counters): the worker serving the ring queues the
+    second read on its own, as it would refill a disk's queue while a stream's caller
+    checks the last group's records. Vectored items (the general path) are pushed the
+    same way as plain ones."""
+    require("uring", *probe_uring())
+    from kvstored.native.uring import UringEngine
+
+    engine = UringEngine(queue_depth=1)
+    files, writers = _pipe_files(2)
+    buffers = [bytearray(5), bytearray(5)]
+    items = [(f, 0, [memoryview(b)[:2], memoryview(b)[2:]] if vectored else b)
+             for f, b in zip(files, buffers)]
+    try:
+        pending = engine.start_read(items)
+        _until(lambda: engine.ring_stats()["sqes"] >= 1, "the first read never went in")
+        assert engine.ring_stats()["sqes"] == 1  # a queue of one
+        os.write(writers[0], b"first")
+        _until(lambda: engine.ring_stats()["sqes"] == 2,
+               "the second read never went in without the caller")
+        os.write(writers[1], b"again")
+        assert pending.wait() == [5, 5]
+        assert [bytes(b) for b in buffers] == [b"first", b"again"]
+    finally:
+        for fd in [f.fd for f in files] + writers:
+            os.close(fd)
+
+
+def test_waiting_for_a_started_batch_releases_the_gil():
+    """A thread waits for a started batch (the served ring's wait, in C) on a pipe
+    nobody has written. The main thread sees it sleeping on that line and only then
+    writes the pipe: were the GIL held while waiting, the main thread could not run and
+    the child would hang (it runs in its own process, so a hang fails this test)."""
+    require("uring", *probe_uring())
+    out = run_python("""
+import json, os, sys, threading, time
+from kvstored.native import IoFile
+from kvstored.native.uring import UringEngine
+engine = UringEngine()
+read_end, write_end = os.pipe()
+buf = bytearray(5)
+results = {}
+def waiter():
+    pending = engine.start_read([(IoFile(read_end, "pipe"), 0, buf)])
+    results["read"] = pending.wait()  # the line the main thread looks for
+thread = threading.Thread(target=waiter)
+thread.start()
+line = waiter.__code__.co_firstlineno + 2
+def waiting():
+    frame = sys._current_frames().get(thread.ident)  # innermost: the engine's wait
+    while frame is not None and frame.f_code is not waiter.__code__:
+        frame = frame.f_back
+    with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    return frame is not None and frame.f_lineno == line and state == "S"
+deadline = time.monotonic() + 20
+while not waiting():
+    assert time.monotonic() < deadline, "the thread never waited for its batch"
+    time.sleep(0.001)
+os.write(write_end, b"hello")
+thread.join()
+print(json.dumps({"results": results, "data": buf.decode()}))
+""", timeout=30)
+    assert out == {"results": {"read": [5]}, "data": "hello"}
+
+
+def _tasks() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def test_a_threads_served_ring_and_its_worker_go_with_the_thread(tmp_path):
+    """Each thread that starts batches gets a served ring with a worker thread; when the
+    thread ends, its ring is destroyed and the worker joined: no worker outlives it."""
+    require("uring", *probe_uring())
+    from kvstored.native.uring import UringEngine
+
+    engine = UringEngine(queue_depth=4)
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(4096 * 8))
+    f = engine.open(path, os.O_RDONLY)
+    before = _tasks()
+    results = []
+
+    def streamer() -> None:
+        batches = [[(f, (b * 4 + n) * 4096, bytearray(4096)) for n in range(4)]
+                   for b in range(2)]
+        results.append([r for done in engine.read_stream(batches) for r in done])
+
+    threads = [threading.Thread(target=streamer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    f.close()
+    assert results == [[4096] * 8] * 3
+    _until(lambda: _tasks() <= before, f"workers left behind: {_tasks() - before}")
+
+
+def test_a_forked_child_starts_batches_on_a_served_ring_of_its_own(tmp_path):
+    """The parent's served ring has a worker the child does not (fork copies one
+    thread): the child's batches go to a ring and worker of its own, and the parent's
+    ring goes on working."""
+    require("uring", *probe_uring())
+    from kvstored.native.uring import UringEngine
+
+    engine = UringEngine(queue_depth=4)
+    path = tmp_path / "data"
+    path.write_bytes(b"parent and child")
+    f = engine.open(path, os.O_RDONLY)
+    buf = bytearray(6)
+    assert engine.start_read([(f, 0, buf)]).wait() == [6]  # the parent's served ring
+    pid = os.fork()
+    if pid == 0:  # child: report through the exit status only
+        try:
+            child = bytearray(5)
+            ok = engine.start_read([(f, 11, child)]).wait() == [5] and child == b"child"
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    buf = bytearray(6)
+    assert engine.start_read([(f, 0, buf)]).wait() == [6] and buf == b"parent"
+    f.close()
