@@ -1,17 +1,29 @@
 /* Batched reads, writes and syncs through one io_uring (liburing).
  *
- * A kv_ring belongs to one thread: the Python layer keeps one per thread, so nothing here
- * takes a lock. kv_ring_run() keeps up to `depth` requests in flight, completes short
- * transfers by asking for the rest, and writes each request's outcome into it. It blocks
- * until the whole batch is done; cffi releases the GIL around every call into this file,
- * so other Python threads run while it waits.
+ * kv_ring_run() keeps up to `depth` requests in flight, completes short transfers by
+ * asking for the rest, and writes each request's outcome into it. It blocks until the
+ * whole batch is done; cffi releases the GIL around every call into this file, so other
+ * Python threads run while it waits.
  *
  * kv_ring_push() and kv_ring_wait() split that in two, so that a caller can keep the
  * queue full across batches: push starts a batch and returns, wait returns when one
  * batch is done, and the ring's queue of batches (first..last) feeds the kernel from every
- * pushed batch in order whenever the ring runs. Returning from wait for batch N leaves
- * batch N+1's requests in flight while the caller looks at N's results and pushes N+2,
- * so the disk does not idle at the batch boundary. kv_ring_run is push and wait in one.
+ * pushed batch in order. Returning from wait for batch N leaves batch N+1's requests in
+ * flight while the caller looks at N's results and pushes N+2, so the disk does not idle
+ * at the batch boundary. kv_ring_run is push and wait in one.
+ *
+ * A ring is run one of two ways:
+ * - by its caller (kv_ring_create): one thread owns it (the Python layer keeps one per
+ *   thread) and nothing takes a lock. The ring runs only during that thread's calls, so
+ *   between them (while Python looks at a batch's results) nothing refills the queue.
+ * - by a worker thread of its own (kv_ring_create_served), the only thread that submits
+ *   to it or takes its completions: it refills the queue as each request completes,
+ *   whatever the caller does meanwhile. The caller's calls hand batches over under the
+ *   worker's lock; an eventfd (the doorbell, of which the worker keeps a read in the
+ *   ring) wakes the worker when it sleeps in the kernel and the queue has room, and a
+ *   condition variable wakes a caller whose batch finished. Each handover wakes the
+ *   other thread, tens of microseconds on a VM whose idle vCPU halts, so the Python
+ *   layer serves only batches that stay in flight across calls (read streams) this way.
  *
  * Each request goes to the kernel in an io_uring_enter of its own, as soon as it is
  * queued (fio's default, iodepth_batch_submit=1), not several per call. A call carrying

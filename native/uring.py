@@ -1,4 +1,4 @@
-"""The io_uring engine: each thread submits through its own ring, without locks.
+"""The io_uring engine: each thread submits through rings of its own.
 
 The C side (io_uring_core.c) runs a whole batch per call: it keeps up to ``queue_depth``
 requests in flight, completes short transfers, and blocks with the GIL released until the
@@ -21,7 +21,7 @@ A plain read or write batch (every item one contiguous buffer, aligned where the
 O_DIRECT) is built, run and answered by one call into ``_batch`` (native/batch.c), which
 turns the items into requests in C: about 0.1 us an item where doing it here cost 2 to 7.
 Any other batch, or every batch where ``_batch`` was not built, takes the general path of
-engine.py, with the same results.
+engine.py, with the same results; started, it is pushed all the same (``_PushedBatch``).
 
 Fixed buffers are registered per ring: :meth:`UringEngine.register_buffer` registers on
 the calling thread's ring at once (so it can say whether that worked), and every other
