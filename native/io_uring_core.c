@@ -782,6 +782,16 @@ int kv_ring_run(struct kv_ring *r, struct kv_req *reqs, size_t n,
     return handed < 0 ? handed : rc;
 }
 
+unsigned kv_ring_pending(struct kv_ring *r)
+{
+    lock(r);
+    unsigned pending = r->inflight;
+    for (struct kv_batch *b = r->first; b; b = b->later)
+        pending += (unsigned)(b->n - b->next);
+    unlock(r);
+    return pending;
+}
+
 void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)
 {
     lock(r);
@@ -825,6 +835,11 @@ int kv_ring_wait(struct kv_ring *r, struct kv_batch *b)
 {
     (void)r, (void)b;
     return -ENOSYS;
+}
+unsigned kv_ring_pending(struct kv_ring *r)
+{
+    (void)r;
+    return 0;
 }
 void kv_ring_stats(struct kv_ring *r, struct kv_stats *out)
 {

@@ -128,4 +128,8 @@ int kv_ring_push(struct kv_ring *ring, struct kv_batch *batch,
    requests still pending keep result INT64_MIN. Call it once per pushed batch. */
 int kv_ring_wait(struct kv_ring *ring, struct kv_batch *batch);
 
+/* Requests of the ring in flight or queued to go in (on a ring its caller runs, as of
+   its last call). */
+unsigned kv_ring_pending(struct kv_ring *ring);
+
 void kv_ring_stats(struct kv_ring *ring, struct kv_stats *out);

@@ -70,7 +70,7 @@ class _Ring:
     """One of a thread's rings (``served``: by a worker thread of its own); freed
     (io_uring_queue_exit, the worker joined) when the last reference goes."""
 
-    __slots__ = ("address", "generation", "handle", "pid")
+    __slots__ = ("address", "generation", "handle", "pid", "served")
 
     def __init__(self, depth: int, served: bool = False):
         out = ffi.new("struct kv_ring **")
@@ -81,6 +81,7 @@ class _Ring:
         self.handle = ffi.gc(out[0], lib.kv_ring_destroy)
         self.address = int(ffi.cast("uintptr_t", self.handle))  # for _batch
         self.pid = os.getpid()
+        self.served = served
         self.generation = 0  # which set of fixed buffers it has registered
 
 
@@ -206,10 +207,25 @@ class UringEngine(IoEngine):
             return super()._transfer(code, items)
         return self._answer(ring, code, items, ran)
 
+    def _start_ring(self, count: int) -> _Ring:
+        """The ring a batch of ``count`` requests started now goes to. The served one,
+        unless both rings are idle and the batch fits the queue: then all of it goes to
+        the kernel at once, nothing will need refilling, and the thread's own ring
+        spares it the two handovers (a single SSD get's read, or a stream's first
+        group)."""
+        own = self._ring()
+        if count > self.queue_depth or lib.kv_ring_pending(own.handle):
+            return self._ring(served=True)
+        served = getattr(self._local, "served", None)
+        if served is not None and served.pid == os.getpid() \
+                and lib.kv_ring_pending(served.handle):
+            return self._ring(served=True)
+        return own
+
     def _start(self, code: int, items: list) -> PendingBatch:
         if _batch is None or not items:
             return super()._start(code, items)
-        ring = self._ring(served=True)
+        ring = self._start_ring(len(items))
         pending = _batch.submit(code, items, IoFile, ring, ring.address, _PUSH_ADDRESS,
                                 _WAIT_ADDRESS, ALIGN)
         if pending is not None:
@@ -295,14 +311,19 @@ def _outcomes(reqs: Any, rc: int) -> list[Outcome]:
     return [(rc if req.result == _PENDING else req.result, req.done) for req in reqs]
 
 
+#: Batches dropped, unwaited, on a thread that could not wait for them (see _PushedBatch).
+_abandoned: list[_PushedBatch] = []
+
+
 class _PushedBatch:
-    """A batch the general path pushed into the thread's served ring (a
+    """A batch the general path pushed into one of the thread's rings (a
     :class:`~kvstored.native.engine.PendingBatch`), waited for once: by ``wait``, or when
     it is dropped, so that neither its requests nor its buffers are freed while the
-    kernel still fills them."""
+    kernel may still fill them. A batch of the thread's own ring can only be waited for
+    by that thread (as batch.c's Pending): dropped on another, it is kept for good."""
 
     __slots__ = ("batch", "code", "engine", "items", "keep", "pid", "prepared", "reqs",
-                 "results", "ring")
+                 "results", "ring", "thread")
 
     def __init__(self, engine: UringEngine, ring: _Ring, code: int, items: list,
                  prepared: Prepared):
@@ -312,6 +333,7 @@ class _PushedBatch:
         self.batch = ffi.new("struct kv_batch *")
         self.batch.reqs, self.batch.n = self.reqs, len(self.reqs)
         self.pid = os.getpid()
+        self.thread = threading.get_ident()
         self.results: list[int | IoError] | None = None
         # The ring copies the pieces' addresses, so the two arrays may go after this.
         rc = lib.kv_ring_push(ring.handle, self.batch, vec_base, vec_len)
@@ -323,6 +345,9 @@ class _PushedBatch:
             if os.getpid() != self.pid:
                 raise RuntimeError("a batch started before fork() is the parent's to wait "
                                    "for")
+            if not self.ring.served and threading.get_ident() != self.thread:
+                raise RuntimeError("a pending batch is waited for by the thread that "
+                                   "started it (its ring is that thread's)")
             rc = lib.kv_ring_wait(self.ring.handle, self.batch)  # the GIL released
             if rc < 0:
                 self.engine._ring_failed(self.ring, rc)
@@ -332,8 +357,12 @@ class _PushedBatch:
         return self.results
 
     def __del__(self) -> None:
-        if self.results is None and os.getpid() == self.pid:
+        if self.results is not None or os.getpid() != self.pid:
+            return
+        if self.ring.served or threading.get_ident() == self.thread:
             self.wait()
+        else:
+            _abandoned.append(self)  # its memory stays, whatever the kernel still does
 
 
 class _Started:

@@ -253,21 +253,22 @@ def test_a_started_batch_is_refilled_while_the_caller_is_away(vectored):
 
 
 def test_waiting_for_a_started_batch_releases_the_gil():
-    """A thread waits for a started batch (the served ring's wait, in C) on a pipe
-    nobody has written. The main thread sees it sleeping on that line and only then
-    writes the pipe: were the GIL held while waiting, the main thread could not run and
-    the child would hang (it runs in its own process, so a hang fails this test)."""
+    """A thread waits for a started batch (on the served ring: two reads, a queue of
+    one) on pipes nobody has written. The main thread sees it sleeping on that line and
+    only then writes the pipes: were the GIL held while waiting, the main thread could
+    not run and the child would hang (it runs in its own process, so a hang fails this
+    test)."""
     require("uring", *probe_uring())
     out = run_python("""
 import json, os, sys, threading, time
 from kvstored.native import IoFile
 from kvstored.native.uring import UringEngine
-engine = UringEngine()
-read_end, write_end = os.pipe()
-buf = bytearray(5)
+engine = UringEngine(queue_depth=1)
+pipes = [os.pipe() for _ in range(2)]
+bufs = [bytearray(5), bytearray(5)]
 results = {}
 def waiter():
-    pending = engine.start_read([(IoFile(read_end, "pipe"), 0, buf)])
+    pending = engine.start_read([(IoFile(r, "pipe"), 0, b) for (r, _), b in zip(pipes, bufs)])
     results["read"] = pending.wait()  # the line the main thread looks for
 thread = threading.Thread(target=waiter)
 thread.start()
@@ -283,11 +284,12 @@ deadline = time.monotonic() + 20
 while not waiting():
     assert time.monotonic() < deadline, "the thread never waited for its batch"
     time.sleep(0.001)
-os.write(write_end, b"hello")
+for (_, write_end), word in zip(pipes, (b"hello", b"world")):
+    os.write(write_end, word)
 thread.join()
-print(json.dumps({"results": results, "data": buf.decode()}))
+print(json.dumps({"results": results, "data": [b.decode() for b in bufs]}))
 """, timeout=30)
-    assert out == {"results": {"read": [5]}, "data": "hello"}
+    assert out == {"results": {"read": [5, 5]}, "data": ["hello", "world"]}
 
 
 def _tasks() -> set[str]:
@@ -329,22 +331,60 @@ def test_a_forked_child_starts_batches_on_a_served_ring_of_its_own(tmp_path):
     require("uring", *probe_uring())
     from kvstored.native.uring import UringEngine
 
-    engine = UringEngine(queue_depth=4)
+    engine = UringEngine(queue_depth=1)  # two reads: more than fits, so served
     path = tmp_path / "data"
     path.write_bytes(b"parent and child")
     f = engine.open(path, os.O_RDONLY)
-    buf = bytearray(6)
-    assert engine.start_read([(f, 0, buf)]).wait() == [6]  # the parent's served ring
+
+    def both() -> list[bytes] | None:
+        bufs = [bytearray(6), bytearray(5)]
+        got = engine.start_read([(f, 0, bufs[0]), (f, 11, bufs[1])]).wait()
+        return [bytes(b) for b in bufs] if got == [6, 5] else None
+
+    assert both() == [b"parent", b"child"]  # the parent's served ring exists now
     pid = os.fork()
     if pid == 0:  # child: report through the exit status only
         try:
-            child = bytearray(5)
-            ok = engine.start_read([(f, 11, child)]).wait() == [5] and child == b"child"
-            os._exit(0 if ok else 1)
+            os._exit(0 if both() == [b"parent", b"child"] else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    buf = bytearray(6)
-    assert engine.start_read([(f, 0, buf)]).wait() == [6] and buf == b"parent"
+    assert both() == [b"parent", b"child"]
     f.close()
+
+
+def test_a_batch_that_fits_an_idle_queue_needs_no_worker(tmp_path):
+    """A started batch that fits the queue while the thread's rings are idle goes to
+    the thread's own ring whole (nothing to refill, no handover to a worker and back):
+    one such read starts no worker thread. A batch started while another is in flight
+    goes to the served ring, whose worker keeps both queues' worth moving."""
+    require("uring", *probe_uring())
+    from kvstored.native.uring import UringEngine
+
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(4096 * 8))
+    seen = {}
+
+    def reader() -> None:
+        engine = UringEngine(queue_depth=4)
+        f = engine.open(path, os.O_RDONLY)
+        before = _tasks()
+        seen["single"] = engine.start_read([(f, 0, bytearray(4096))]).wait()
+        seen["workers after one"] = len(_tasks() - before)
+        files, writers = _pipe_files(1)
+        waiting = engine.start_read([(files[0], 0, bytearray(5))])  # in flight: no data
+        second = engine.start_read([(f, 4096, bytearray(4096))])
+        seen["workers with two in flight"] = len(_tasks() - before)
+        seen["second"] = second.wait()
+        os.write(writers[0], b"later")
+        seen["first"] = waiting.wait()
+        os.close(files[0].fd)
+        os.close(writers[0])
+        f.close()
+
+    thread = threading.Thread(target=reader)  # its own rings, gone with it
+    thread.start()
+    thread.join(20)
+    assert seen == {"single": [4096], "workers after one": 0,
+                    "workers with two in flight": 1, "second": [4096], "first": [5]}
