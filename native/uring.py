@@ -12,7 +12,8 @@ calls, so while a stream hands out one group's results the disk's queue drained:
 objects streamed from bucket kept about 19 reads in the device instead of fio's 22-23.
 One batch waited for at once stays on the thread's own ring, as handing it to a worker
 and back costs 70-80 us on this VM (its other vCPU has to wake), against 4 us from the
-page cache (docs/benchmarks.md, "A worker thread for read streams").
+page cache (docs/benchmarks.md, "A worker thread for read streams"); so does a started
+batch that fits the queue while both rings are idle (:meth:`UringEngine._start_ring`).
 
 Vectored items go as READV/WRITEV: their pieces reach C as two flat arrays (addresses,
 lengths) for the whole batch, in batch order.
