@@ -37,6 +37,7 @@ import logging
 import os
 import resource
 import threading
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -186,7 +187,7 @@ class UringEngine(IoEngine):
         one per request, see io_uring_core.c)."""
         stats = ffi.new("struct kv_stats *")
         names = ("sqes", "fixed_sqes", "resubmits", "vec_sqes", "fences", "submits")
-        totals = dict.fromkeys(names, 0)
+        totals: dict[str, int] = dict.fromkeys(names, 0)
         rings = [self._ring()]
         served = getattr(self._local, "served", None)
         if served is not None and served.pid == os.getpid():
@@ -330,7 +331,9 @@ class _PushedBatch:
                  prepared: Prepared):
         self.engine, self.ring, self.code, self.items = engine, ring, code, items
         self.prepared = prepared
-        self.reqs, self.keep, vec_base, vec_len = _requests(code, prepared[0])
+        # No item is bounced (the caller checked), so every request is there.
+        ops = typing.cast("list[Op]", prepared[0])
+        self.reqs, self.keep, vec_base, vec_len = _requests(code, ops)
         self.batch = ffi.new("struct kv_batch *")
         self.batch.reqs, self.batch.n = self.reqs, len(self.reqs)
         self.pid = os.getpid()
