@@ -188,11 +188,8 @@ class UringEngine(IoEngine):
         stats = ffi.new("struct kv_stats *")
         names = ("sqes", "fixed_sqes", "resubmits", "vec_sqes", "fences", "submits")
         totals: dict[str, int] = dict.fromkeys(names, 0)
-        rings = [self._ring()]
-        served = getattr(self._local, "served", None)
-        if served is not None and served.pid == os.getpid():
-            rings.append(served)
-        for ring in rings:
+        served = self._served_if_any()
+        for ring in [self._ring()] + ([served] if served is not None else []):
             lib.kv_ring_stats(ring.handle, stats)
             for name in names:
                 totals[name] += getattr(stats, name)
@@ -215,14 +212,16 @@ class UringEngine(IoEngine):
         the kernel at once, nothing will need refilling, and the thread's own ring
         spares it the two handovers (a single SSD get's read, or a stream's first
         group)."""
-        own = self._ring()
-        if count > self.queue_depth or lib.kv_ring_pending(own.handle):
-            return self._ring(served=True)
-        served = getattr(self._local, "served", None)
-        if served is not None and served.pid == os.getpid() \
-                and lib.kv_ring_pending(served.handle):
+        own, served = self._ring(), self._served_if_any()
+        if count > self.queue_depth or lib.kv_ring_pending(own.handle) or (
+                served is not None and lib.kv_ring_pending(served.handle)):
             return self._ring(served=True)
         return own
+
+    def _served_if_any(self) -> _Ring | None:
+        """The calling thread's served ring, if it has made one in this process."""
+        served = getattr(self._local, "served", None)
+        return served if served is not None and served.pid == os.getpid() else None
 
     def _start(self, code: int, items: list) -> PendingBatch:
         if _batch is None or not items:
