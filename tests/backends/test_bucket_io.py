@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstored.backends.bucket.records import SMALL_VALUE_MAX
+from kvstored.backends.bucket.records import JOINED_READ_MAX, SMALL_VALUE_MAX
 from kvstored.native import IoError
 from kvstored.sdk.errors import CapacityError, InvalidRequestError
 from kvstored.sdk.record import record_size
@@ -257,4 +257,101 @@ def test_a_data_file_has_its_final_size_before_any_record_is_written(tmp_path, e
     data_len = sum(record_size(len(value)) for _, value in items)
     assert recording.size_at_first_write == data_len
     assert os.path.getsize(backend.locate("k0").path) == data_len
+    backend.close()
+
+
+class _BadBlock:
+    """Fails with EIO every read request that covers ``bad`` (an offset in ``path``), as
+    a disk with one unreadable block does: alone or inside a larger request."""
+
+    def __init__(self, engine, path: str, bad: int) -> None:
+        self._engine, self.path, self.bad = engine, path, bad
+        self.requests: list[int] = []
+
+    def read(self, items):
+        items = list(items)
+        self.requests.append(len(items))
+        results = self._engine.read(items)
+        for n, (file, offset, buffer) in enumerate(items):
+            length = sum(p.nbytes for p in buffer) if isinstance(buffer, list) else buffer.nbytes
+            if file.path == self.path and offset <= self.bad < offset + length:
+                results[n] = IoError(errno.EIO, file.path, offset, op="read")
+        return results
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def _put_back_to_back(tmp_path, engine, count: int, size: int):
+    backend = open_backend("bucket", tmp_path / "s", engine=engine, direct=True)
+    items = [(f"n{n}", payload(f"n{n}", size)) for n in range(count)]
+    assert all(r.ok for r in backend.batch_write(items))
+    starts = [backend.locate(key).record_offset for key, _ in items]
+    assert starts == [n * record_size(size) for n in range(count)], "not back to back"
+    return backend, items
+
+
+def test_neighbouring_small_records_are_read_as_one_request(tmp_path, engine):
+    """32 records of 64 KiB written together: read in their order, they come in requests
+    of up to JOINED_READ_MAX bytes (15, 15 and 2 records), each verified on its own; in
+    another order, each is a request of its own."""
+    backend, items = _put_back_to_back(tmp_path, engine, 32, SMALL_VALUE_MAX)
+    recording = backend.engine = _Recording(backend.engine)
+    keys = [key for key, _ in items]
+    buffers = [memoryview(bytearray(SMALL_VALUE_MAX)) for _ in keys]
+    assert backend.batch_read(keys, buffers) == [SMALL_VALUE_MAX] * 32
+    assert all(bytes(b) == value for b, (_, value) in zip(buffers, items))
+    (requests,) = recording.reads
+    per_request = JOINED_READ_MAX // record_size(SMALL_VALUE_MAX)
+    assert [item[2].nbytes for item in requests] == [
+        per_request * record_size(SMALL_VALUE_MAX)] * 2 + [
+        (32 - 2 * per_request) * record_size(SMALL_VALUE_MAX)]
+    recording.reads.clear()
+    shuffled = keys[1::2] + keys[::2]
+    buffers = [memoryview(bytearray(SMALL_VALUE_MAX)) for _ in keys]
+    assert backend.batch_read(shuffled, buffers) == [SMALL_VALUE_MAX] * 32
+    assert [len(items) for items in recording.reads] == [32]
+    assert all(bytes(b) == dict(items)[k] for b, k in zip(buffers, shuffled))
+    backend.close()
+
+
+def test_a_bad_block_in_a_joined_read_costs_only_its_own_record(tmp_path, engine):
+    """The joined request fails; its records are read again one by one, so only the one
+    on the bad block is an IO_ERROR and its neighbours come back whole."""
+    backend, items = _put_back_to_back(tmp_path, engine, 8, 20 * KiB)
+    bad = backend.locate("n3")
+    backend.engine = faulty = _BadBlock(backend.engine, bad.path, bad.offset + 5 * KiB)
+    keys = [key for key, _ in items]
+    buffers = [memoryview(bytearray(20 * KiB)) for _ in keys]
+    got = backend.batch_read(keys, buffers)
+    assert got == [20 * KiB] * 3 + [ReadStatus.IO_ERROR] + [20 * KiB] * 4, got
+    assert faulty.requests == [1, 8], "one joined request, then each record alone"
+    assert all(bytes(buffers[n]) == items[n][1] for n in range(8) if n != 3)
+    assert backend.read("n4") == items[4][1]
+    backend.close()
+
+
+def test_a_corrupt_record_in_a_joined_read_is_the_only_miss(tmp_path, engine):
+    backend, items = _put_back_to_back(tmp_path, engine, 6, 9000)
+    flip_byte(backend.locate("n2").path, backend.locate("n2").offset + 100)
+    keys = [key for key, _ in items]
+    buffers = [memoryview(bytearray(b"\xaa" * 9000)) for _ in keys]
+    assert backend.batch_read(keys, buffers) == [9000] * 2 + [ReadStatus.CORRUPT] + [9000] * 3
+    assert bytes(buffers[2]) == bytes(9000), "bytes that failed their check were left"
+    assert all(bytes(buffers[n]) == items[n][1] for n in range(6) if n != 2)
+    backend.close()
+
+
+def test_a_read_short_at_the_end_of_the_file_fails_only_what_it_cut(tmp_path, engine):
+    """A data file cut short under a joined read (another tool, a torn copy): the
+    records before the cut come back, the ones past it are misses, never stale bytes."""
+    backend, items = _put_back_to_back(tmp_path, engine, 5, 10 * KiB)
+    cut = backend.locate("n3")
+    os.truncate(cut.path, cut.record_offset + 4 * KiB)
+    keys = [key for key, _ in items]
+    buffers = [memoryview(bytearray(10 * KiB)) for _ in keys]
+    got = backend.batch_read(keys, buffers)
+    assert got[:3] == [10 * KiB] * 3 and all(s < 0 for s in got[3:]), got
+    assert all(bytes(buffers[n]) == items[n][1] for n in range(3))
+    assert all(bytes(buffers[n]) == bytes(10 * KiB) for n in (3, 4))
     backend.close()
