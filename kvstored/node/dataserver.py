@@ -413,19 +413,21 @@ class DataServer:
         for key, record in records.items():
             views[key] = staging[cursor:cursor + record.size]
             cursor += record.size
+        from_ssd = []
+        for i in indexes:
+            record = records.get(keys[i])
+            if record is not None and (wanted is None or wanted[i] == record.checksum):
+                sizes[i] = record.size
+                from_ssd.append(i)
+        final = list(sizes)
+        header = OpSpec.reply_header(GetReply(sizes, from_ssd, held, trailer=True))
+        # The reads start only now, the reply planned: a reader thread woken while this
+        # thread still had Python to run would wait for the GIL before it reached the
+        # disk; sending the header lets it go at once.
         reading = self.ssd_reads.start(list(views.items()))
         started = False
         try:
-            from_ssd = []
-            for i in indexes:
-                record = records.get(keys[i])
-                if record is not None and (wanted is None or wanted[i] == record.checksum):
-                    sizes[i] = record.size
-                    from_ssd.append(i)
-            final = list(sizes)
-            await conn.send_frame(OpSpec.reply_header(GetReply(sizes, from_ssd, held,
-                                                                trailer=True)),
-                                  payload_len=sum(s for s in sizes if s > 0))
+            await conn.send_frame(header, payload_len=sum(s for s in sizes if s > 0))
             started = True
             order = list(views)
             got: dict[str, int] = {}
