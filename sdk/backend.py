@@ -29,12 +29,13 @@ Buffers
 
 Blocking and threads
     Every method is safe to call from several threads at once. ``batch_*`` (except
-    ``batch_contains``), ``scan``, ``evict``, ``check``, ``open`` and ``close`` may block
-    on disk; async code calls them through a worker thread (``trio.to_thread``).
-    ``batch_contains``, ``stat``, ``locate``, ``usage``, ``capabilities``,
-    ``write_batch_hint`` and ``pin`` answer from memory: no read or write system call,
-    no path looked up (the node calls them on its event loop). Two batches naming the
-    same keys in any order never deadlock (:class:`~kvstored.sdk.WriteClaims`).
+    ``batch_contains`` and ``batch_versions``), ``scan``, ``evict``, ``check``, ``open``
+    and ``close`` may block on disk; async code calls them through a worker thread
+    (``trio.to_thread``). ``batch_contains``, ``batch_versions``, ``stat``, ``locate``,
+    ``usage``, ``capabilities``, ``write_batch_hint`` and ``pin`` answer from memory: no
+    read or write system call, no path looked up (the node calls them on its event
+    loop). Two batches naming the same keys in any order never deadlock
+    (:class:`~kvstored.sdk.WriteClaims`).
 
 Atomicity and durability
     Each item of :meth:`~StorageBackend.batch_write` either becomes durable and visible,
@@ -232,6 +233,7 @@ from kvstored.sdk.types import (
     ObjectRecord,
     OpenMode,
     ReadStatus,
+    StoredVersion,
     Usage,
     WriteBatchHint,
     WriteResult,
@@ -528,6 +530,22 @@ class StorageBackend(abc.ABC):
     @abc.abstractmethod
     def stat(self, key: str) -> ObjectRecord | None:
         """The record of ``key``, or None. Answers from memory: no system call."""
+
+    def batch_versions(self, keys: Sequence[str]) -> list[StoredVersion | None]:
+        """The size and checksum of each key's stored value, or None where it is not
+        stored: what ``stat`` says of each, without the rest of its record. Answers
+        from memory: no system call.
+
+        A reader planning buffers for many keys at once (a node's batched get of SSD
+        objects) asks this once per batch. The default asks ``stat`` per key; an index
+        that can answer for all the keys under one lock, without building a record per
+        key, overrides it (:class:`~kvstored.sdk.IndexedBackend` does)."""
+        versions: list[StoredVersion | None] = []
+        for key in keys:
+            record = self.stat(key)
+            versions.append(None if record is None
+                            else StoredVersion(record.size, record.checksum))
+        return versions
 
     @abc.abstractmethod
     def scan(self, *, verify: bool = False) -> Iterator[ObjectRecord]:

@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from kvstored.sdk.backend import StorageBackend
 from kvstored.sdk.record import ReadOutcome
-from kvstored.sdk.types import Location, ObjectRecord, ReadStatus
+from kvstored.sdk.types import Location, ObjectRecord, ReadStatus, StoredVersion
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,14 @@ class ObjectIndex(Generic[E]):
         with self.lock:
             entry = self._entries.get(key)
         return None if entry is None else self.record(key, entry)
+
+    def versions(self, keys: Iterable[str]) -> list[StoredVersion | None]:
+        """Each key's size and checksum (None if absent), under one lock."""
+        get = self._entries.get
+        with self.lock:
+            entries = [get(key) for key in keys]
+        return [None if entry is None else StoredVersion(entry.size, entry.checksum)
+                for entry in entries]
 
     def location(self, key: str) -> Location | None:
         with self.lock:
@@ -207,6 +215,10 @@ class IndexedBackend(StorageBackend):
     def stat(self, key: str) -> ObjectRecord | None:
         self._check_open()
         return self.index.stat(key)
+
+    def batch_versions(self, keys: Sequence[str]) -> list[StoredVersion | None]:
+        self._check_open()
+        return self.index.versions(keys)
 
     def locate(self, key: str) -> Location | None:
         self._check_open()

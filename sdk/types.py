@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvstored.sdk.errors import BackendError, InvalidKeyError
 
@@ -117,6 +118,16 @@ class ObjectRecord:
     write_time: float
     #: The backend's write sequence number: larger means written later.
     seq: int
+
+
+class StoredVersion(NamedTuple):
+    """Which version of a key is stored: its value's size and checksum, the two fields
+    of :class:`ObjectRecord` a reader needs to plan its buffers and tell versions
+    apart (:meth:`StorageBackend.batch_versions`)."""
+
+    size: int
+    #: CRC-32C (Castagnoli) of the value.
+    checksum: int
 
 
 @dataclass(frozen=True, slots=True)

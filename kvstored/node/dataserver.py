@@ -66,7 +66,7 @@ from kvstored.protocol.node_api import (
     SsdLocation,
 )
 from kvstored.rpc import ANSWERED, Answered, Binding, FramedSocket
-from kvstored.sdk import ObjectRecord, ReadStatus, StorageBackend
+from kvstored.sdk import ReadStatus, StorageBackend, StoredVersion
 from kvstored.shm import DramSegment
 
 log = logging.getLogger(__name__)
@@ -330,9 +330,9 @@ class DataServer:
                 else:
                     ssd_wanted.append(i)
             self._served_dram.inc(sum(s for s in sizes if s > 0))
-            records = self._ssd_records(keys, ssd_wanted, wanted)
+            versions = self._ssd_versions(keys, ssd_wanted, wanted)
             return await self._answer_get(conn, ops.GET, keys, wanted, sizes, pieces,
-                                          ssd_wanted, records, held)
+                                          ssd_wanted, versions, held)
         finally:
             self.dram.unpin(pinned.values())
 
@@ -348,33 +348,33 @@ class DataServer:
             # A held version that left DRAM is served from its SSD copy of that version.
             ssd_wanted = [i for i, obj in enumerate(pinned) if obj is None
                           and self.dram.held_on_ssd(keys[i], checksums[i])]
-            records: dict[str, ObjectRecord] = {}
+            versions: dict[str, StoredVersion] = {}
             if ssd_wanted:
                 try:
-                    records = self._ssd_records(keys, ssd_wanted, list(checksums))
+                    versions = self._ssd_versions(keys, ssd_wanted, list(checksums))
                 except BadRequestError:  # more than the staging takes: the lookup path
                     pass                 # reads them, and says so
             served = [keys[i] for i, obj in enumerate(pinned) if obj is not None]
-            served += [keys[i] for i in ssd_wanted if keys[i] in records]
+            served += [keys[i] for i in ssd_wanted if keys[i] in versions]
             if served:
                 self.node.held_read(served)
             return await self._answer_get(conn, ops.GET_HELD, keys, list(checksums), sizes,
-                                          pieces, ssd_wanted, records, [])
+                                          pieces, ssd_wanted, versions, [])
         finally:
             self.dram.unpin(obj for obj in pinned if obj is not None)
 
     async def _answer_get(self, conn: FramedSocket, spec: OpSpec, keys: list[str],
                           wanted: list[int | None] | None, sizes: list[int],
                           pieces: list[memoryview | None], ssd_wanted: list[int],
-                          records: dict[str, ObjectRecord], held: list[int]) -> Answered:
-        """Send a get's reply: ``pieces`` of DRAM, and the ``records`` of ``ssd_wanted``
+                          versions: dict[str, StoredVersion], held: list[int]) -> Answered:
+        """Send a get's reply: ``pieces`` of DRAM, and the ``versions`` of ``ssd_wanted``
         streamed from SSD as they are read (then a trailer), if there are any."""
-        need = sum(r.size for r in records.values())
+        need = sum(v.size for v in versions.values())
         if not need:
             return await conn.answer(GetReply(sizes, held=held),
                                      [p for p in pieces if p is not None])
         async with self.staging.lend(need) as staging:
-            await self._stream_from_ssd(conn, spec, keys, ssd_wanted, wanted, records,
+            await self._stream_from_ssd(conn, spec, keys, ssd_wanted, wanted, versions,
                                         staging, sizes, pieces, held)
             return ANSWERED
 
@@ -382,27 +382,26 @@ class DataServer:
         self.dram.revoke(request.keys)
         return Empty()
 
-    def _ssd_records(self, keys: list[str], indexes: list[int],
-                     wanted: list[int | None] | None) -> dict[str, ObjectRecord]:
-        """The SSD record of each distinct key among ``indexes`` that has the wanted
-        version: a key named many times in one get is read (and staged) once."""
-        records: dict[str, ObjectRecord] = {}
-        for i in indexes:
-            key = keys[i]
-            if key in records:
-                continue
-            record = self.backend.stat(key)
-            if record is not None and (wanted is None or wanted[i] == record.checksum):
-                records[key] = record
-        self.staging.check(sum(r.size for r in records.values()))
-        return records
+    def _ssd_versions(self, keys: list[str], indexes: list[int],
+                      wanted: list[int | None] | None) -> dict[str, StoredVersion]:
+        """The stored version (size, checksum) of each distinct key among ``indexes``
+        whose SSD copy is the wanted one: a key named many times in one get is read (and
+        staged) once. One lookup for the batch: a ``stat`` per key built two records
+        each (130-230 µs of a 64 KiB get of 32, docs/benchmarks.md)."""
+        versions: dict[str, StoredVersion] = {}
+        found = self.backend.batch_versions([keys[i] for i in indexes])
+        for i, version in zip(indexes, found):
+            if version is not None and (wanted is None or wanted[i] == version.checksum):
+                versions.setdefault(keys[i], version)
+        self.staging.check(sum(v.size for v in versions.values()))
+        return versions
 
     async def _stream_from_ssd(self, conn: FramedSocket, spec: OpSpec, keys: list[str],
                                indexes: list[int], wanted: list[int | None] | None,
-                               records: dict[str, ObjectRecord], staging: memoryview,
+                               versions: dict[str, StoredVersion], staging: memoryview,
                                sizes: list[int], pieces: list[memoryview | None],
                                held: list[int]) -> None:
-        """Answer a get whose ``indexes`` are to be read from SSD (``records``, into
+        """Answer a get whose ``indexes`` are to be read from SSD (``versions``, into
         ``staging``), the others being ``pieces`` of DRAM: the header goes out at once,
         with the sizes planned; the items follow in order, each as soon as it is there
         (the disk reads all of them in one submission meanwhile), then a trailer with
@@ -410,14 +409,14 @@ class DataServer:
         sent as zeros and is a miss in the trailer: never bytes that are not the
         object's. Returns once the reads are over, so that ``staging`` is free."""
         views, cursor = {}, 0
-        for key, record in records.items():
-            views[key] = staging[cursor:cursor + record.size]
-            cursor += record.size
+        for key, version in versions.items():
+            views[key] = staging[cursor:cursor + version.size]
+            cursor += version.size
         from_ssd = []
         for i in indexes:
-            record = records.get(keys[i])
-            if record is not None and (wanted is None or wanted[i] == record.checksum):
-                sizes[i] = record.size
+            version = versions.get(keys[i])
+            if version is not None and (wanted is None or wanted[i] == version.checksum):
+                sizes[i] = version.size
                 from_ssd.append(i)
         final = list(sizes)
         header = OpSpec.reply_header(GetReply(sizes, from_ssd, held, trailer=True))
@@ -453,7 +452,7 @@ class DataServer:
                             break
                         done_key = order[arrived[0]]
                         got[done_key] = self._read_back(done_key, arrived[1],
-                                                        records[done_key])
+                                                        versions[done_key])
                     piece = views[key]
                     if got[key] != sizes[i]:
                         final[i] = got[key] if got[key] < 0 else ReadStatus.CORRUPT
@@ -475,13 +474,13 @@ class DataServer:
             with trio.CancelScope(shield=True):
                 await reading.done.wait()
 
-    def _read_back(self, key: str, got: int, record: ObjectRecord) -> int:
+    def _read_back(self, key: str, got: int, version: StoredVersion) -> int:
         """Count what an SSD read of ``key`` gave; a bad record is dropped and reported."""
         if got >= 0:
             self._served_ssd.inc(got)
         elif got == ReadStatus.CORRUPT:
             self.integrity.corrupt(key, Tier.SSD)
-            self.outcomes.dropped([(key, Tier.SSD, record.checksum)])
+            self.outcomes.dropped([(key, Tier.SSD, version.checksum)])
             self.node.schedule_quarantine()
             self.node.wake_heartbeat()
         return got

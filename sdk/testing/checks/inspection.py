@@ -46,6 +46,29 @@ def scan_agrees_with_contains(kit: Kit) -> None:
         assert records[key].location == backend.locate(key)
 
 
+@check(Clause.SCAN)
+def batch_versions_agree_with_stat(kit: Kit) -> None:
+    """batch_versions() gives, per key, the size and checksum stat() reports (None where
+    stat() does), a key named twice both times, and a rewritten key's new version."""
+    backend = kit.open()
+    items = make_items("ver", 8, 3 * KiB)
+    write_all(backend, items)
+    backend.batch_delete([items[0][0]])
+    rewritten = (items[1][0], b"a new value of another length")
+    backend.batch_delete([rewritten[0]])
+    write_all(backend, [rewritten])
+    keys = [k for k, _ in items] + ["ver/absent", items[2][0]]
+    versions = backend.batch_versions(keys)
+    assert len(versions) == len(keys), f"{len(versions)} answers for {len(keys)} keys"
+    for key, version in zip(keys, versions):
+        record = backend.stat(key)
+        expected = None if record is None else (record.size, record.checksum)
+        got = None if version is None else (version.size, version.checksum)
+        assert got == expected, f"batch_versions gives {got} for {key!r}, stat {expected}"
+    assert versions[0] is None and versions[-2] is None
+    assert versions[1] == (len(rewritten[1]), crc32c(rewritten[1])), versions[1]
+
+
 @check(Clause.CAPABILITIES)
 def locate_points_at_value(kit: Kit) -> None:
     """locate() gives the file and offset where the value's bytes really are."""
@@ -135,18 +158,18 @@ def _thread_io() -> tuple[int, int]:
 
 @check(Clause.BLOCKING)
 def memory_only_calls_do_no_io(kit: Kit) -> None:
-    """stat(), usage(), batch_contains(), locate() and capabilities answer from memory:
-    they make no read or write system call, and answer the same while the store's
-    directory is moved away (no path is touched)."""
+    """stat(), batch_versions(), usage(), batch_contains(), locate() and capabilities
+    answer from memory: they make no read or write system call, and answer the same
+    while the store's directory is moved away (no path is touched)."""
     backend = kit.open()
     items = make_items("mem", 12, 8 * KiB)
     write_all(backend, items)
     keys = [k for k, _ in items] + ["mem/absent"]
 
     def answers():
-        return ([backend.stat(k) for k in keys], backend.usage(),
-                backend.batch_contains(keys), [backend.locate(k) for k in keys],
-                backend.capabilities)
+        return ([backend.stat(k) for k in keys], backend.batch_versions(keys),
+                backend.usage(), backend.batch_contains(keys),
+                [backend.locate(k) for k in keys], backend.capabilities)
 
     expected = answers()  # warm: lazy imports and first-use set-up are not the point
     # Reading the counter costs system calls of its own: measure them, then subtract.

@@ -50,6 +50,7 @@ def close_refuses_every_method(kit: Kit) -> None:
         "batch_delete": lambda: backend.batch_delete(["closed/0"]),
         "batch_contains": lambda: backend.batch_contains(["closed/0"]),
         "stat": lambda: backend.stat("closed/0"),
+        "batch_versions": lambda: backend.batch_versions(["closed/0"]),
         "locate": lambda: backend.locate("closed/0"),
         "scan": lambda: next(backend.scan()),
         "scan (unfinished)": lambda: next(unfinished),
