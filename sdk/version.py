@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 
-SDK_VERSION = "1.1"
+SDK_VERSION = "1.2"
 
 
 class Compatibility(enum.Enum):

@@ -117,7 +117,7 @@ class BucketBackend(GroupReadBackend, BuiltinBackend):
     """
 
     name = "bucket"
-    sdk_version = "1.1"
+    sdk_version = "1.2"
     eviction_granularity = EvictionGranularity.BUCKET
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BUCKETS_DIR,)

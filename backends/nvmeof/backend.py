@@ -97,7 +97,7 @@ class NvmeofBackend(OffsetLayoutBackend):
     """
 
     name = "nvmeof"
-    sdk_version = "1.1"
+    sdk_version = "1.2"
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (BINDING_NAME,)
 

@@ -36,7 +36,7 @@ class OffsetBackend(OffsetLayoutBackend):
     :class:`~kvstored.backends.offset.volume.OffsetLayoutBackend` for the options)."""
 
     name = "offset"
-    sdk_version = "1.1"
+    sdk_version = "1.2"
     #: What this backend keeps in its directory (how a store with a lost stamp is known).
     layout_markers = (VOLUME_NAME,)
 
