@@ -130,7 +130,7 @@ class AdminOps:
                 cluster.drop_when_unleased(meta.key, replica.node, tier, now)
                 if last_copy:
                     gone = cluster.table.remove(meta.key)
-                    if gone is not None:  # None: the key was named twice
+                    if gone is not None:
                         dropped.append(gone)
         # Not before the nodes stop serving them to get_held: a client that cached where
         # a dropped key was would read the dropped bytes there, even once the key is put
@@ -143,7 +143,8 @@ class AdminOps:
         prefix, or all of them, least recently used first)."""
         objects = self.cluster.table.objects
         if request.keys is not None:
-            metas = [objects[k] for k in request.keys if k in objects]
+            # A key named twice is one object: listed, counted and dropped once.
+            metas = [objects[k] for k in dict.fromkeys(request.keys) if k in objects]
         elif request.prefix is not None:
             prefix = request.prefix
             metas = [m for k, m in objects.items() if k.startswith(prefix)]

@@ -328,7 +328,7 @@ def test_promotions_the_queue_cannot_hold_are_counted(monkeypatch):
     run(scenario, policy={"promote_reads": 1})
 
 
-def test_evict_by_key_drops_a_copy_that_has_another_and_offloads_a_last_copy():
+def test_evict_by_key_drops_a_copy_that_has_another_and_offloads_a_last_copy_once():
     async def scenario(cluster: Cluster) -> None:
         node = await cluster.node("n1")
         await node.commit(("both", 10, 1, 0), ("only", 10, 2, 4096))
@@ -338,11 +338,16 @@ def test_evict_by_key_drops_a_copy_that_has_another_and_offloads_a_last_copy():
                                                         keys=["both", "only"]))
         assert (dry.evicted, dry.offloading, dry.dry_run) == (["both"], ["only"], True)
         assert await node.heartbeat() == []  # a dry run changes nothing
-        done = await client.call(ops.EVICT, EvictRequest(DRAM, keys=["both", "only"]))
-        assert done.bytes == 20
+        # A key named twice is evicted, counted and offloaded once.
+        done = await client.call(ops.EVICT, EvictRequest(DRAM, keys=["both", "only", "both",
+                                                                     "only"]))
+        assert (done.evicted, done.offloading, done.bytes) == (["both"], ["only"], 20)
         tasks = await node.heartbeat()
         assert DropTask(DRAM, ["both"], [0]) in tasks
         assert OffloadTask(["only"], urgent=True) in tasks
+        dropped = await client.call(ops.EVICT, EvictRequest(SSD, keys=["both", "both"],
+                                                            drop=True))
+        assert (dropped.evicted, dropped.bytes) == (["both"], 10)
 
     run(scenario, policy={"offload": "watermark"}, lease_ttl=0.0)
 
