@@ -148,17 +148,17 @@ class RecordReads:
 
     ``joined`` is None when every record is a request of its own; otherwise it says,
     per record, which request brought it and where in that request it starts, and
-    ``alone`` holds each record's own request, for reading again one by one the records
-    of a joined request that failed."""
+    ``alone`` holds each record's own request, for ``engine`` to read again one by one
+    the records of a joined request that failed."""
 
     __slots__ = ("alone", "batch", "engine", "joined", "plans", "requests", "tails")
 
     def __init__(self, batch: LentBatch, requests: Sequence[tuple[Slot, IoFile, memoryview]],
                  plans: list[ReadPlan], tails: list[tuple[int, memoryview, memoryview]],
-                 joined: tuple[IoEngine, list[tuple[int, int]], list[Item]] | None = None
-                 ) -> None:
+                 engine: IoEngine, joined: list[tuple[int, int]] | None,
+                 alone: list[Item]) -> None:
         self.batch, self.requests, self.plans, self.tails = batch, requests, plans, tails
-        self.engine, self.joined, self.alone = joined or (None, None, [])
+        self.engine, self.joined, self.alone = engine, joined, alone
 
     def finish(self) -> tuple[list[int], dict[int, ReadOutcome]]:
         results = self.batch.wait()
@@ -181,15 +181,15 @@ class RecordReads:
         in (a short read at the end of the file covers the records before the end).
         The records of a joined request that failed are read again one by one, so that
         one bad block costs its own record, not its neighbours'."""
-        assert self.joined is not None and self.engine is not None
-        per_record: list[int | IoError] = [
-            got if isinstance(got, IoError) else got - start
-            for got, start in ((results[k], start) for k, start in self.joined)]
-        failed = [k for k, got in enumerate(results) if isinstance(got, IoError)]
-        if failed:
+        assert self.joined is not None
+        per_record: list[int | IoError] = []
+        for k, start in self.joined:
+            got = results[k]
+            per_record.append(got if isinstance(got, IoError) else got - start)
+        if any(isinstance(got, IoError) for got in results):
             records_of = collections.Counter(k for k, _ in self.joined)
-            shared = {k for k in failed if records_of[k] > 1}
-            again = [n for n, (k, _) in enumerate(self.joined) if k in shared]
+            again = [n for n, (k, _) in enumerate(self.joined)
+                     if records_of[k] > 1 and isinstance(results[k], IoError)]
             for n, got in zip(again, self.engine.read([self.alone[n] for n in again])):
                 per_record[n] = got
         return per_record
@@ -263,7 +263,6 @@ def start_records(engine: IoEngine, requests: Sequence[tuple[Slot, IoFile, memor
         items.append(alone[-1])
         plans.append((block[:VALUE_OFFSET], None, record_size(size)))
         joined.append((len(items) - 1, 0))
-    batch = LentBatch(engine, items, _stream_scratch, loan)
-    if len(items) == len(requests):  # nothing joined: the results are the records'
-        return RecordReads(batch, requests, plans, tails)
-    return RecordReads(batch, requests, plans, tails, (engine, joined, alone))
+    # With nothing joined, the results are the records' own.
+    return RecordReads(LentBatch(engine, items, _stream_scratch, loan), requests, plans,
+                       tails, engine, joined if len(items) < len(requests) else None, alone)

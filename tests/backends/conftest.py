@@ -20,6 +20,13 @@ def engine(request) -> str:
     return request.param
 
 
+def item_nbytes(item) -> int:
+    """Bytes an io engine item ``(file, offset, buffer or list of pieces)`` moves."""
+    buffer = item[2]
+    pieces = buffer if isinstance(buffer, list) else [buffer]
+    return sum(memoryview(piece).nbytes for piece in pieces)
+
+
 def kill_9_after_ack(script: str, *args: str) -> None:
     """Run ``script`` (Python) in a child with ``args``; as soon as it prints ``ACK`` (all it
     wrote is acknowledged) kill it with SIGKILL, which no code of it sees coming."""

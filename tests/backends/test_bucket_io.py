@@ -18,6 +18,7 @@ from kvstored.sdk.record import record_size
 from kvstored.sdk.registry import open_backend
 from kvstored.sdk.testing import flip_byte, payload
 from kvstored.sdk.types import ReadStatus, WriteOutcome
+from tests.backends.conftest import item_nbytes
 from tests.conftest import scratch_fs
 
 KiB = 1024
@@ -272,9 +273,9 @@ class _BadBlock:
         items = list(items)
         self.requests.append(len(items))
         results = self._engine.read(items)
-        for n, (file, offset, buffer) in enumerate(items):
-            length = sum(p.nbytes for p in buffer) if isinstance(buffer, list) else buffer.nbytes
-            if file.path == self.path and offset <= self.bad < offset + length:
+        for n, item in enumerate(items):
+            file, offset, _ = item
+            if file.path == self.path and offset <= self.bad < offset + item_nbytes(item):
                 results[n] = IoError(errno.EIO, file.path, offset, op="read")
         return results
 

@@ -21,6 +21,7 @@ from kvstored.sdk.streams import (
 )
 from kvstored.sdk.testing.kit import payload
 from kvstored.sdk.types import ReadStatus
+from tests.backends.conftest import item_nbytes
 
 KiB = 1024
 #: Each backend, the attribute its io engine is kept in, and the options it needs here.
@@ -53,13 +54,6 @@ class _Recording:
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
-
-
-def _nbytes(item) -> int:
-    """Bytes an engine item ``(file, offset, buffer or pieces)`` moves."""
-    buffer = item[2]
-    pieces = buffer if isinstance(buffer, list) else [buffer]
-    return sum(memoryview(piece).nbytes for piece in pieces)
 
 
 class _Waited:
@@ -124,7 +118,7 @@ def test_a_short_stream_is_still_groups_all_in_flight(store):
     next(stream)
     # Counted in bytes: neighbouring records may be joined into one request (bucket).
     assert [kind for kind, _ in recording.events] == ["start"] * 3 + ["wait"]
-    first, second, third = (sum(map(_nbytes, items)) for items in recording.started)
+    first, second, third = (sum(map(item_nbytes, items)) for items in recording.started)
     assert first == second and third * 11 == first * 10, recording.started
     rest = dict(stream)
     assert len(rest) == 31 and all(r == 4 * KiB for r in rest.values())
